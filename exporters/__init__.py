@@ -1,0 +1,8 @@
+"""Span exporters shipped with rltrace (imported as ``rltrace.exporters``).
+
+Each is a plain OpenTelemetry ``SpanExporter``: read one, write your own.
+"""
+
+from .chrome import ChromeEncoder, ChromeTraceExporter, chrome_args
+
+__all__ = ["ChromeEncoder", "ChromeTraceExporter", "chrome_args"]

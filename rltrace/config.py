@@ -1,0 +1,414 @@
+"""Configuration: the config dataclasses, loading from dict/YAML/dataclass, env overrides, log dir.
+
+Precedence, lowest to highest: defaults < the ``config`` passed to :func:`rltrace.configure`
+(a dataclass, a mapping or a YAML path) < ``RLTRACE_*`` environment variables < keyword
+overrides.  The standard ``OTEL_*`` variables keep their OpenTelemetry meaning and are read by
+the OTel SDK/exporters themselves (e.g. ``OTEL_SERVICE_NAME``, ``OTEL_EXPORTER_OTLP_ENDPOINT``).
+
+Keys follow AReaL's ``perf_tracer`` section (``enabled``, ``experiment_name``, ``trial_name``,
+``fileroot``, ``save_interval``, ``session_tracer: {enabled, flush_threshold}``) so an existing
+AReaL YAML file loads unchanged; rltrace's own keys sit beside them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import getpass
+import os
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "ConfigError",
+    "ExportersConfig",
+    "OTLPConfig",
+    "SessionTracerConfig",
+    "TracerConfig",
+    "load_config",
+    "log_dir",
+    "redacted",
+]
+
+ENV_PREFIX = "RLTRACE_"
+
+
+class ConfigError(ValueError):
+    """A configuration value is unknown, of the wrong type, or unusable (names key and fix)."""
+
+
+@dataclass
+class SessionTracerConfig:
+    """Per-session lifecycle tracing (AReaL's ``perf_tracer.session_tracer``)."""
+
+    enabled: bool = False
+    #: finished sessions buffered before ``sessions-r{rank}.jsonl`` is appended to
+    flush_threshold: int = 100
+
+
+@dataclass
+class OTLPConfig:
+    """OTLP export.  Off unless an endpoint is set here or in ``OTEL_EXPORTER_OTLP_*``."""
+
+    endpoint: str | None = None
+    #: ``grpc`` or ``http/protobuf``; ``None`` follows ``OTEL_EXPORTER_OTLP_PROTOCOL`` (default grpc)
+    protocol: str | None = None
+    #: extra headers (e.g. auth); never written to ``config.yaml`` or logs
+    headers: dict[str, str] = field(default_factory=dict)
+    #: ``gzip``/``none``; ``None`` follows the OTel variables
+    compression: str | None = None
+    timeout_s: float | None = None
+    insecure: bool | None = None
+    certificate_file: str | None = None
+
+
+@dataclass
+class ExportersConfig:
+    """Which built-in outputs are on."""
+
+    #: per-rank Chrome-trace JSONL file ``perf_tracer/traces-r{rank}.jsonl``
+    chrome: bool = True
+
+
+@dataclass
+class TracerConfig:
+    """Everything :func:`rltrace.configure` accepts.  AReaL's keys first, then rltrace's own."""
+
+    enabled: bool = True
+    experiment_name: str = "default"
+    trial_name: str = "trial0"
+    fileroot: str = "./rltrace-logs"
+    #: ``save(step)`` flushes to disk when ``step % save_interval == 0``
+    save_interval: int = 1
+    session_tracer: SessionTracerConfig = field(default_factory=SessionTracerConfig)
+    #: AReaL key, accepted for compatibility (torch.profiler steps; see rltrace.device)
+    profile_steps: list[int] | None = None
+    # --- rltrace's own ---------------------------------------------------------------
+    #: OTel ``service.name``; ``None`` uses ``OTEL_SERVICE_NAME`` or ``"rltrace"``
+    service_name: str | None = None
+    #: role of this process (trainer, rollout, reward, ...), shown in process names
+    role: str | None = None
+    rank: int | None = None
+    world_size: int | None = None
+    otlp: OTLPConfig = field(default_factory=OTLPConfig)
+    exporters: ExportersConfig = field(default_factory=ExportersConfig)
+    #: the background exporter wakes at least this often (seconds)
+    flush_interval_s: float = 1.0
+    #: most finished spans held in memory awaiting export; beyond it spans are counted as dropped
+    max_queue_size: int = 262_144
+    #: make rltrace's provider the global OTel tracer provider (if none is set yet)
+    set_global_provider: bool = True
+    #: flush and close everything at interpreter exit
+    flush_at_exit: bool = True
+    #: user name in the log dir; ``None`` uses the login name
+    user: str | None = None
+
+
+_SECRET_KEYS = {("otlp", "headers")}
+
+
+# --------------------------------------------------------------------------------------------
+# loading
+
+
+def load_config(
+    config: TracerConfig | Mapping[str, Any] | str | os.PathLike[str] | Any | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    **overrides: Any,
+) -> TracerConfig:
+    """Build a validated :class:`TracerConfig` from ``config``, ``RLTRACE_*`` env and overrides.
+
+    ``config`` may be a :class:`TracerConfig`, any dataclass with the same keys (e.g. AReaL's
+    ``PerfTracerConfig``), a mapping, a path to a YAML file (whose top level is either the
+    tracer section itself or a document with a ``perf_tracer``/``rltrace`` section), or None.
+    Raises :class:`ConfigError` naming the offending key and the fix.
+    """
+    data: dict[str, Any] = {}
+    source = "config"
+    if config is None:
+        pass
+    elif isinstance(config, (str, os.PathLike)):
+        source = str(config)
+        data = _read_yaml(Path(config))
+    elif dataclasses.is_dataclass(config) and not isinstance(config, type):
+        data = _dataclass_to_dict(config)
+    elif isinstance(config, Mapping):
+        data = _plain(config)
+    elif hasattr(config, "to_container") or type(config).__name__ == "DictConfig":
+        from omegaconf import OmegaConf  # type: ignore[import-not-found]
+
+        data = OmegaConf.to_container(config, resolve=True)  # type: ignore[assignment]
+    else:
+        raise ConfigError(
+            f"rltrace.configure: config must be a TracerConfig, a dict, a dataclass or a path to a "
+            f"YAML file, got {type(config).__name__}"
+        )
+    cfg = _build(TracerConfig, data, prefix="", source=source)
+    for path, raw in _env_overrides(env if env is not None else os.environ):
+        _apply(cfg, path, raw, source="environment variable " + ENV_PREFIX + "_".join(path).upper())
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        path = tuple(key.split("__")) if "__" in key else (key,)
+        _apply(cfg, path, value, source=f"keyword argument {key}=")
+    _check_values(cfg)
+    return cfg
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    import yaml
+
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"rltrace config file {str(path)!r} cannot be read: {exc}") from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"rltrace config file {str(path)!r} is not valid YAML: {exc}") from None
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise ConfigError(
+            f"rltrace config file {str(path)!r} must hold a mapping, got {type(doc).__name__}"
+        )
+    for section in ("rltrace", "perf_tracer"):
+        if isinstance(doc.get(section), dict):
+            return doc[section]
+    return doc
+
+
+def _dataclass_to_dict(obj: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        if dataclasses.is_dataclass(v) and not isinstance(v, type):
+            v = _dataclass_to_dict(v)
+        out[f.name] = v
+    return out
+
+
+def _plain(m: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        str(k): (_plain(v) if isinstance(v, Mapping) else v) for k, v in m.items()
+    }
+
+
+def _build(cls: type, data: Mapping[str, Any], *, prefix: str, source: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        full = f"{prefix}{key}"
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f"; did you mean {prefix}{close[0]!r}?" if close else ""
+            raise ConfigError(
+                f"unknown rltrace config key {full!r} (in {source}){hint} "
+                f"Known keys{' under ' + prefix.rstrip('.') if prefix else ''}: {', '.join(names)}"
+            )
+        kwargs[key] = _coerce(hints[key], value, full, source)
+    return cls(**kwargs)
+
+
+def _coerce(tp: Any, value: Any, key: str, source: str) -> Any:
+    """Check ``value`` against annotation ``tp``; convert strings from env/YAML where safe."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(a, value, key, source)
+            except ConfigError as exc:
+                errors.append(exc)
+        raise errors[0]
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            value = _dataclass_to_dict(value)
+        if not isinstance(value, Mapping):
+            raise _type_error(key, value, f"a mapping of {tp.__name__} keys", source)
+        return _build(tp, value, prefix=key + ".", source=source)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in _BOOLS:
+            return _BOOLS[value.strip().lower()]
+        raise _type_error(key, value, "a boolean (true/false)", source)
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str):
+            try:
+                return int(value.strip())
+            except ValueError:
+                pass
+        raise _type_error(key, value, "an integer", source)
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value.strip())
+            except ValueError:
+                pass
+        raise _type_error(key, value, "a number", source)
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, os.PathLike):
+            return os.fspath(value)
+        raise _type_error(key, value, "a string", source)
+    if origin is dict:
+        if isinstance(value, str):  # "k1=v1,k2=v2" as in OTEL_EXPORTER_OTLP_HEADERS
+            value = _parse_kv(value, key, source)
+        if not isinstance(value, Mapping):
+            raise _type_error(key, value, "a mapping of strings", source)
+        return {str(k): str(v) for k, v in value.items()}
+    if origin is list:
+        if isinstance(value, str):
+            value = [v for v in value.replace(",", " ").split() if v]
+        if not isinstance(value, (list, tuple)):
+            raise _type_error(key, value, "a list", source)
+        return [_coerce(args[0], v, f"{key}[{i}]", source) for i, v in enumerate(value)]
+    return value
+
+
+_BOOLS = {"1": True, "true": True, "yes": True, "on": True,
+          "0": False, "false": False, "no": False, "off": False}
+
+
+def _parse_kv(text: str, key: str, source: str) -> dict[str, str]:
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        if "=" not in part:
+            raise ConfigError(
+                f"rltrace config key {key!r} (in {source}): expected 'name=value' pairs separated "
+                f"by commas, got {part!r}"
+            )
+        k, v = part.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
+def _type_error(key: str, value: Any, expected: str, source: str) -> ConfigError:
+    shown = "<redacted>" if key.startswith("otlp.headers") else repr(value)
+    return ConfigError(
+        f"rltrace config key {key!r} (in {source}) must be {expected}, "
+        f"got {type(value).__name__} {shown}"
+    )
+
+
+def _env_paths(cls: type = TracerConfig, prefix: tuple[str, ...] = ()) -> dict[str, tuple[str, ...]]:
+    """Map ``RLTRACE_*`` variable names to config paths (nested keys joined by ``_``)."""
+    out: dict[str, tuple[str, ...]] = {}
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        path = (*prefix, f.name)
+        if dataclasses.is_dataclass(hints[f.name]):
+            out.update(_env_paths(hints[f.name], path))
+        else:
+            out[ENV_PREFIX + "_".join(path).upper()] = path
+    return out
+
+
+_ENV_PATHS = _env_paths()
+
+
+def _env_overrides(env: Mapping[str, str]) -> list[tuple[tuple[str, ...], str]]:
+    out = []
+    for name, value in env.items():
+        if not name.startswith(ENV_PREFIX):
+            continue
+        path = _ENV_PATHS.get(name)
+        if path is None:
+            if name in _ENV_IGNORED:
+                continue
+            close = difflib.get_close_matches(name, list(_ENV_PATHS), n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise ConfigError(f"unknown rltrace environment variable {name}{hint}")
+        out.append((path, value))
+    return out
+
+
+#: RLTRACE_* variables used by tools rather than the config (e.g. the test-suite)
+_ENV_IGNORED = {"RLTRACE_PERFETTO_CHECK"}
+
+
+def _apply(cfg: Any, path: tuple[str, ...], value: Any, *, source: str) -> None:
+    obj = cfg
+    for i, part in enumerate(path):
+        names = [f.name for f in dataclasses.fields(obj)]
+        if part not in names:
+            key = ".".join(path[: i + 1])
+            close = difflib.get_close_matches(part, names, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"unknown rltrace config key {key!r} (from {source}){hint}")
+        if i == len(path) - 1:
+            tp = typing.get_type_hints(type(obj))[part]
+            setattr(obj, part, _coerce(tp, value, ".".join(path), source))
+        else:
+            obj = getattr(obj, part)
+
+
+def _check_values(cfg: TracerConfig) -> None:
+    def need(cond: bool, key: str, msg: str) -> None:
+        if not cond:
+            raise ConfigError(f"rltrace config key {key!r}: {msg}")
+
+    need(cfg.save_interval >= 1, "save_interval", f"must be >= 1, got {cfg.save_interval}")
+    need(cfg.session_tracer.flush_threshold >= 1, "session_tracer.flush_threshold",
+         f"must be >= 1, got {cfg.session_tracer.flush_threshold}")
+    need(cfg.max_queue_size >= 1, "max_queue_size", f"must be >= 1, got {cfg.max_queue_size}")
+    need(cfg.flush_interval_s > 0, "flush_interval_s", f"must be > 0, got {cfg.flush_interval_s}")
+    need(cfg.rank is None or cfg.rank >= 0, "rank", f"must be >= 0, got {cfg.rank}")
+    need(cfg.world_size is None or cfg.world_size >= 1, "world_size",
+         f"must be >= 1, got {cfg.world_size}")
+    for key in ("experiment_name", "trial_name"):
+        v = getattr(cfg, key)
+        need(bool(v) and "/" not in v and v not in (".", ".."), key,
+             f"must be a non-empty name without '/', got {v!r}")
+    proto = cfg.otlp.protocol
+    need(proto in (None, "grpc", "http/protobuf", "http"), "otlp.protocol",
+         f"must be 'grpc' or 'http/protobuf', got {proto!r}")
+
+
+# --------------------------------------------------------------------------------------------
+# derived values
+
+
+def current_user() -> str:
+    """The login name used in the log dir (``unknown`` when none can be found)."""
+    try:
+        return getpass.getuser()
+    except Exception:
+        return "unknown"
+
+
+def log_dir(cfg: TracerConfig) -> Path:
+    """``{fileroot}/logs/{user}/{experiment_name}/{trial_name}/`` (not created)."""
+    user = cfg.user or current_user()
+    return Path(cfg.fileroot).expanduser() / "logs" / user / cfg.experiment_name / cfg.trial_name
+
+
+def redacted(cfg: TracerConfig) -> dict[str, Any]:
+    """The config as a plain dict with secrets (OTLP headers) replaced by ``<redacted>``."""
+    data = _dataclass_to_dict(cfg)
+    for path in _SECRET_KEYS:
+        node = data
+        for p in path[:-1]:
+            node = node[p]
+        if node.get(path[-1]):
+            node[path[-1]] = {k: "<redacted>" for k in node[path[-1]]}
+    return data

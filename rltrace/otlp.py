@@ -1,0 +1,93 @@
+"""OTLP span exporter construction from rltrace's config and the standard ``OTEL_*`` variables."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from opentelemetry.sdk.trace.export import SpanExporter
+
+from .config import ConfigError, OTLPConfig
+
+
+def _env(*names: str) -> str | None:
+    for n in names:
+        v = os.environ.get(n)
+        if v:
+            return v
+    return None
+
+
+def otlp_endpoint(cfg: OTLPConfig) -> str | None:
+    """The configured endpoint, from rltrace's config or ``OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT``."""
+    return cfg.endpoint or _env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+
+
+def otlp_protocol(cfg: OTLPConfig) -> str:
+    proto = cfg.protocol or _env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
+    proto = (proto or "grpc").strip().lower()
+    if proto == "http":
+        proto = "http/protobuf"
+    if proto not in ("grpc", "http/protobuf"):
+        raise ConfigError(
+            f"rltrace: OTLP protocol {proto!r} is not supported; use 'grpc' or 'http/protobuf' "
+            "(key otlp.protocol or OTEL_EXPORTER_OTLP_PROTOCOL)"
+        )
+    return proto
+
+
+def make_span_exporter(cfg: OTLPConfig) -> SpanExporter | None:
+    """Build an OTLP span exporter, or None when no endpoint is configured.
+
+    Values left unset in rltrace's config are left to the exporter, which reads the standard
+    ``OTEL_EXPORTER_OTLP_*`` variables (headers, compression, timeout, certificate) itself.
+    """
+    endpoint = otlp_endpoint(cfg)
+    if not endpoint:
+        return None
+    proto = otlp_protocol(cfg)
+    kwargs: dict[str, Any] = {}
+    if cfg.headers:
+        kwargs["headers"] = dict(cfg.headers)
+    if cfg.timeout_s is not None:
+        kwargs["timeout"] = cfg.timeout_s
+    if cfg.compression:
+        kwargs["compression"] = _compression(cfg.compression, proto)
+    if proto == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        if cfg.insecure is not None:
+            kwargs["insecure"] = cfg.insecure
+        if cfg.certificate_file:
+            import grpc
+
+            with open(cfg.certificate_file, "rb") as fh:
+                kwargs["credentials"] = grpc.ssl_channel_credentials(fh.read())
+        return OTLPSpanExporter(endpoint=endpoint if cfg.endpoint else None, **kwargs)
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HTTPExporter
+
+    if cfg.certificate_file:
+        kwargs["certificate_file"] = cfg.certificate_file
+    if cfg.endpoint:
+        ep = cfg.endpoint.rstrip("/")
+        kwargs["endpoint"] = ep if ep.endswith("/v1/traces") else ep + "/v1/traces"
+    return HTTPExporter(**kwargs)
+
+
+def _compression(name: str, proto: str) -> Any:
+    name = name.strip().lower()
+    if proto == "grpc":
+        from grpc import Compression
+
+        table = {"gzip": Compression.Gzip, "none": Compression.NoCompression,
+                 "deflate": Compression.Deflate}
+    else:
+        from opentelemetry.exporter.otlp.proto.http import Compression as HTTPCompression
+
+        table = {"gzip": HTTPCompression.Gzip, "none": HTTPCompression.NoCompression,
+                 "deflate": HTTPCompression.Deflate}
+    if name not in table:
+        raise ConfigError(
+            f"rltrace config key 'otlp.compression' must be one of {sorted(table)}, got {name!r}"
+        )
+    return table[name]

@@ -1,0 +1,397 @@
+"""The configured pipeline: provider, processors, exporters and the background exporter thread.
+
+``configure()`` builds one :class:`Pipeline` per process.  Its thread wakes every
+``flush_interval_s`` (or when the recorder's buffer fills past a threshold), turns recorded
+scopes into ``ReadableSpan``s, passes them to every span processor, and lets the queued
+exporters write their batch.  ``save``/``flush``/``shutdown`` run the same cycle on the
+caller's thread so data is on disk when they return.  Reconfiguring flushes and closes the
+old pipeline first; processors a user added are carried over.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import socket
+import threading
+from collections import deque
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import SpanProcessor, SynchronousMultiSpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+from .config import ConfigError, TracerConfig, load_config, log_dir, redacted
+from .materialize import SpanBuilder
+from .otlp import make_span_exporter
+from .processors import QueuedExportProcessor
+from .provider import DelegatingTracerProvider
+from .ranks import detect_rank
+from .recorder import STATE, Scope, _noop, internal_error
+from .version import __version__
+
+logger = logging.getLogger("rltrace")
+
+TRACES_DIR = "perf_tracer"
+SESSIONS_DIR = "session_tracer"
+
+
+class Pipeline:
+    """One configured tracing pipeline (see module docstring)."""
+
+    def __init__(
+        self, cfg: TracerConfig, rank: int, world_size: int, logdir: Path,
+        user_processors: list[SpanProcessor],
+    ) -> None:
+        self.cfg = cfg
+        self.rank = rank
+        self.world_size = world_size
+        self.log_dir = logdir
+        self.host = socket.gethostname()
+        attrs: dict[str, Any] = {
+            "rl.rank": rank, "rl.world_size": world_size,
+            "rl.experiment": cfg.experiment_name, "rl.trial": cfg.trial_name,
+            "host.name": self.host, "process.pid": os.getpid(),
+        }
+        if cfg.role:
+            attrs["rl.role"] = cfg.role
+        if cfg.service_name:
+            attrs["service.name"] = cfg.service_name
+        elif not os.environ.get("OTEL_SERVICE_NAME"):
+            attrs["service.name"] = "rltrace"
+        self.resource = Resource.create(attrs)
+        self.processor = SynchronousMultiSpanProcessor()
+        self.provider = TracerProvider(
+            resource=self.resource, shutdown_on_exit=False, active_span_processor=self.processor
+        )
+        self.builder = SpanBuilder(self.resource, InstrumentationScope("rltrace", __version__))
+        self.queued: list[QueuedExportProcessor] = []
+        self.owned: list[SpanProcessor] = []
+        self.user_processors = list(user_processors)
+        self.chrome_path: Path | None = None
+        if cfg.exporters.chrome:
+            from rltrace.exporters import ChromeTraceExporter
+
+            self.chrome_path = logdir / TRACES_DIR / f"traces-r{rank}.jsonl"
+            self.add_queued(ChromeTraceExporter(
+                self.chrome_path, rank=rank, world_size=world_size, role=cfg.role,
+                host=self.host, experiment=cfg.experiment_name, trial=cfg.trial_name,
+            ))
+        otlp = make_span_exporter(cfg.otlp)
+        if otlp is not None:
+            self._own(BatchSpanProcessor(otlp, max_queue_size=cfg.max_queue_size))
+        for p in self.user_processors:
+            self.processor.add_span_processor(p)
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._dropped_reported = 0
+        self.errors = 0
+
+    # -- composition ----------------------------------------------------------------------
+    def _own(self, processor: SpanProcessor) -> None:
+        self.owned.append(processor)
+        self.processor.add_span_processor(processor)
+
+    def add_queued(self, exporter: Any) -> QueuedExportProcessor:
+        proc = QueuedExportProcessor(exporter)
+        self.queued.append(proc)
+        self._own(proc)
+        return proc
+
+    def add_user_processor(self, processor: SpanProcessor) -> None:
+        self.user_processors.append(processor)
+        self.processor.add_span_processor(processor)
+
+    # -- the exporter thread ------------------------------------------------------------------
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="rltrace-exporter", daemon=True)
+        self._thread.start()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def _run(self) -> None:
+        interval = self.cfg.flush_interval_s
+        while not self._stop.is_set():
+            self._wake.wait(interval)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            self.flush()
+
+    def flush(self) -> None:
+        """Export everything recorded so far (on the calling thread); never raises."""
+        with self._lock:
+            try:
+                self._cycle()
+            except Exception as exc:  # pragma: no cover - defensive
+                internal_error("exporter cycle", exc)
+
+    def _cycle(self) -> None:
+        buf = STATE.buffer
+        popleft = buf.popleft
+        build = self.builder.build
+        on_end = self.processor.on_end
+        for _ in range(len(buf)):
+            try:
+                rec = popleft()
+            except IndexError:
+                break
+            try:
+                on_end(build(rec) if type(rec) is Scope else rec)
+            except Exception as exc:
+                self.errors += 1
+                internal_error("span export", exc)
+        for q in self.queued:
+            q.drain()
+        dropped = STATE.dropped
+        if dropped > self._dropped_reported:
+            logger.warning(
+                "rltrace dropped %d spans because the export queue was full (max_queue_size=%d);"
+                " raise max_queue_size or lower flush_interval_s",
+                dropped - self._dropped_reported, STATE.cap,
+            )
+            self._dropped_reported = dropped
+
+    def close(self) -> None:
+        """Stop the thread, flush, and shut down rltrace's own processors (not the user's)."""
+        self._stop.set()
+        self._wake.set()
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout=10)
+        self.flush()
+        for p in self.owned:
+            try:
+                p.shutdown()
+            except Exception as exc:
+                internal_error("processor shutdown", exc)
+
+    def after_fork_in_child(self) -> None:
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        for q in self.queued:
+            q.reset_after_fork()
+        self.start()
+
+    def diagnostics(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "queued": len(STATE.buffer), "dropped": STATE.dropped, "errors": self.errors,
+            "log_dir": str(self.log_dir),
+        }
+        for q in self.queued:
+            out[type(q.exporter).__name__] = q.stats()
+        return out
+
+
+# ---- process-wide state ------------------------------------------------------------------------
+
+_LOCK = threading.RLock()
+_PIPELINE: Pipeline | None = None
+_CONFIG: TracerConfig | None = None
+_USER_PROCESSORS: list[SpanProcessor] = []
+_GLOBAL_SET = False
+_ATEXIT = False
+
+
+def _current_provider() -> TracerProvider | None:
+    p = _PIPELINE
+    return p.provider if p is not None else None
+
+
+def configure(
+    config: TracerConfig | Mapping[str, Any] | str | os.PathLike[str] | Any | None = None,
+    *,
+    rank: int | None = None,
+    role: str | None = None,
+    **overrides: Any,
+) -> TracerConfig:
+    """Configure tracing for this process (call once per rank; calling again reconfigures).
+
+    ``config`` is a :class:`~rltrace.config.TracerConfig`, a dict, any dataclass with the same
+    keys (AReaL's ``PerfTracerConfig``), or a YAML path; ``RLTRACE_*`` environment variables
+    and keyword ``overrides`` (nested keys as ``session_tracer__enabled=True``) win over it.
+    Rank and world size default from ``RANK``/``WORLD_SIZE``, torch.distributed or JAX.
+    Rank 0 writes the effective config to ``{log_dir}/config.yaml``.  Raises
+    :class:`~rltrace.config.ConfigError` for bad input; the previous pipeline is left intact
+    in that case.
+    """
+    global _PIPELINE, _CONFIG, _GLOBAL_SET, _ATEXIT
+    with _LOCK:
+        cfg = load_config(config, rank=rank, role=role, **overrides)
+        rk, world = detect_rank(cfg.rank, cfg.world_size)
+        new: Pipeline | None = None
+        if cfg.enabled:
+            logdir = log_dir(cfg)
+            _ensure_writable(logdir, cfg)
+            new = Pipeline(cfg, rk, world, logdir, _USER_PROCESSORS)
+            if rk == 0:
+                _write_config(logdir, cfg, world)
+        old = _PIPELINE
+        if old is not None:
+            STATE.enabled = False
+            old.close()
+        _PIPELINE, _CONFIG = new, cfg
+        if new is None:
+            STATE.enabled = False
+            STATE.wake = _noop
+            return cfg
+        STATE.cap = cfg.max_queue_size
+        STATE.wake_at = max(1, min(8192, cfg.max_queue_size // 4))
+        STATE.wake = new.wake
+        new.start()
+        STATE.enabled = True
+        if cfg.set_global_provider and not _GLOBAL_SET:
+            if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+                trace.set_tracer_provider(DelegatingTracerProvider(_current_provider))
+                _GLOBAL_SET = True
+        if not _ATEXIT:
+            atexit.register(_at_exit)
+            _ATEXIT = True
+        return cfg
+
+
+def _ensure_writable(logdir: Path, cfg: TracerConfig) -> None:
+    try:
+        logdir.mkdir(parents=True, exist_ok=True)
+        probe = logdir / f".rltrace-write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(
+            f"rltrace config key 'fileroot': cannot write the log dir {str(logdir)!r} "
+            f"(fileroot={cfg.fileroot!r}): {exc.strerror or exc}. Set fileroot (or "
+            f"RLTRACE_FILEROOT) to a writable directory."
+        ) from None
+
+
+def _write_config(logdir: Path, cfg: TracerConfig, world_size: int) -> None:
+    import yaml
+
+    data = redacted(cfg)
+    data["world_size"] = world_size
+    data["rank"] = None
+    text = (f"# effective rltrace {__version__} configuration (secrets redacted)\n"
+            + yaml.safe_dump(data, sort_keys=False))
+    try:
+        (logdir / "config.yaml").write_text(text)
+    except OSError as exc:
+        logger.warning("rltrace: cannot write %s: %s", logdir / "config.yaml", exc)
+
+
+def is_configured() -> bool:
+    """True while a pipeline is configured and tracing is enabled."""
+    return _PIPELINE is not None and STATE.enabled
+
+
+def get_config() -> TracerConfig | None:
+    """The effective config of the last ``configure`` call (None before it)."""
+    return _CONFIG
+
+
+def get_pipeline() -> Pipeline | None:
+    """The active pipeline, if any (advanced use: log dir, provider, diagnostics)."""
+    return _PIPELINE
+
+
+def flush() -> None:
+    """Write everything recorded so far to every exporter, now, on this thread."""
+    p = _PIPELINE
+    if p is not None:
+        p.flush()
+
+
+def save(step: int | None = None, force: bool = False) -> None:
+    """AReaL's ``save``: flush when ``force``, when ``step`` is None, or every ``save_interval``."""
+    p = _PIPELINE
+    if p is None:
+        return
+    if force or step is None or step % p.cfg.save_interval == 0:
+        p.flush()
+
+
+def shutdown() -> None:
+    """Flush all buffered data and close the pipeline; tracing is off until ``configure``."""
+    global _PIPELINE
+    with _LOCK:
+        p = _PIPELINE
+        STATE.enabled = False
+        STATE.wake = _noop
+        if p is not None:
+            p.close()
+        _PIPELINE = None
+
+
+def add_span_processor(processor: SpanProcessor) -> None:
+    """Add an OTel ``SpanProcessor`` that receives every span (kept across reconfiguration).
+
+    rltrace scopes are delivered to ``on_end`` from rltrace's exporter thread shortly after
+    they finish (``on_start`` is not called for them: they are recorded off the OTel SDK's
+    path); spans from other instrumentation follow the SDK's usual synchronous calls.
+    """
+    with _LOCK:
+        _USER_PROCESSORS.append(processor)
+        if _PIPELINE is not None:
+            _PIPELINE.processor.add_span_processor(processor)
+
+
+def remove_span_processor(processor: SpanProcessor) -> None:
+    """Stop delivering spans to ``processor`` from the next ``configure`` on (testing aid)."""
+    with _LOCK:
+        if processor in _USER_PROCESSORS:
+            _USER_PROCESSORS.remove(processor)
+        p = _PIPELINE
+        if p is not None:
+            procs = p.processor._span_processors  # noqa: SLF001 - SDK keeps a tuple
+            p.processor._span_processors = tuple(x for x in procs if x is not processor)
+
+
+def tracer_provider() -> TracerProvider | None:
+    """The SDK ``TracerProvider`` of the current pipeline (None when not configured)."""
+    return _current_provider()
+
+
+def diagnostics() -> dict[str, Any]:
+    """Counters of the current pipeline: queued, dropped, exported and failed spans."""
+    p = _PIPELINE
+    return p.diagnostics() if p is not None else {"queued": len(STATE.buffer),
+                                                  "dropped": STATE.dropped}
+
+
+def _at_exit() -> None:
+    cfg = _CONFIG
+    if cfg is not None and cfg.flush_at_exit:
+        shutdown()
+
+
+def _before_fork() -> None:
+    p = _PIPELINE
+    if p is not None:
+        p._lock.acquire()
+
+
+def _after_fork_parent() -> None:
+    p = _PIPELINE
+    if p is not None:
+        p._lock.release()
+
+
+def _after_fork_child() -> None:
+    STATE.buffer = deque()  # the parent exports what it recorded; never twice
+    p = _PIPELINE
+    if p is not None:
+        p.after_fork_in_child()
+        STATE.wake = p.wake
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_parent,
+                    after_in_child=_after_fork_child)

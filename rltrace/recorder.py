@@ -1,0 +1,395 @@
+"""The hot path: scope records, timeline lanes and the bounded buffer of finished spans.
+
+Entering a scope takes an epoch timestamp, draws ids, picks a timeline lane and puts the scope
+into the OpenTelemetry context (so spans started by any other OTel instrumentation inside it
+become its children, and an enclosing foreign span becomes its parent).  Exiting takes the end
+timestamp and appends the scope to a bounded deque.  Everything else (attribute conversion,
+``ReadableSpan`` construction, span processors, encoding, file I/O) happens later, off the
+caller's path, in :mod:`rltrace.pipeline`'s background exporter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import threading
+import time
+import traceback
+from collections import deque
+from heapq import heappop, heappush
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry.context import Context
+from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
+from opentelemetry.trace import (
+    INVALID_SPAN_CONTEXT,
+    NonRecordingSpan,
+    Span,
+    SpanContext,
+    TraceFlags,
+)
+from opentelemetry.trace.propagation import _SPAN_KEY
+from opentelemetry.trace.status import Status, StatusCode
+
+logger = logging.getLogger("rltrace")
+
+# ---- clock and ids (rltrace.testing swaps these for deterministic ones) --------------------
+
+#: epoch nanoseconds; one clock for every rank and host, so merged timelines line up
+now_ns = time.time_ns
+_rng = random.Random()  # our own generator: a user's random.seed() must not make ids collide
+rand_bits = _rng.getrandbits
+os.register_at_fork(after_in_child=lambda: _rng.seed())
+
+
+def set_clock(clock: Any) -> None:
+    """Replace the epoch-nanosecond clock (testing)."""
+    global now_ns
+    now_ns = clock
+
+
+def set_id_source(bits: Any) -> None:
+    """Replace the ``getrandbits``-like id source (testing)."""
+    global rand_bits
+    rand_bits = bits
+
+
+# ---- OTel context access: the fast path uses the contextvar behind OTel's runtime context ---
+
+_runtime = otel_context._RUNTIME_CONTEXT
+if isinstance(_runtime, ContextVarsRuntimeContext):
+    _cv = _runtime._current_context
+    _ctx_get, _ctx_set, _ctx_reset = _cv.get, _cv.set, _cv.reset
+else:  # another runtime context was chosen with OTEL_PYTHON_CONTEXT: use the public API
+    _ctx_get, _ctx_set, _ctx_reset = (
+        otel_context.get_current, otel_context.attach, otel_context.detach
+    )
+
+_get_ident = threading.get_ident
+_get_running_loop = asyncio._get_running_loop
+_current_task = asyncio.current_task
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_ERROR = Status(StatusCode.ERROR)
+
+
+# ---- shared recorder state ------------------------------------------------------------------
+
+
+class RecorderState:
+    """Mutable state shared by the hot path and the exporter thread."""
+
+    __slots__ = ("enabled", "buffer", "cap", "wake_at", "wake", "dropped", "pid")
+
+    def __init__(self) -> None:
+        self.enabled = False
+        self.buffer: deque[Any] = deque()
+        self.cap = 262_144
+        self.wake_at = 8_192
+        self.wake: Any = _noop
+        self.dropped = 0
+        self.pid = os.getpid()
+
+
+def _noop() -> None:
+    return None
+
+
+STATE = RecorderState()
+
+
+def push(item: Any) -> None:
+    """Queue a finished span for export; count it as dropped when the buffer is full."""
+    state = STATE
+    buf = state.buffer
+    n = len(buf)
+    if n < state.cap:
+        buf.append(item)
+        if n == state.wake_at:
+            state.wake()
+    else:
+        state.dropped += 1
+
+
+_warned: set[str] = set()
+
+
+def internal_error(where: str, exc: BaseException) -> None:
+    """Log an rltrace-internal failure once per site; never re-raise into user code."""
+    if where not in _warned:
+        _warned.add(where)
+        logger.warning("rltrace internal error in %s (tracing continues): %r", where, exc,
+                       exc_info=exc)
+
+
+# ---- lanes: per-thread track numbers so concurrent scopes never overlap on one track -------
+
+_LANES: dict[int, list[Any]] = {}
+
+
+def _acquire_lane(thread: int) -> int:
+    pool = _LANES.get(thread)
+    if pool is None:
+        pool = _LANES[thread] = [[], 0]
+    free = pool[0]
+    if free:
+        return heappop(free)
+    lane = pool[1]
+    pool[1] = lane + 1
+    return lane
+
+
+def _release_lane(thread: int, lane: int) -> None:
+    pool = _LANES.get(thread)
+    if pool is not None:
+        heappush(pool[0], lane)
+
+
+def _reset_after_fork() -> None:
+    _LANES.clear()
+    STATE.pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+# ---- the scope record ----------------------------------------------------------------------
+
+
+class Scope(Span):
+    """A traced region: the context manager returned by ``trace_scope`` and the span record.
+
+    It is a real :class:`opentelemetry.trace.Span` while open (other instrumentation can read
+    its ``SpanContext``, set attributes, add events) and becomes an SDK ``ReadableSpan`` when
+    the exporter thread picks it up.
+    """
+
+    __slots__ = (
+        "name", "category", "args", "trace_id", "span_id", "parent", "start_ns", "end_ns",
+        "thread", "lane", "task", "owns_lane", "detached", "events", "error", "attrs",
+        "status", "instant", "_token", "_sc",
+    )
+
+    def __init__(
+        self, name: str, category: Any = None, args: dict[str, Any] | None = None,
+        detached: bool = False,
+    ) -> None:
+        self.name = name
+        self.category = category
+        self.args = args
+        self.detached = detached
+        self.end_ns = 0
+        self.events: list[tuple[str, int, Any, Any]] | None = None
+        self.error: tuple[str, str, str] | None = None
+        self.attrs: dict[str, Any] | None = None
+        self.status: Status | None = None
+        self.instant = False
+        self._token: Any = None
+        self._sc: SpanContext | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def begin(self) -> Context:
+        """Take ids, lane and start time from the current context; return that context."""
+        ctx = _ctx_get()
+        parent = ctx.get(_SPAN_KEY)
+        thread = _get_ident()
+        loop = _get_running_loop()
+        task = _current_task(loop) if loop is not None else None
+        lane = -1
+        if parent is None:
+            self.trace_id = rand_bits(128) or 1
+            self.parent = None
+        elif type(parent) is Scope:
+            self.trace_id = parent.trace_id
+            self.parent = parent
+            if parent.thread == thread and parent.task is task and not self.detached:
+                lane = parent.lane
+        else:
+            sc = parent.get_span_context()
+            if sc.is_valid:
+                self.trace_id = sc.trace_id
+                self.parent = sc
+            else:
+                self.trace_id = rand_bits(128) or 1
+                self.parent = None
+        if lane < 0:
+            lane = _acquire_lane(thread)
+            self.owns_lane = True
+        else:
+            self.owns_lane = False
+        self.lane = lane
+        self.thread = thread
+        self.task = task
+        self.span_id = rand_bits(64) or 1
+        self.start_ns = now_ns()
+        return ctx
+
+    def finish(self, end_ns: int, exc: BaseException | None = None) -> None:
+        """Close the record (exception, lane) and queue it for export."""
+        self.end_ns = end_ns
+        if exc is not None:
+            self._set_error(exc)
+        if self.owns_lane:
+            _release_lane(self.thread, self.lane)
+        self.task = None
+        push(self)
+
+    def __enter__(self) -> Scope:
+        try:
+            ctx = self.begin()
+            new = Context(ctx)
+            dict.__setitem__(new, _SPAN_KEY, self)
+            self._token = _ctx_set(new)
+        except Exception as exc:  # pragma: no cover - defensive
+            internal_error("trace_scope enter", exc)
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        end = now_ns()
+        try:
+            token = self._token
+            if token is not None:
+                self._token = None
+                try:
+                    _ctx_reset(token)
+                except (ValueError, RuntimeError):
+                    # exited in another context (e.g. an async generator closed elsewhere)
+                    self._restore_parent()
+            if self.end_ns == 0 and hasattr(self, "start_ns"):
+                self.finish(end, exc)
+        except Exception as err:  # pragma: no cover - defensive
+            internal_error("trace_scope exit", err)
+        return False
+
+    async def __aenter__(self) -> Scope:
+        return self.__enter__()
+
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        return self.__exit__(exc_type, exc, tb)
+
+    def _restore_parent(self) -> None:
+        cur = _ctx_get()
+        if cur.get(_SPAN_KEY) is self:
+            parent = Context(cur)
+            if type(self.parent) is Scope or self.parent is None:
+                dict.__setitem__(parent, _SPAN_KEY, self.parent)
+            else:
+                dict.__setitem__(parent, _SPAN_KEY, NonRecordingSpan(self.parent))
+            _ctx_set(parent)
+
+    def _set_error(self, exc: BaseException) -> None:
+        etype = type(exc)
+        name = etype.__qualname__
+        if etype.__module__ not in ("builtins", "__main__"):
+            name = f"{etype.__module__}.{name}"
+        try:
+            stack = "".join(traceback.format_exception(etype, exc, exc.__traceback__))
+        except Exception:
+            stack = ""
+        self.error = (name, str(exc), stack)
+
+    # -- opentelemetry.trace.Span ---------------------------------------------------------
+    def get_span_context(self) -> SpanContext:
+        sc = self._sc
+        if sc is None:
+            if not hasattr(self, "span_id"):
+                return INVALID_SPAN_CONTEXT
+            sc = self._sc = SpanContext(self.trace_id, self.span_id, False, _SAMPLED)
+        return sc
+
+    def is_recording(self) -> bool:
+        return self.end_ns == 0
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        if self.attrs is None:
+            self.attrs = {}
+        self.attrs[key] = value
+
+    def set_attributes(self, attributes: Any) -> None:
+        for k, v in attributes.items():
+            self.set_attribute(k, v)
+
+    def add_event(self, name: str, attributes: Any = None, timestamp: int | None = None) -> None:
+        if self.events is None:
+            self.events = []
+        self.events.append(
+            (name, timestamp if timestamp is not None else now_ns(),
+             dict(attributes) if attributes else None, None)
+        )
+
+    def update_name(self, name: str) -> None:
+        self.name = name
+
+    def set_status(self, status: Any, description: str | None = None) -> None:
+        if isinstance(status, StatusCode):
+            status = Status(status, description)
+        self.status = status
+
+    def record_exception(
+        self, exception: BaseException, attributes: Any = None,
+        timestamp: int | None = None, escaped: bool = False,
+    ) -> None:
+        self._set_error(exception)
+
+    def end(self, end_time: int | None = None) -> None:
+        if self.end_ns == 0 and hasattr(self, "start_ns"):
+            self.finish(end_time if end_time is not None else now_ns())
+
+    def __repr__(self) -> str:
+        return f"<rltrace scope {self.name!r}>"
+
+
+class NoopScope(NonRecordingSpan):
+    """What the API returns while tracing is disabled: a do-nothing (async) context manager."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> NoopScope:
+        return self
+
+    def __exit__(self, *exc: Any) -> bool:
+        return False
+
+    async def __aenter__(self) -> NoopScope:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> bool:
+        return False
+
+
+NOOP = NoopScope(INVALID_SPAN_CONTEXT)
+
+
+def current_scope() -> Scope | None:
+    """The innermost open rltrace scope in this context, if any."""
+    span = _ctx_get().get(_SPAN_KEY)
+    return span if type(span) is Scope else None
+
+
+def current_span() -> Any:
+    """The innermost span in the OTel context (rltrace's or another instrumentation's)."""
+    return _ctx_get().get(_SPAN_KEY)
+
+
+def record_instant(name: str, category: Any, args: dict[str, Any] | None) -> None:
+    """Attach an instant to the current span, or queue it as a zero-length span if none."""
+    ts = now_ns()
+    span = _ctx_get().get(_SPAN_KEY)
+    if type(span) is Scope and span.end_ns == 0:
+        if span.events is None:
+            span.events = []
+        span.events.append((name, ts, args, category))
+        return
+    if span is not None and span.is_recording():
+        attrs = dict(args) if args else {}
+        if category is not None:
+            attrs["rl.category"] = getattr(category, "value", category)
+        span.add_event(name, attrs, ts)
+        return
+    rec = Scope(name, category, args)
+    rec.begin()
+    rec.start_ns = ts
+    rec.instant = True
+    rec.finish(ts)

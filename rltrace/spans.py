@@ -1,0 +1,259 @@
+"""The span API: ``trace_scope``/``atrace_scope``, the ``trace_perf`` decorator, ``instant``.
+
+Names and semantics follow AReaL's ``perf_tracer``; every scope is a real OpenTelemetry span.
+When tracing is disabled each call costs one flag check and returns a shared no-op object.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from enum import Enum
+from typing import Any, TypeVar, overload
+
+from opentelemetry.context import Context
+from opentelemetry.trace.propagation import _SPAN_KEY
+
+from . import recorder
+from .recorder import NOOP, STATE, Scope, internal_error
+
+__all__ = ["Category", "atrace_scope", "instant", "trace_perf", "trace_scope"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Category(str, Enum):
+    """Event categories (Chrome ``cat``, OTel ``rl.category``).  Any other string passes through."""
+
+    COMPUTE = "compute"
+    IO = "io"
+    COMM = "comm"
+    SYNC = "sync"
+    SCHEDULER = "scheduler"
+    MISC = "misc"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def _check_name(name: Any, api: str) -> None:
+    raise TypeError(
+        f"rltrace.{api}: name must be a str, got {type(name).__name__} {name!r}; "
+        f"pass a string such as 'train.step'"
+    )
+
+
+def trace_scope(
+    name: str, category: Category | str | None = None, args: dict[str, Any] | None = None
+) -> Scope:
+    """Trace a block: ``with trace_scope("train.step", Category.COMPUTE, {"step": 3}): ...``.
+
+    The block becomes an OTel span (kind INTERNAL) named ``name`` with attributes
+    ``rl.category`` and ``args.<key>``, and a Chrome ``X`` event.  ``args`` is copied, never
+    modified; values JSON cannot encode (tensors, arrays, objects) are converted or
+    stringified at export.  An exception leaving the block is recorded on the span (status
+    ERROR plus an ``exception`` event) and re-raised unchanged.  The returned object is the
+    span itself (``set_attribute``, ``add_event`` work on it).
+    """
+    if not STATE.enabled:
+        return NOOP  # type: ignore[return-value]
+    if type(name) is not str:
+        _check_name(name, "trace_scope")
+    return Scope(name, category, dict(args) if args else None)
+
+
+def atrace_scope(
+    name: str, category: Category | str | None = None, args: dict[str, Any] | None = None
+) -> Scope:
+    """Async form of :func:`trace_scope`: ``async with atrace_scope("rollout"): ...``."""
+    if not STATE.enabled:
+        return NOOP  # type: ignore[return-value]
+    if type(name) is not str:
+        _check_name(name, "atrace_scope")
+    return Scope(name, category, dict(args) if args else None)
+
+
+def instant(
+    name: str, category: Category | str | None = None, args: dict[str, Any] | None = None
+) -> None:
+    """Mark a point in time: a span event on the current span and a Chrome ``i`` event.
+
+    Outside any span the instant is kept as a zero-length span so it is not lost.  ``args``
+    is copied; the caller's dict is never modified.
+    """
+    if not STATE.enabled:
+        return
+    if type(name) is not str:
+        _check_name(name, "instant")
+    try:
+        recorder.record_instant(name, category, dict(args) if args else None)
+    except Exception as exc:  # pragma: no cover - defensive
+        internal_error("instant", exc)
+
+
+# ---- decorator -------------------------------------------------------------------------------
+
+
+def _attach(scope: Scope) -> Any:
+    ctx = Context(recorder._ctx_get())
+    dict.__setitem__(ctx, _SPAN_KEY, scope)
+    return recorder._ctx_set(ctx)
+
+
+def _detach(token: Any) -> None:
+    try:
+        recorder._ctx_reset(token)
+    except (ValueError, RuntimeError):
+        pass
+
+
+def _traced_generator(gen: Any, name: str, category: Any) -> Any:
+    # The span covers the whole iteration (first resume to exhaustion/close); its context is
+    # attached only while the generator body runs, so the consumer's own scopes between
+    # resumptions are not its children.  It gets its own lane in the Chrome timeline.
+    scope = Scope(name, category, None, detached=True)
+    begun = False
+    error: BaseException | None = None
+    value: Any = None
+    pending: BaseException | None = None
+    try:
+        while True:
+            if not begun:
+                scope.begin()
+                begun = True
+            token = _attach(scope)
+            try:
+                if pending is not None:
+                    exc, pending = pending, None
+                    item = gen.throw(exc)
+                else:
+                    item = gen.send(value)
+            except StopIteration as stop:
+                return stop.value
+            finally:
+                _detach(token)
+            try:
+                value = yield item
+            except GeneratorExit:
+                gen.close()
+                raise
+            except BaseException as exc:
+                pending = exc
+    except GeneratorExit:
+        raise
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        if begun:
+            scope.finish(recorder.now_ns(), error)
+
+
+async def _traced_async_generator(agen: Any, name: str, category: Any) -> Any:
+    scope = Scope(name, category, None, detached=True)
+    begun = False
+    error: BaseException | None = None
+    value: Any = None
+    pending: BaseException | None = None
+    try:
+        while True:
+            if not begun:
+                scope.begin()
+                begun = True
+            token = _attach(scope)
+            try:
+                if pending is not None:
+                    exc, pending = pending, None
+                    item = await agen.athrow(exc)
+                else:
+                    item = await agen.asend(value)
+            except StopAsyncIteration:
+                return
+            finally:
+                _detach(token)
+            try:
+                value = yield item
+            except GeneratorExit:
+                await agen.aclose()
+                raise
+            except BaseException as exc:
+                pending = exc
+    except GeneratorExit:
+        raise
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        if begun:
+            scope.finish(recorder.now_ns(), error)
+
+
+def _decorate(fn: Callable[..., Any], name: str, category: Any) -> Callable[..., Any]:
+    if inspect.isasyncgenfunction(fn):
+
+        @functools.wraps(fn)
+        def agen_wrapper(*a: Any, **k: Any) -> Any:
+            agen = fn(*a, **k)
+            if not STATE.enabled:
+                return agen
+            return _traced_async_generator(agen, name, category)
+
+        return agen_wrapper
+    if inspect.isgeneratorfunction(fn):
+
+        @functools.wraps(fn)
+        def gen_wrapper(*a: Any, **k: Any) -> Any:
+            gen = fn(*a, **k)
+            if not STATE.enabled:
+                return gen
+            return _traced_generator(gen, name, category)
+
+        return gen_wrapper
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def async_wrapper(*a: Any, **k: Any) -> Any:
+            if not STATE.enabled:
+                return await fn(*a, **k)
+            with Scope(name, category):
+                return await fn(*a, **k)
+
+        return async_wrapper
+
+    @functools.wraps(fn)
+    def wrapper(*a: Any, **k: Any) -> Any:
+        if not STATE.enabled:
+            return fn(*a, **k)
+        with Scope(name, category):
+            return fn(*a, **k)
+
+    return wrapper
+
+
+@overload
+def trace_perf(name: F) -> F: ...
+@overload
+def trace_perf(name: str | None = None, category: Category | str | None = None) -> Callable[[F], F]: ...
+
+
+def trace_perf(name: Any = None, category: Category | str | None = None) -> Any:
+    """Decorator tracing every call of a sync, async, generator or async-generator function.
+
+    ``@trace_perf("fsdp_engine.train_batch", category="compute")``; with no name the
+    function's qualified name is used (``@trace_perf`` and ``@trace_perf()`` both work).
+    The wrapper is chosen once, at decoration time; whether tracing is on is checked per call,
+    so functions decorated before :func:`rltrace.configure` are traced once it runs.
+    """
+    if callable(name) and category is None:
+        fn = name
+        return _decorate(fn, fn.__qualname__, None)
+    if name is not None and type(name) is not str:
+        _check_name(name, "trace_perf")
+
+    def deco(fn: F) -> F:
+        if not callable(fn):
+            raise TypeError(f"rltrace.trace_perf must decorate a function, got {type(fn).__name__}")
+        return _decorate(fn, name or fn.__qualname__, category)  # type: ignore[return-value]
+
+    return deco
