@@ -8,8 +8,9 @@ crash leaves every written line valid):
 * ``thread_name`` metadata for each track the first time it is used;
 * one ``X`` (complete) event per span, ``i`` events for instants and span events.
 
-Timestamps are epoch microseconds written as exact decimal text (``1763780830123456.789``),
-so files from different ranks and hosts line up and nanosecond ordering survives.
+Timestamps are epoch microseconds (``ts`` a whole number, ``dur`` exact to the nanosecond from
+that floored start), so files from different ranks and hosts line up, end times are exact and
+nested slices stay nested in Perfetto.
 
 Concurrent scopes (threads, asyncio tasks, generators) carry a *lane* chosen when they
 started: each thread's lanes are separate Chrome tracks, and scopes on one lane always nest,
@@ -33,6 +34,8 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace.status import StatusCode
 
+from .values import category_name, json_default, thread_name
+
 logger = logging.getLogger("rltrace")
 
 _LANE = "rl.lane"
@@ -44,21 +47,8 @@ _HIDDEN = frozenset({_LANE, _CATEGORY, _INSTANT, _THREAD_ID, _THREAD_NAME})
 _OPT = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
 
 
-def _default(obj: Any) -> Any:
-    try:
-        return str(obj)
-    except Exception:
-        return f"<unprintable {type(obj).__name__}>"
-
-
 def _dumps(obj: Any) -> bytes:
-    return orjson.dumps(obj, default=_default, option=_OPT)
-
-
-def _us(ns: int) -> bytes:
-    """Epoch nanoseconds as exact microsecond decimal text."""
-    q, r = divmod(ns, 1000)
-    return b"%d.%03d" % (q, r)
+    return orjson.dumps(obj, default=json_default, option=_OPT)
 
 
 def chrome_args(attributes: Any) -> dict[str, Any]:
@@ -71,8 +61,17 @@ def chrome_args(attributes: Any) -> dict[str, Any]:
     return out
 
 
+_X = b'{"pid":%d,"tid":%d,"ph":"X","ts":%d,"dur":%d.%03d,"name":%s,"cat":%s,"args":%s}\n'
+_I = b'{"pid":%d,"tid":%d,"ph":"i","s":"t","ts":%d,"name":%s,"cat":%s,"args":%s}\n'
+_CACHE_MAX = 4096
+
+
 class ChromeEncoder:
-    """Encodes ``ReadableSpan``s as Chrome-trace JSON lines; remembers tracks already named."""
+    """Encodes spans as Chrome-trace JSON lines; remembers the tracks it has already named.
+
+    Accepts rltrace records (or ``ReadableSpan``s built from them, which carry
+    ``rltrace_record``) on a fast path, and any other OTel ``ReadableSpan``.
+    """
 
     def __init__(
         self, *, rank: int = 0, world_size: int = 1, role: str | None = None,
@@ -86,6 +85,8 @@ class ChromeEncoder:
         self.trial = trial
         self._pid = -1
         self._tids: dict[tuple[int, int], int] = {}
+        self._names: dict[str, bytes] = {}
+        self._cats: dict[Any, bytes] = {}
 
     def process_label(self) -> str:
         parts = [f"rank {self.rank}"]
@@ -103,72 +104,101 @@ class ChromeEncoder:
         out.append(head + b'"process_labels","args":' + _dumps({"labels": label_text}) + b"}\n")
         out.append(head + b'"process_sort_index","args":' + _dumps({"sort_index": self.rank}) + b"}\n")
 
-    def _tid(self, pid: int, thread: int, lane: int, name: str, out: list[bytes]) -> int:
-        key = (thread, lane)
-        tid = self._tids.get(key)
-        if tid is None:
-            tid = self._tids[key] = len(self._tids) + 1
-            label = name if lane == 0 else f"{name} [{lane}]"
-            head = b'{"pid":%d,"tid":%d,"ph":"M","name":' % (pid, tid)
-            out.append(head + b'"thread_name","args":' + _dumps({"name": label}) + b"}\n")
-            out.append(head + b'"thread_sort_index","args":{"sort_index":%d}}\n' % tid)
+    def _new_tid(self, pid: int, thread: int, lane: int, out: list[bytes]) -> int:
+        tid = self._tids[(thread, lane)] = len(self._tids) + 1
+        name = thread_name(thread)
+        label = name if lane == 0 else f"{name} [{lane}]"
+        head = b'{"pid":%d,"tid":%d,"ph":"M","name":' % (pid, tid)
+        out.append(head + b'"thread_name","args":' + _dumps({"name": label}) + b"}\n")
+        out.append(head + b'"thread_sort_index","args":{"sort_index":%d}}\n' % tid)
         return tid
+
+    def _name(self, name: Any) -> bytes:
+        b = self._names.get(name)
+        if b is None:
+            if len(self._names) >= _CACHE_MAX:
+                self._names.clear()
+            b = self._names[name] = _dumps(name if type(name) is str else str(name))
+        return b
+
+    def _cat(self, category: Any) -> bytes:
+        try:
+            b = self._cats.get(category)
+        except TypeError:  # unhashable category object
+            return _dumps(category_name(category))
+        if b is None:
+            if len(self._cats) >= _CACHE_MAX:
+                self._cats.clear()
+            b = self._cats[category] = _dumps(category_name(category))
+        return b
 
     def reset(self) -> None:
         """Forget named processes and tracks (after a fork, or for a new file)."""
         self._pid = -1
         self._tids = {}
 
-    def encode(self, spans: Sequence[ReadableSpan], out: list[bytes]) -> None:
-        """Append the JSON lines for ``spans`` to ``out``."""
+    def encode(self, items: Sequence[Any], out: list[bytes]) -> None:
+        """Append the JSON lines for ``items`` (records or ``ReadableSpan``s) to ``out``."""
         pid = os.getpid()
         if pid != self._pid:
             self._pid = pid
             self._tids = {}
             self._process_metadata(pid, out)
-        for span in spans:
-            attrs = span.attributes or {}
-            lane = attrs.get(_LANE)
-            name = _dumps(span.name)
-            cat = _dumps(str(attrs.get(_CATEGORY, "otel")))
-            args = chrome_args(attrs)
-            if span.status.status_code is StatusCode.ERROR:
-                args["error"] = span.status.description
-            start = span.start_time or 0
-            end = span.end_time or start
-            if lane is None:
-                self._encode_foreign(span, pid, name, cat, args, start, end, out)
+        tids = self._tids
+        names = self._names
+        for item in items:
+            rec = getattr(item, "rltrace_record", item)
+            if isinstance(rec, ReadableSpan):
+                self._encode_foreign(rec, pid, out)
                 continue
-            tid = self._tid(pid, attrs.get(_THREAD_ID, 0), lane,
-                            str(attrs.get(_THREAD_NAME, "thread")), out)
-            head = b'{"pid":%d,"tid":%d,"ph":' % (pid, tid)
-            if attrs.get(_INSTANT):
-                out.append(head + b'"i","s":"t","ts":' + _us(start) + b',"name":' + name
-                           + b',"cat":' + cat + b',"args":' + _dumps(args) + b"}\n")
+            tid = tids.get((rec.thread, rec.lane))
+            if tid is None:
+                tid = self._new_tid(pid, rec.thread, rec.lane, out)
+            name = names.get(rec.name) or self._name(rec.name)
+            cat = self._cat(rec.category)
+            args = rec.args
+            extra = rec.extra
+            start = rec.start_ns
+            us = start // 1000
+            if extra is None:
+                d = rec.end_ns - us * 1000
+                out.append(_X % (pid, tid, us, d // 1000, d % 1000, name, cat,
+                                 _dumps(args) if args else b"{}"))
                 continue
-            out.append(head + b'"X","ts":' + _us(start) + b',"dur":' + _us(end - start)
-                       + b',"name":' + name + b',"cat":' + cat + b',"args":' + _dumps(args)
-                       + b"}\n")
-            for ev in span.events:
-                ev_attrs = ev.attributes or {}
-                ev_cat = _dumps(str(ev_attrs.get(_CATEGORY, attrs.get(_CATEGORY, "misc"))))
-                out.append(head + b'"i","s":"t","ts":' + _us(ev.timestamp) + b',"name":'
-                           + _dumps(ev.name) + b',"cat":' + ev_cat + b',"args":'
-                           + _dumps(chrome_args(ev_attrs)) + b"}\n")
+            args = dict(args) if args else {}
+            if extra.get("attrs"):
+                args.update(extra["attrs"])
+            error = extra.get("error")
+            if error is not None:
+                args["error"] = f"{error[0]}: {error[1]}"
+            if extra.get("instant"):
+                out.append(_I % (pid, tid, us, name, cat, _dumps(args)))
+                continue
+            d = rec.end_ns - us * 1000
+            out.append(_X % (pid, tid, us, d // 1000, d % 1000, name, cat, _dumps(args)))
+            for ev_name, ts, ev_args, ev_cat in extra.get("events", ()):
+                out.append(_I % (pid, tid, ts // 1000, self._name(ev_name),
+                                 self._cat(ev_cat) if ev_cat is not None else cat,
+                                 _dumps(ev_args) if ev_args else b"{}"))
 
-    def _encode_foreign(
-        self, span: ReadableSpan, pid: int, name: bytes, cat: bytes, args: dict[str, Any],
-        start: int, end: int, out: list[bytes],
-    ) -> None:
+    def _encode_foreign(self, span: ReadableSpan, pid: int, out: list[bytes]) -> None:
+        attrs = span.attributes or {}
+        name = self._name(span.name)
+        cat = _dumps(str(attrs.get(_CATEGORY, "otel")))
+        args = chrome_args(attrs)
+        if span.status.status_code is StatusCode.ERROR:
+            args["error"] = span.status.description
+        start = span.start_time or 0
+        end = span.end_time or start
         sid = b'"0x%016x"' % span.context.span_id
         head = b'{"pid":%d,"tid":0,"ph":' % pid
-        out.append(head + b'"b","id":' + sid + b',"ts":' + _us(start) + b',"name":' + name
+        out.append(head + b'"b","id":' + sid + b',"ts":%d' % (start // 1000) + b',"name":' + name
                    + b',"cat":' + cat + b',"args":' + _dumps(args) + b"}\n")
         for ev in span.events:
-            out.append(head + b'"n","id":' + sid + b',"ts":' + _us(ev.timestamp) + b',"name":'
-                       + _dumps(ev.name) + b',"cat":' + cat + b',"args":'
+            out.append(head + b'"n","id":' + sid + b',"ts":%d' % (ev.timestamp // 1000)
+                       + b',"name":' + _dumps(ev.name) + b',"cat":' + cat + b',"args":'
                        + _dumps(chrome_args(ev.attributes or {})) + b"}\n")
-        out.append(head + b'"e","id":' + sid + b',"ts":' + _us(end) + b',"name":' + name
+        out.append(head + b'"e","id":' + sid + b',"ts":%d' % (end // 1000) + b',"name":' + name
                    + b',"cat":' + cat + b"}\n")
 
 

@@ -64,7 +64,9 @@ def make_span_exporter(cfg: OTLPConfig) -> SpanExporter | None:
             with open(cfg.certificate_file, "rb") as fh:
                 kwargs["credentials"] = grpc.ssl_channel_credentials(fh.read())
         return OTLPSpanExporter(endpoint=endpoint if cfg.endpoint else None, **kwargs)
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HTTPExporter
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+        OTLPSpanExporter as HTTPExporter,
+    )
 
     if cfg.certificate_file:
         kwargs["certificate_file"] = cfg.certificate_file

@@ -87,6 +87,7 @@ class Pipeline:
             self._own(BatchSpanProcessor(otlp, max_queue_size=cfg.max_queue_size))
         for p in self.user_processors:
             self.processor.add_span_processor(p)
+        self._refresh_direct()
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -108,6 +109,14 @@ class Pipeline:
     def add_user_processor(self, processor: SpanProcessor) -> None:
         self.user_processors.append(processor)
         self.processor.add_span_processor(processor)
+        self._refresh_direct()
+
+    def _refresh_direct(self) -> None:
+        # When every consumer is one of rltrace's queued exporters, they take the records
+        # themselves and no ReadableSpan needs to be built (the common offline case).
+        self._direct = not self.user_processors and all(
+            isinstance(p, QueuedExportProcessor) for p in self.owned
+        )
 
     # -- the exporter thread ------------------------------------------------------------------
     def start(self) -> None:
@@ -138,6 +147,16 @@ class Pipeline:
     def _cycle(self) -> None:
         buf = STATE.buffer
         popleft = buf.popleft
+        if self._direct:
+            for _ in range(len(buf)):
+                try:
+                    rec = popleft()
+                except IndexError:
+                    break
+                for q in self.queued:
+                    q.on_end(rec)
+            self._drain()
+            return
         build = self.builder.build
         on_end = self.processor.on_end
         for _ in range(len(buf)):
@@ -150,6 +169,9 @@ class Pipeline:
             except Exception as exc:
                 self.errors += 1
                 internal_error("span export", exc)
+        self._drain()
+
+    def _drain(self) -> None:
         for q in self.queued:
             q.drain()
         dropped = STATE.dropped
@@ -250,10 +272,10 @@ def configure(
         STATE.wake = new.wake
         new.start()
         STATE.enabled = True
-        if cfg.set_global_provider and not _GLOBAL_SET:
-            if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
-                trace.set_tracer_provider(DelegatingTracerProvider(_current_provider))
-                _GLOBAL_SET = True
+        if (cfg.set_global_provider and not _GLOBAL_SET
+                and isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)):
+            trace.set_tracer_provider(DelegatingTracerProvider(_current_provider))
+            _GLOBAL_SET = True
         if not _ATEXIT:
             atexit.register(_at_exit)
             _ATEXIT = True
@@ -341,7 +363,7 @@ def add_span_processor(processor: SpanProcessor) -> None:
     with _LOCK:
         _USER_PROCESSORS.append(processor)
         if _PIPELINE is not None:
-            _PIPELINE.processor.add_span_processor(processor)
+            _PIPELINE.add_user_processor(processor)
 
 
 def remove_span_processor(processor: SpanProcessor) -> None:
@@ -350,9 +372,11 @@ def remove_span_processor(processor: SpanProcessor) -> None:
         if processor in _USER_PROCESSORS:
             _USER_PROCESSORS.remove(processor)
         p = _PIPELINE
-        if p is not None:
-            procs = p.processor._span_processors  # noqa: SLF001 - SDK keeps a tuple
+        if p is not None and processor in p.user_processors:
+            p.user_processors.remove(processor)
+            procs = p.processor._span_processors  # the SDK keeps a tuple and no remove()
             p.processor._span_processors = tuple(x for x in procs if x is not processor)
+            p._refresh_direct()
 
 
 def tracer_provider() -> TracerProvider | None:

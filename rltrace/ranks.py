@@ -47,7 +47,7 @@ def detect_rank(rank: int | None = None, world_size: int | None = None) -> tuple
     """Return ``(rank, world_size)``: explicit values win, then env, torch.distributed, JAX, 0/1."""
     env_rank, env_world = _env_int("RANK"), _env_int("WORLD_SIZE")
     fw = None
-    if rank is None and env_rank is None or world_size is None and env_world is None:
+    if (rank is None and env_rank is None) or (world_size is None and env_world is None):
         fw = _torch_dist() or _jax()
     if rank is None:
         rank = env_rank if env_rank is not None else (fw[0] if fw else 0)

@@ -72,7 +72,8 @@ _get_ident = threading.get_ident
 _get_running_loop = asyncio._get_running_loop
 _current_task = asyncio.current_task
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
-_ERROR = Status(StatusCode.ERROR)
+_ID_LOCK = threading.Lock()
+_dict_set = dict.__setitem__
 
 
 # ---- shared recorder state ------------------------------------------------------------------
@@ -81,7 +82,7 @@ _ERROR = Status(StatusCode.ERROR)
 class RecorderState:
     """Mutable state shared by the hot path and the exporter thread."""
 
-    __slots__ = ("enabled", "buffer", "cap", "wake_at", "wake", "dropped", "pid")
+    __slots__ = ("buffer", "cap", "dropped", "enabled", "pid", "wake", "wake_at")
 
     def __init__(self) -> None:
         self.enabled = False
@@ -163,85 +164,70 @@ class Scope(Span):
 
     It is a real :class:`opentelemetry.trace.Span` while open (other instrumentation can read
     its ``SpanContext``, set attributes, add events) and becomes an SDK ``ReadableSpan`` when
-    the exporter thread picks it up.
+    the exporter thread picks it up.  Ids are drawn lazily, the first time anything asks for
+    the ``SpanContext`` (a child, another instrumentation, or the exporter thread), so the hot
+    path draws none.  Rarely used fields live in ``extra`` (None until needed): ``events``
+    (name, ts, args, category) tuples, ``error`` (type, message, stack), ``attrs``,
+    ``status`` and ``instant``.
     """
 
     __slots__ = (
-        "name", "category", "args", "trace_id", "span_id", "parent", "start_ns", "end_ns",
-        "thread", "lane", "task", "owns_lane", "detached", "events", "error", "attrs",
-        "status", "instant", "_token", "_sc",
+        "_sc",
+        "_token",
+        "args",
+        "category",
+        "end_ns",
+        "extra",
+        "lane",
+        "name",
+        "owns_lane",
+        "parent",
+        "start_ns",
+        "task",
+        "thread",
     )
 
     def __init__(
-        self, name: str, category: Any = None, args: dict[str, Any] | None = None,
-        detached: bool = False,
+        self, name: str, category: Any = None, args: dict[str, Any] | None = None
     ) -> None:
         self.name = name
         self.category = category
         self.args = args
-        self.detached = detached
         self.end_ns = 0
-        self.events: list[tuple[str, int, Any, Any]] | None = None
-        self.error: tuple[str, str, str] | None = None
-        self.attrs: dict[str, Any] | None = None
-        self.status: Status | None = None
-        self.instant = False
+        self.extra: dict[str, Any] | None = None
         self._token: Any = None
         self._sc: SpanContext | None = None
 
-    # -- lifecycle ----------------------------------------------------------------------
-    def begin(self) -> Context:
-        """Take ids, lane and start time from the current context; return that context."""
-        ctx = _ctx_get()
-        parent = ctx.get(_SPAN_KEY)
-        thread = _get_ident()
-        loop = _get_running_loop()
-        task = _current_task(loop) if loop is not None else None
-        lane = -1
-        if parent is None:
-            self.trace_id = rand_bits(128) or 1
-            self.parent = None
-        elif type(parent) is Scope:
-            self.trace_id = parent.trace_id
-            self.parent = parent
-            if parent.thread == thread and parent.task is task and not self.detached:
-                lane = parent.lane
-        else:
-            sc = parent.get_span_context()
-            if sc.is_valid:
-                self.trace_id = sc.trace_id
-                self.parent = sc
-            else:
-                self.trace_id = rand_bits(128) or 1
-                self.parent = None
-        if lane < 0:
-            lane = _acquire_lane(thread)
-            self.owns_lane = True
-        else:
-            self.owns_lane = False
-        self.lane = lane
-        self.thread = thread
-        self.task = task
-        self.span_id = rand_bits(64) or 1
-        self.start_ns = now_ns()
-        return ctx
-
-    def finish(self, end_ns: int, exc: BaseException | None = None) -> None:
-        """Close the record (exception, lane) and queue it for export."""
-        self.end_ns = end_ns
-        if exc is not None:
-            self._set_error(exc)
-        if self.owns_lane:
-            _release_lane(self.thread, self.lane)
-        self.task = None
-        push(self)
-
+    # -- lifecycle (the hot path: kept inline on purpose) ----------------------------------
     def __enter__(self) -> Scope:
         try:
-            ctx = self.begin()
+            ctx = _ctx_get()
+            parent = ctx.get(_SPAN_KEY)
+            thread = _get_ident()
+            loop = _get_running_loop()
+            task = None if loop is None else _current_task(loop)
+            if parent is None:
+                self.parent = None
+                self.lane = _acquire_lane(thread)
+                self.owns_lane = True
+            elif type(parent) is Scope:
+                self.parent = parent
+                if parent.thread == thread and parent.task is task:
+                    self.lane = parent.lane
+                    self.owns_lane = False
+                else:
+                    self.lane = _acquire_lane(thread)
+                    self.owns_lane = True
+            else:
+                self.parent = parent if parent.get_span_context().is_valid else None
+                self.lane = _acquire_lane(thread)
+                self.owns_lane = True
+            self.thread = thread
+            self.task = task
             new = Context(ctx)
-            dict.__setitem__(new, _SPAN_KEY, self)
+            _dict_set(new, _SPAN_KEY, self)
             self._token = _ctx_set(new)
+            self.start_ns = now_ns()
         except Exception as exc:  # pragma: no cover - defensive
             internal_error("trace_scope enter", exc)
         return self
@@ -257,8 +243,21 @@ class Scope(Span):
                 except (ValueError, RuntimeError):
                     # exited in another context (e.g. an async generator closed elsewhere)
                     self._restore_parent()
-            if self.end_ns == 0 and hasattr(self, "start_ns"):
-                self.finish(end, exc)
+                if self.end_ns == 0:
+                    self.end_ns = end
+                    if exc is not None:
+                        self._set_error(exc)
+                    if self.owns_lane:
+                        _release_lane(self.thread, self.lane)
+                    state = STATE
+                    buf = state.buffer
+                    n = len(buf)
+                    if n < state.cap:
+                        buf.append(self)
+                        if n == state.wake_at:
+                            state.wake()
+                    else:
+                        state.dropped += 1
         except Exception as err:  # pragma: no cover - defensive
             internal_error("trace_scope exit", err)
         return False
@@ -269,14 +268,35 @@ class Scope(Span):
     async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
         return self.__exit__(exc_type, exc, tb)
 
+    def begin_detached(self) -> None:
+        """Start without entering the context (generator spans): always on a lane of its own."""
+        parent = _ctx_get().get(_SPAN_KEY)
+        if parent is not None and type(parent) is not Scope and not parent.get_span_context().is_valid:
+            parent = None
+        self.parent = parent
+        self.thread = _get_ident()
+        loop = _get_running_loop()
+        self.task = None if loop is None else _current_task(loop)
+        self.lane = _acquire_lane(self.thread)
+        self.owns_lane = True
+        self.start_ns = now_ns()
+
+    def finish(self, end_ns: int, exc: BaseException | None = None) -> None:
+        """Close a record started with :meth:`begin_detached` and queue it for export."""
+        if self.end_ns:
+            return
+        self.end_ns = end_ns
+        if exc is not None:
+            self._set_error(exc)
+        if self.owns_lane:
+            _release_lane(self.thread, self.lane)
+        push(self)
+
     def _restore_parent(self) -> None:
         cur = _ctx_get()
         if cur.get(_SPAN_KEY) is self:
             parent = Context(cur)
-            if type(self.parent) is Scope or self.parent is None:
-                dict.__setitem__(parent, _SPAN_KEY, self.parent)
-            else:
-                dict.__setitem__(parent, _SPAN_KEY, NonRecordingSpan(self.parent))
+            _dict_set(parent, _SPAN_KEY, self.parent)
             _ctx_set(parent)
 
     def _set_error(self, exc: BaseException) -> None:
@@ -288,36 +308,45 @@ class Scope(Span):
             stack = "".join(traceback.format_exception(etype, exc, exc.__traceback__))
         except Exception:
             stack = ""
-        self.error = (name, str(exc), stack)
+        self.extras()["error"] = (name, str(exc), stack)
+
+    def extras(self) -> dict[str, Any]:
+        """The record's rarely used fields, created on first use."""
+        extra = self.extra
+        if extra is None:
+            extra = self.extra = {}
+        return extra
 
     # -- opentelemetry.trace.Span ---------------------------------------------------------
     def get_span_context(self) -> SpanContext:
         sc = self._sc
         if sc is None:
-            if not hasattr(self, "span_id"):
-                return INVALID_SPAN_CONTEXT
-            sc = self._sc = SpanContext(self.trace_id, self.span_id, False, _SAMPLED)
+            parent = self.parent if hasattr(self, "parent") else None
+            trace_id = parent.get_span_context().trace_id if parent is not None else 0
+            with _ID_LOCK:  # ids are drawn once, whichever thread asks first
+                sc = self._sc
+                if sc is None:
+                    sc = self._sc = SpanContext(
+                        trace_id or rand_bits(128) or 1, rand_bits(64) or 1, False, _SAMPLED
+                    )
         return sc
 
     def is_recording(self) -> bool:
         return self.end_ns == 0
 
     def set_attribute(self, key: str, value: Any) -> None:
-        if self.attrs is None:
-            self.attrs = {}
-        self.attrs[key] = value
+        self.extras().setdefault("attrs", {})[key] = value
 
     def set_attributes(self, attributes: Any) -> None:
         for k, v in attributes.items():
             self.set_attribute(k, v)
 
     def add_event(self, name: str, attributes: Any = None, timestamp: int | None = None) -> None:
-        if self.events is None:
-            self.events = []
-        self.events.append(
-            (name, timestamp if timestamp is not None else now_ns(),
-             dict(attributes) if attributes else None, None)
-        )
+        self._event(name, timestamp if timestamp is not None else now_ns(),
+                    dict(attributes) if attributes else None, None)
+
+    def _event(self, name: str, ts: int, attrs: Any, category: Any) -> None:
+        self.extras().setdefault("events", []).append((name, ts, attrs, category))
 
     def update_name(self, name: str) -> None:
         self.name = name
@@ -325,7 +354,7 @@ class Scope(Span):
     def set_status(self, status: Any, description: str | None = None) -> None:
         if isinstance(status, StatusCode):
             status = Status(status, description)
-        self.status = status
+        self.extras()["status"] = status
 
     def record_exception(
         self, exception: BaseException, attributes: Any = None,
@@ -378,9 +407,7 @@ def record_instant(name: str, category: Any, args: dict[str, Any] | None) -> Non
     ts = now_ns()
     span = _ctx_get().get(_SPAN_KEY)
     if type(span) is Scope and span.end_ns == 0:
-        if span.events is None:
-            span.events = []
-        span.events.append((name, ts, args, category))
+        span._event(name, ts, args, category)
         return
     if span is not None and span.is_recording():
         attrs = dict(args) if args else {}
@@ -389,7 +416,7 @@ def record_instant(name: str, category: Any, args: dict[str, Any] | None) -> Non
         span.add_event(name, attrs, ts)
         return
     rec = Scope(name, category, args)
-    rec.begin()
+    rec.extra = {"instant": True}
+    rec.begin_detached()
     rec.start_ns = ts
-    rec.instant = True
     rec.finish(ts)

@@ -112,7 +112,7 @@ def _traced_generator(gen: Any, name: str, category: Any) -> Any:
     # The span covers the whole iteration (first resume to exhaustion/close); its context is
     # attached only while the generator body runs, so the consumer's own scopes between
     # resumptions are not its children.  It gets its own lane in the Chrome timeline.
-    scope = Scope(name, category, None, detached=True)
+    scope = Scope(name, category, None)
     begun = False
     error: BaseException | None = None
     value: Any = None
@@ -120,7 +120,7 @@ def _traced_generator(gen: Any, name: str, category: Any) -> Any:
     try:
         while True:
             if not begun:
-                scope.begin()
+                scope.begin_detached()
                 begun = True
             token = _attach(scope)
             try:
@@ -151,7 +151,7 @@ def _traced_generator(gen: Any, name: str, category: Any) -> Any:
 
 
 async def _traced_async_generator(agen: Any, name: str, category: Any) -> Any:
-    scope = Scope(name, category, None, detached=True)
+    scope = Scope(name, category, None)
     begun = False
     error: BaseException | None = None
     value: Any = None
@@ -159,7 +159,7 @@ async def _traced_async_generator(agen: Any, name: str, category: Any) -> Any:
     try:
         while True:
             if not begun:
-                scope.begin()
+                scope.begin_detached()
                 begun = True
             token = _attach(scope)
             try:

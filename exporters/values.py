@@ -1,0 +1,125 @@
+"""Conversion of user values into OTel attribute values and JSON-safe values.
+
+Shared by rltrace's span builder and the exporters: tensors, arrays, numpy scalars and
+arbitrary objects are converted or stringified so that neither OTLP nor the Chrome encoder can
+fail on them (a huge value is truncated with a note of how much was cut, never fatal).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from enum import Enum
+from typing import Any
+
+MAX_STRING = 65_536
+MAX_SEQUENCE = 256
+MAX_DEPTH = 4
+SMALL_ARRAY = 16
+_I64 = 1 << 63
+
+
+def text(value: Any) -> str:
+    try:
+        s = value if type(value) is str else str(value)
+    except Exception:
+        s = f"<unprintable {type(value).__name__}>"
+    return s if len(s) <= MAX_STRING else s[:MAX_STRING] + f"...<{len(s) - MAX_STRING} more chars>"
+
+
+def _array_like(value: Any) -> Any:
+    """Tensors / ndarrays / jax arrays: small ones become numbers or lists, big ones a summary."""
+    try:
+        shape = tuple(int(d) for d in value.shape)
+        size = 1
+        for d in shape:
+            size *= d
+        if size <= SMALL_ARRAY:
+            v = value.detach() if hasattr(value, "detach") else value
+            return attr_value(v.tolist())
+        return f"{type(value).__name__}(shape={shape}, dtype={getattr(value, 'dtype', '?')})"
+    except Exception:
+        return text(value)
+
+
+def attr_value(value: Any) -> Any:
+    """Convert ``value`` into an OTel attribute value (str, bool, int, float or a sequence)."""
+    t = type(value)
+    if t is str:
+        return value if len(value) <= MAX_STRING else text(value)
+    if t is bool or t is float:
+        return value
+    if t is int:
+        return value if -_I64 <= value < _I64 else str(value)
+    if value is None:
+        return "None"
+    if isinstance(value, Enum):
+        return attr_value(value.value)
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, int):
+        return attr_value(int(value))
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, str):
+        return attr_value(str(value))
+    if isinstance(value, (bytes, bytearray)):
+        return text(bytes(value))
+    if isinstance(value, (list, tuple)):
+        items = [attr_value(v) for v in value[:MAX_SEQUENCE]]
+        kinds = {type(v) for v in items}
+        if len(kinds) <= 1 and not (kinds & {tuple, list}) and len(value) <= MAX_SEQUENCE:
+            return tuple(items)
+        return text(value)
+    if hasattr(value, "shape") and hasattr(value, "tolist"):
+        return _array_like(value)
+    if hasattr(value, "item") and callable(value.item):
+        try:
+            return attr_value(value.item())
+        except Exception:
+            return text(value)
+    return text(value)
+
+
+def flatten_into(out: dict[str, Any], prefix: str, mapping: Mapping[Any, Any], depth: int = 0) -> None:
+    """Flatten nested mappings into ``out`` as ``prefix + key`` (``args.cfg.lr``)."""
+    for k, v in mapping.items():
+        key = prefix + (k if type(k) is str else text(k))
+        if isinstance(v, Mapping) and depth < MAX_DEPTH:
+            flatten_into(out, key + ".", v, depth + 1)
+        else:
+            try:
+                out[key] = attr_value(v)
+            except Exception:
+                out[key] = f"<unconvertible {type(v).__name__}>"
+
+
+def json_default(value: Any) -> Any:
+    """``default=`` hook for orjson: whatever JSON cannot encode becomes an attribute value."""
+    try:
+        return attr_value(value)
+    except Exception:
+        return f"<unconvertible {type(value).__name__}>"
+
+
+def category_name(category: Any, default: str = "misc") -> str:
+    """The string form of a category (``Category`` enum member or any string)."""
+    if category is None:
+        return default
+    if isinstance(category, Enum):
+        return str(category.value)
+    return category if type(category) is str else text(category)
+
+
+_thread_names: dict[int, str] = {}
+
+
+def thread_name(ident: int) -> str:
+    """The name of the thread with this ident (``thread-<ident>`` once it has gone)."""
+    name = _thread_names.get(ident)
+    if name is None:
+        t = threading._active.get(ident)  # type: ignore[attr-defined]
+        if t is None:
+            return f"thread-{ident}"
+        name = _thread_names[ident] = t.name
+    return name
