@@ -1,0 +1,155 @@
+"""Testing support for rltrace users and rltrace's own tests.
+
+* :class:`CapturedSpans` / :func:`capture_spans` - configure rltrace into a temporary log dir
+  with an in-memory OTel exporter attached, and read back finished ``ReadableSpan``s.
+* :class:`IncrementingClock` and :class:`SequentialIds` with :func:`deterministic` - fixed
+  timestamps and ids so output can be compared exactly.
+* the pytest fixture ``rltrace_capture`` (registered as a pytest plugin).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from . import pipeline, recorder
+
+__all__ = [
+    "CapturedSpans",
+    "IncrementingClock",
+    "SequentialIds",
+    "capture_spans",
+    "deterministic",
+    "read_jsonl",
+]
+
+
+class IncrementingClock:
+    """A clock returning ``start_ns``, ``start_ns + step_ns``, ... (epoch nanoseconds)."""
+
+    def __init__(self, start_ns: int = 1_700_000_000_000_000_000, step_ns: int = 1_000) -> None:
+        self.now = start_ns
+        self.step = step_ns
+
+    def __call__(self) -> int:
+        t = self.now
+        self.now += self.step
+        return t
+
+
+class SequentialIds:
+    """A ``getrandbits`` stand-in returning 1, 2, 3, ... (masked to the requested width)."""
+
+    def __init__(self, start: int = 1) -> None:
+        self.next = start
+
+    def __call__(self, bits: int) -> int:
+        v = self.next
+        self.next += 1
+        return v & ((1 << bits) - 1)
+
+
+@contextlib.contextmanager
+def deterministic(
+    clock: Any | None = None, ids: Any | None = None
+) -> Iterator[tuple[Any, Any]]:
+    """Use a deterministic clock and id source inside the block (restored afterwards)."""
+    clock = clock or IncrementingClock()
+    ids = ids or SequentialIds()
+    old_clock, old_ids = recorder.now_ns, recorder.rand_bits
+    recorder.set_clock(clock)
+    recorder.set_id_source(ids)
+    try:
+        yield clock, ids
+    finally:
+        recorder.set_clock(old_clock)
+        recorder.set_id_source(old_ids)
+
+
+class CapturedSpans:
+    """Finished spans of a configured rltrace pipeline, collected in memory."""
+
+    def __init__(self, log_root: Path) -> None:
+        self.log_root = log_root
+        self.exporter = InMemorySpanExporter()
+        self.processor = SimpleSpanProcessor(self.exporter)
+
+    @property
+    def log_dir(self) -> Path:
+        p = pipeline.get_pipeline()
+        if p is None:
+            raise RuntimeError("rltrace is not configured")
+        return p.log_dir
+
+    def spans(self) -> list[ReadableSpan]:
+        """Flush rltrace and return every span finished so far, in end order."""
+        pipeline.flush()
+        return list(self.exporter.get_finished_spans())
+
+    def by_name(self, name: str) -> list[ReadableSpan]:
+        return [s for s in self.spans() if s.name == name]
+
+    def one(self, name: str) -> ReadableSpan:
+        found = self.by_name(name)
+        if len(found) != 1:
+            raise AssertionError(f"expected one span named {name!r}, found {len(found)}")
+        return found[0]
+
+    def parent_of(self, span: ReadableSpan) -> ReadableSpan | None:
+        if span.parent is None:
+            return None
+        for s in self.spans():
+            if s.context.span_id == span.parent.span_id:
+                return s
+        return None
+
+    def clear(self) -> None:
+        self.exporter.clear()
+
+
+@contextlib.contextmanager
+def capture_spans(log_root: str | Path | None = None, **config: Any) -> Iterator[CapturedSpans]:
+    """Configure rltrace (into ``log_root`` or a temp dir) and capture its spans in memory.
+
+    Extra keyword arguments are config overrides.  rltrace is shut down afterwards.
+    """
+    with contextlib.ExitStack() as stack:
+        if log_root is None:
+            log_root = stack.enter_context(tempfile.TemporaryDirectory(prefix="rltrace-test-"))
+        cap = CapturedSpans(Path(log_root))
+        config.setdefault("fileroot", str(log_root))
+        config.setdefault("flush_at_exit", False)
+        pipeline.configure(**config)
+        pipeline.add_span_processor(cap.processor)
+        try:
+            yield cap
+        finally:
+            pipeline.shutdown()
+            pipeline.remove_span_processor(cap.processor)
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """Parse a JSON-lines file written by rltrace (every line must be valid)."""
+    import orjson
+
+    return [orjson.loads(line) for line in Path(path).read_bytes().splitlines() if line.strip()]
+
+
+try:
+    import pytest
+except ImportError:  # pragma: no cover - pytest is optional for users
+    pass
+else:
+
+    @pytest.fixture
+    def rltrace_capture(tmp_path: Path) -> Iterator[CapturedSpans]:
+        """pytest fixture: rltrace configured into ``tmp_path`` with spans captured in memory."""
+        with capture_spans(tmp_path) as cap:
+            yield cap
