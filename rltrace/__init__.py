@@ -9,10 +9,14 @@ Table of contents
 configuration   configure, is_configured, get_config, TracerConfig, ConfigError
 spans           trace_scope, atrace_scope, trace_perf, instant, Category, current_span
 flushing        save, flush, shutdown, diagnostics
+sessions        register_task, set_task_id, get_task_id, register_session, set_session_id,
+                get_session_id, session_context, trace_session, trace_session_phase,
+                atrace_session_phase, trace_session_event, register_phase, SessionMetricsProcessor
 OpenTelemetry   add_span_processor, tracer_provider
 """
 
 from .config import ConfigError, ExportersConfig, OTLPConfig, SessionTracerConfig, TracerConfig
+from .phases import PhaseSpec, UnknownPhaseError, register_phase
 from .pipeline import (
     add_span_processor,
     configure,
@@ -25,6 +29,20 @@ from .pipeline import (
     tracer_provider,
 )
 from .recorder import current_span
+from .session_metrics import SessionMetricsProcessor
+from .sessions import (
+    atrace_session_phase,
+    get_session_id,
+    get_task_id,
+    register_session,
+    register_task,
+    session_context,
+    set_session_id,
+    set_task_id,
+    trace_session,
+    trace_session_event,
+    trace_session_phase,
+)
 from .spans import Category, atrace_scope, instant, trace_perf, trace_scope
 from .version import __version__
 
@@ -33,21 +51,36 @@ __all__ = [
     "ConfigError",
     "ExportersConfig",
     "OTLPConfig",
+    "PhaseSpec",
+    "SessionMetricsProcessor",
     "SessionTracerConfig",
     "TracerConfig",
+    "UnknownPhaseError",
     "__version__",
     "add_span_processor",
     "atrace_scope",
+    "atrace_session_phase",
     "configure",
     "current_span",
     "diagnostics",
     "flush",
     "get_config",
+    "get_session_id",
+    "get_task_id",
     "instant",
     "is_configured",
+    "register_phase",
+    "register_session",
+    "register_task",
     "save",
+    "session_context",
+    "set_session_id",
+    "set_task_id",
     "shutdown",
     "trace_perf",
     "trace_scope",
+    "trace_session",
+    "trace_session_event",
+    "trace_session_phase",
     "tracer_provider",
 ]

@@ -18,14 +18,14 @@ from opentelemetry.trace.status import Status, StatusCode
 from rltrace.exporters.values import category_name, flatten_into, text, thread_name
 
 from .recorder import Scope
-
-#: attribute names set on every rltrace span
-ATTR_CATEGORY = "rl.category"
-ATTR_LANE = "rl.lane"
-ATTR_INSTANT = "rl.instant"
-ATTR_THREAD_ID = "thread.id"
-ATTR_THREAD_NAME = "thread.name"
-ARGS_PREFIX = "args."
+from .semconv import (
+    ARGS_PREFIX,
+    ATTR_CATEGORY,
+    ATTR_INSTANT,
+    ATTR_LANE,
+    ATTR_THREAD_ID,
+    ATTR_THREAD_NAME,
+)
 
 _UNSET = Status(StatusCode.UNSET)
 _INTERNAL = SpanKind.INTERNAL

@@ -93,3 +93,30 @@ def _compression(name: str, proto: str) -> Any:
             f"rltrace config key 'otlp.compression' must be one of {sorted(table)}, got {name!r}"
         )
     return table[name]
+
+
+def make_metric_exporter(cfg: OTLPConfig) -> Any:
+    """An OTLP metric exporter for the same endpoint, or None when none is configured."""
+    endpoint = cfg.endpoint or _env("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+    if not endpoint:
+        return None
+    proto = otlp_protocol(cfg)
+    kwargs: dict[str, Any] = {}
+    if cfg.headers:
+        kwargs["headers"] = dict(cfg.headers)
+    if cfg.timeout_s is not None:
+        kwargs["timeout"] = cfg.timeout_s
+    if proto == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+
+        if cfg.insecure is not None:
+            kwargs["insecure"] = cfg.insecure
+        return OTLPMetricExporter(endpoint=cfg.endpoint or None, **kwargs)
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
+        OTLPMetricExporter as HTTPMetricExporter,
+    )
+
+    if cfg.endpoint:
+        ep = cfg.endpoint.rstrip("/")
+        kwargs["endpoint"] = ep if ep.endswith("/v1/metrics") else ep + "/v1/metrics"
+    return HTTPMetricExporter(**kwargs)

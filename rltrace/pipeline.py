@@ -26,13 +26,17 @@ from opentelemetry.sdk.trace import SpanProcessor, SynchronousMultiSpanProcessor
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
+from rltrace.exporters.sessions import SessionRecordWriter
+
+from . import sessions
 from .config import ConfigError, TracerConfig, load_config, log_dir, redacted
 from .materialize import SpanBuilder
-from .otlp import make_span_exporter
+from .otlp import make_metric_exporter, make_span_exporter
 from .processors import QueuedExportProcessor
 from .provider import DelegatingTracerProvider
 from .ranks import detect_rank
 from .recorder import STATE, Scope, _noop, internal_error
+from .session_metrics import SessionMetricsProcessor
 from .version import __version__
 
 logger = logging.getLogger("rltrace")
@@ -46,7 +50,7 @@ class Pipeline:
 
     def __init__(
         self, cfg: TracerConfig, rank: int, world_size: int, logdir: Path,
-        user_processors: list[SpanProcessor],
+        user_processors: list[SpanProcessor], metric_readers: list[Any] | None = None,
     ) -> None:
         self.cfg = cfg
         self.rank = rank
@@ -74,7 +78,20 @@ class Pipeline:
         self.owned: list[SpanProcessor] = []
         self.user_processors = list(user_processors)
         self.chrome_path: Path | None = None
-        if cfg.exporters.chrome:
+        self.sessions_path: Path | None = None
+        self.record_processors: list[Any] = []
+        self.session_processor: SessionMetricsProcessor | None = None
+        self.meter_provider = self._meter_provider(cfg, metric_readers or [])
+        if cfg.session_tracer.enabled:
+            self.sessions_path = logdir / SESSIONS_DIR / f"sessions-r{rank}.jsonl"
+            meter = (self.meter_provider.get_meter("rltrace", __version__)
+                     if self.meter_provider is not None else None)
+            self.session_processor = SessionMetricsProcessor(
+                SessionRecordWriter(self.sessions_path, cfg.session_tracer.flush_threshold),
+                rank=rank, meter=meter,
+            )
+            self.record_processors.append(self.session_processor)
+        if cfg.enabled and cfg.exporters.chrome:
             from rltrace.exporters import ChromeTraceExporter
 
             self.chrome_path = logdir / TRACES_DIR / f"traces-r{rank}.jsonl"
@@ -94,6 +111,20 @@ class Pipeline:
         self._thread: threading.Thread | None = None
         self._dropped_reported = 0
         self.errors = 0
+
+    def _meter_provider(self, cfg: TracerConfig, readers: list[Any]) -> Any:
+        readers = list(readers)
+        exporter = make_metric_exporter(cfg.otlp)
+        if exporter is not None:
+            from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+            readers.append(PeriodicExportingMetricReader(exporter))
+        if not readers:
+            return None  # no consumer: skip recording metrics altogether
+        from opentelemetry.sdk.metrics import MeterProvider
+
+        return MeterProvider(metric_readers=readers, resource=self.resource,
+                             shutdown_on_exit=False)
 
     # -- composition ----------------------------------------------------------------------
     def _own(self, processor: SpanProcessor) -> None:
@@ -134,27 +165,41 @@ class Pipeline:
             self._wake.clear()
             if self._stop.is_set():
                 break
-            self.flush()
+            self.flush(everything=False)
 
-    def flush(self) -> None:
-        """Export everything recorded so far (on the calling thread); never raises."""
+    def flush(self, *, everything: bool = True) -> None:
+        """Export everything recorded so far (on the calling thread); never raises.
+
+        ``everything`` also writes session records held below ``flush_threshold`` (explicit
+        flushes do; the background cycle leaves them to the threshold).
+        """
         with self._lock:
             try:
                 self._cycle()
+                if everything and self.session_processor is not None:
+                    self.session_processor.force_flush()
             except Exception as exc:  # pragma: no cover - defensive
                 internal_error("exporter cycle", exc)
 
     def _cycle(self) -> None:
         buf = STATE.buffer
         popleft = buf.popleft
+        record_procs = self.record_processors
         if self._direct:
+            queued = self.queued
             for _ in range(len(buf)):
                 try:
                     rec = popleft()
                 except IndexError:
                     break
-                for q in self.queued:
-                    q.on_end(rec)
+                try:
+                    for rp in record_procs:
+                        rp.on_record(rec)
+                    for q in queued:
+                        q.on_end(rec)
+                except Exception as exc:
+                    self.errors += 1
+                    internal_error("span export", exc)
             self._drain()
             return
         build = self.builder.build
@@ -165,6 +210,8 @@ class Pipeline:
             except IndexError:
                 break
             try:
+                for rp in record_procs:
+                    rp.on_record(rec)
                 on_end(build(rec) if type(rec) is Scope else rec)
             except Exception as exc:
                 self.errors += 1
@@ -191,11 +238,16 @@ class Pipeline:
         if t is not None and t is not threading.current_thread():
             t.join(timeout=10)
         self.flush()
-        for p in self.owned:
+        for p in [*self.owned, *self.record_processors]:
             try:
                 p.shutdown()
             except Exception as exc:
                 internal_error("processor shutdown", exc)
+        if self.meter_provider is not None:
+            try:
+                self.meter_provider.shutdown()
+            except Exception as exc:
+                internal_error("meter provider shutdown", exc)
 
     def after_fork_in_child(self) -> None:
         self._lock = threading.Lock()
@@ -203,6 +255,8 @@ class Pipeline:
         self._stop = threading.Event()
         for q in self.queued:
             q.reset_after_fork()
+        if self.session_processor is not None and self.session_processor.writer is not None:
+            self.session_processor.writer.reset_after_fork()
         self.start()
 
     def diagnostics(self) -> dict[str, Any]:
@@ -212,6 +266,11 @@ class Pipeline:
         }
         for q in self.queued:
             out[type(q.exporter).__name__] = q.stats()
+        sp = self.session_processor
+        if sp is not None:
+            out["sessions"] = {"finalized": sp.sessions, "written": sp.writer.written,
+                               "failed": sp.writer.failed, **sessions.open_counts()}
+        out["misuse"] = dict(sessions.MISUSE)
         return out
 
 
@@ -235,6 +294,7 @@ def configure(
     *,
     rank: int | None = None,
     role: str | None = None,
+    metric_readers: list[Any] | None = None,
     **overrides: Any,
 ) -> TracerConfig:
     """Configure tracing for this process (call once per rank; calling again reconfigures).
@@ -243,7 +303,8 @@ def configure(
     keys (AReaL's ``PerfTracerConfig``), or a YAML path; ``RLTRACE_*`` environment variables
     and keyword ``overrides`` (nested keys as ``session_tracer__enabled=True``) win over it.
     Rank and world size default from ``RANK``/``WORLD_SIZE``, torch.distributed or JAX.
-    Rank 0 writes the effective config to ``{log_dir}/config.yaml``.  Raises
+    Rank 0 writes the effective config to ``{log_dir}/config.yaml``.  ``metric_readers``
+    (OTel ``MetricReader`` objects) receive the session metrics.  Raises
     :class:`~rltrace.config.ConfigError` for bad input; the previous pipeline is left intact
     in that case.
     """
@@ -252,10 +313,10 @@ def configure(
         cfg = load_config(config, rank=rank, role=role, **overrides)
         rk, world = detect_rank(cfg.rank, cfg.world_size)
         new: Pipeline | None = None
-        if cfg.enabled:
+        if cfg.enabled or cfg.session_tracer.enabled:
             logdir = log_dir(cfg)
             _ensure_writable(logdir, cfg)
-            new = Pipeline(cfg, rk, world, logdir, _USER_PROCESSORS)
+            new = Pipeline(cfg, rk, world, logdir, _USER_PROCESSORS, metric_readers)
             if rk == 0:
                 _write_config(logdir, cfg, world)
         old = _PIPELINE
@@ -265,13 +326,15 @@ def configure(
         _PIPELINE, _CONFIG = new, cfg
         if new is None:
             STATE.enabled = False
+            sessions.FLAGS.enabled = False
             STATE.wake = _noop
             return cfg
         STATE.cap = cfg.max_queue_size
         STATE.wake_at = max(1, min(8192, cfg.max_queue_size // 4))
         STATE.wake = new.wake
         new.start()
-        STATE.enabled = True
+        STATE.enabled = cfg.enabled
+        sessions.FLAGS.enabled = cfg.session_tracer.enabled
         if (cfg.set_global_provider and not _GLOBAL_SET
                 and isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)):
             trace.set_tracer_provider(DelegatingTracerProvider(_current_provider))
@@ -311,8 +374,8 @@ def _write_config(logdir: Path, cfg: TracerConfig, world_size: int) -> None:
 
 
 def is_configured() -> bool:
-    """True while a pipeline is configured and tracing is enabled."""
-    return _PIPELINE is not None and STATE.enabled
+    """True while a pipeline is configured (span or session tracing enabled)."""
+    return _PIPELINE is not None
 
 
 def get_config() -> TracerConfig | None:
@@ -346,7 +409,10 @@ def shutdown() -> None:
     global _PIPELINE
     with _LOCK:
         p = _PIPELINE
+        if p is not None and sessions.FLAGS.enabled:
+            sessions.close_all()  # open sessions are written as pending, open phases closed
         STATE.enabled = False
+        sessions.FLAGS.enabled = False
         STATE.wake = _noop
         if p is not None:
             p.close()

@@ -268,17 +268,28 @@ class Scope(Span):
     async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
         return self.__exit__(exc_type, exc, tb)
 
-    def begin_detached(self) -> None:
-        """Start without entering the context (generator spans): always on a lane of its own."""
-        parent = _ctx_get().get(_SPAN_KEY)
+    def begin_detached(self, parent: Any = None, *, from_context: bool = True,
+                       share_lane: bool = False) -> None:
+        """Start without entering the context (generators, sessions, phases).
+
+        The parent is the current span (``from_context``) or ``parent``.  The record gets a
+        lane of its own unless ``share_lane`` and the parent is an rltrace scope opened in
+        this same thread and asyncio task (then it nests inside the parent's lane).
+        """
+        if from_context:
+            parent = _ctx_get().get(_SPAN_KEY)
         if parent is not None and type(parent) is not Scope and not parent.get_span_context().is_valid:
             parent = None
         self.parent = parent
-        self.thread = _get_ident()
+        thread = self.thread = _get_ident()
         loop = _get_running_loop()
-        self.task = None if loop is None else _current_task(loop)
-        self.lane = _acquire_lane(self.thread)
-        self.owns_lane = True
+        task = self.task = None if loop is None else _current_task(loop)
+        if share_lane and type(parent) is Scope and parent.thread == thread and parent.task is task:
+            self.lane = parent.lane
+            self.owns_lane = False
+        else:
+            self.lane = _acquire_lane(thread)
+            self.owns_lane = True
         self.start_ns = now_ns()
 
     def finish(self, end_ns: int, exc: BaseException | None = None) -> None:
@@ -389,6 +400,23 @@ class NoopScope(NonRecordingSpan):
 
 
 NOOP = NoopScope(INVALID_SPAN_CONTEXT)
+
+
+def attach(span: Any) -> Any:
+    """Make ``span`` the current span in the OTel context; returns the token for :func:`detach`."""
+    ctx = Context(_ctx_get())
+    _dict_set(ctx, _SPAN_KEY, span)
+    return _ctx_set(ctx)
+
+
+def detach(token: Any) -> None:
+    """Undo :func:`attach` (tolerates a token from another context: nothing to undo there)."""
+    if token is None:
+        return
+    try:
+        _ctx_reset(token)
+    except (ValueError, RuntimeError):
+        pass
 
 
 def current_scope() -> Scope | None:

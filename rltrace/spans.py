@@ -12,11 +12,8 @@ from collections.abc import Callable
 from enum import Enum
 from typing import Any, TypeVar, overload
 
-from opentelemetry.context import Context
-from opentelemetry.trace.propagation import _SPAN_KEY
-
 from . import recorder
-from .recorder import NOOP, STATE, Scope, internal_error
+from .recorder import NOOP, STATE, Scope, attach, detach, internal_error
 
 __all__ = ["Category", "atrace_scope", "instant", "trace_perf", "trace_scope"]
 
@@ -95,19 +92,6 @@ def instant(
 # ---- decorator -------------------------------------------------------------------------------
 
 
-def _attach(scope: Scope) -> Any:
-    ctx = Context(recorder._ctx_get())
-    dict.__setitem__(ctx, _SPAN_KEY, scope)
-    return recorder._ctx_set(ctx)
-
-
-def _detach(token: Any) -> None:
-    try:
-        recorder._ctx_reset(token)
-    except (ValueError, RuntimeError):
-        pass
-
-
 def _traced_generator(gen: Any, name: str, category: Any) -> Any:
     # The span covers the whole iteration (first resume to exhaustion/close); its context is
     # attached only while the generator body runs, so the consumer's own scopes between
@@ -122,7 +106,7 @@ def _traced_generator(gen: Any, name: str, category: Any) -> Any:
             if not begun:
                 scope.begin_detached()
                 begun = True
-            token = _attach(scope)
+            token = attach(scope)
             try:
                 if pending is not None:
                     exc, pending = pending, None
@@ -132,7 +116,7 @@ def _traced_generator(gen: Any, name: str, category: Any) -> Any:
             except StopIteration as stop:
                 return stop.value
             finally:
-                _detach(token)
+                detach(token)
             try:
                 value = yield item
             except GeneratorExit:
@@ -161,7 +145,7 @@ async def _traced_async_generator(agen: Any, name: str, category: Any) -> Any:
             if not begun:
                 scope.begin_detached()
                 begun = True
-            token = _attach(scope)
+            token = attach(scope)
             try:
                 if pending is not None:
                     exc, pending = pending, None
@@ -171,7 +155,7 @@ async def _traced_async_generator(agen: Any, name: str, category: Any) -> Any:
             except StopAsyncIteration:
                 return
             finally:
-                _detach(token)
+                detach(token)
             try:
                 value = yield item
             except GeneratorExit:

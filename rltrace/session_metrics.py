@@ -1,0 +1,164 @@
+"""``SessionMetricsProcessor``: derives per-session records and metrics from session spans.
+
+It is a real OTel ``SpanProcessor``: add it to any SDK ``TracerProvider`` and every span with
+``rl.session.id`` feeds it (phase spans carry ``rl.phase``; the ``rl.session`` span closes the
+record).  Inside rltrace's pipeline it is fed the recorded scopes directly (``on_record``),
+before ``ReadableSpan``s are built, so the derived figures also land on the session span as
+``rl.session.<field>`` attributes.
+
+A record holds AReaL's fields in AReaL's order (``task_id, session_id, rank, status, reason,
+submit_ts, finalized_ts, total_s, generate_s, reward_s, toolcall_s, phases``) followed by
+rltrace's (``trace_id``, ``turns``, ``<custom phase>_s``, ``phase_counts``).  Times are
+epoch seconds.  Finished sessions leave no state behind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+
+from .phases import BUILTIN, phase_names
+from .semconv import (
+    ATTR_INTERRUPTED,
+    ATTR_PHASE,
+    ATTR_REASON,
+    ATTR_SESSION,
+    ATTR_STATUS,
+    ATTR_TASK,
+    ATTR_TURN,
+    SESSION_SPAN,
+)
+
+_BUILTIN = tuple(p.name for p in BUILTIN)
+
+
+class SessionMetricsProcessor(SpanProcessor):
+    """Builds one record per finished session; writes it and records OTel metrics."""
+
+    def __init__(self, writer: Any = None, *, rank: int = 0, meter: Any = None) -> None:
+        self.writer = writer
+        self.rank = rank
+        self.sessions = 0
+        self._acc: dict[Any, dict[str, list[tuple[int, int, Any, bool]]]] = {}
+        self.listeners: list[Callable[[dict[str, Any]], None]] = []
+        self._metrics = None
+        if meter is not None:
+            self._metrics = (
+                meter.create_histogram("rl.session.duration", unit="s",
+                                       description="session time from register to finalize"),
+                meter.create_histogram("rl.phase.duration", unit="s",
+                                       description="duration of one phase execution"),
+                meter.create_counter("rl.sessions", unit="{session}",
+                                     description="finalized sessions by status"),
+            )
+
+    # -- SpanProcessor ----------------------------------------------------------------------
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        return None
+
+    def on_end(self, span: ReadableSpan) -> None:
+        rec = getattr(span, "rltrace_record", None)
+        if rec is not None:
+            self.on_record(rec)
+            return
+        attrs = span.attributes or {}
+        if ATTR_SESSION in attrs:
+            self._observe(span.name, attrs, span.start_time or 0, span.end_time or 0,
+                          lambda: span.context.trace_id, None)
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        if self.writer is not None:
+            self.writer.flush()
+        return True
+
+    def shutdown(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+    # -- rltrace records ---------------------------------------------------------------------
+    def on_record(self, rec: Any) -> None:
+        """Fast path for rltrace's recorded scopes (no ``ReadableSpan`` needed)."""
+        extra = rec.extra
+        if extra is None:
+            return
+        attrs = extra.get("attrs")
+        if attrs and ATTR_SESSION in attrs:
+            self._observe(rec.name, attrs, rec.start_ns, rec.end_ns,
+                          lambda: rec.get_span_context().trace_id, attrs)
+
+    def open_sessions(self) -> int:
+        """Sessions with phases seen but no session span yet."""
+        return len(self._acc)
+
+    def _observe(self, name: str, attrs: Mapping[str, Any], start: int, end: int,
+                 trace_id: Callable[[], int], writable: dict[str, Any] | None) -> None:
+        sid = attrs[ATTR_SESSION]
+        if name == SESSION_SPAN:
+            record = self._record(attrs, start, end, trace_id(), self._acc.pop(sid, {}))
+            if writable is not None:
+                writable["rl.session.total_s"] = record["total_s"]
+                writable["rl.session.turns"] = record["turns"]
+                for p in record["phase_counts"]:
+                    writable[f"rl.session.{p}_s"] = record[f"{p}_s"]
+            self.sessions += 1
+            if self.writer is not None:
+                self.writer.add(record)
+            for listener in self.listeners:
+                listener(record)
+            return
+        phase = attrs.get(ATTR_PHASE)
+        if phase is not None:
+            self._acc.setdefault(sid, {}).setdefault(phase, []).append(
+                (start, end, attrs.get(ATTR_TURN), bool(attrs.get(ATTR_INTERRUPTED, False)))
+            )
+
+    def _record(self, attrs: Mapping[str, Any], start: int, end: int, trace_id: int,
+                phases: dict[str, list[tuple[int, int, Any, bool]]]) -> dict[str, Any]:
+        status = attrs.get(ATTR_STATUS, "pending")
+        totals = {p: sum(e - s for s, e, _, _ in execs) / 1e9 for p, execs in phases.items()}
+        record: dict[str, Any] = {
+            "task_id": attrs.get(ATTR_TASK),
+            "session_id": attrs[ATTR_SESSION],
+            "rank": self.rank,
+            "status": status,
+            "reason": attrs.get(ATTR_REASON),
+            "submit_ts": start / 1e9,
+            "finalized_ts": end / 1e9,
+            "total_s": (end - start) / 1e9,
+        }
+        for p in _BUILTIN:
+            record[f"{p}_s"] = totals.get(p, 0.0)
+        out_phases: dict[str, list[dict[str, Any]]] = {}
+        turns = -1
+        for p, execs in phases.items():
+            items = []
+            for s, e, turn, interrupted in sorted(execs):
+                item: dict[str, Any] = {"start_ts": s / 1e9, "end_ts": e / 1e9}
+                if turn is not None:
+                    item["turn"] = turn
+                    turns = max(turns, int(turn))
+                if interrupted:
+                    item["interrupted"] = True
+                items.append(item)
+            out_phases[p] = items
+        record["phases"] = out_phases
+        record["trace_id"] = f"{trace_id:032x}"
+        record["turns"] = turns + 1
+        for p in phase_names():
+            if p not in _BUILTIN:
+                record[f"{p}_s"] = totals.get(p, 0.0)
+        for p in phases:
+            record.setdefault(f"{p}_s", totals[p])
+        record["phase_counts"] = {p: len(execs) for p, execs in phases.items()}
+        if self._metrics is not None:
+            h_session, h_phase, c_sessions = self._metrics
+            labels = {ATTR_STATUS: status}
+            h_session.record(record["total_s"], labels)
+            c_sessions.add(1, labels)
+            for p, execs in phases.items():
+                for s, e, _, _ in execs:
+                    h_phase.record((e - s) / 1e9, {ATTR_PHASE: p, ATTR_STATUS: status})
+        return record
