@@ -34,7 +34,8 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace.status import StatusCode
 
-from .values import category_name, json_default, thread_name
+from .files import open_for_append
+from .values import category_name, json_default, json_safe, thread_name
 
 logger = logging.getLogger("rltrace")
 
@@ -44,11 +45,15 @@ _INSTANT = "rl.instant"
 _THREAD_ID = "thread.id"
 _THREAD_NAME = "thread.name"
 _HIDDEN = frozenset({_LANE, _CATEGORY, _INSTANT, _THREAD_ID, _THREAD_NAME})
-_OPT = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
+_OPT = orjson.OPT_NON_STR_KEYS
 
 
 def _dumps(obj: Any) -> bytes:
-    return orjson.dumps(obj, default=json_default, option=_OPT)
+    try:
+        return orjson.dumps(obj, default=json_default, option=_OPT)
+    except (TypeError, orjson.JSONEncodeError):
+        # e.g. an int beyond 64 bits or a tuple dict key: make the value JSON-safe, keep it
+        return orjson.dumps(json_safe(obj), default=json_default, option=_OPT)
 
 
 def chrome_args(attributes: Any) -> dict[str, Any]:
@@ -84,7 +89,7 @@ class ChromeEncoder:
         self.experiment = experiment
         self.trial = trial
         self._pid = -1
-        self._tids: dict[tuple[int, int], int] = {}
+        self._tids: dict[tuple[int, int, str], int] = {}
         self._names: dict[str, bytes] = {}
         self._cats: dict[Any, bytes] = {}
 
@@ -104,9 +109,8 @@ class ChromeEncoder:
         out.append(head + b'"process_labels","args":' + _dumps({"labels": label_text}) + b"}\n")
         out.append(head + b'"process_sort_index","args":' + _dumps({"sort_index": self.rank}) + b"}\n")
 
-    def _new_tid(self, pid: int, thread: int, lane: int, out: list[bytes]) -> int:
-        tid = self._tids[(thread, lane)] = len(self._tids) + 1
-        name = thread_name(thread)
+    def _new_tid(self, pid: int, thread: int, lane: int, name: str, out: list[bytes]) -> int:
+        tid = self._tids[(thread, lane, name)] = len(self._tids) + 1
         label = name if lane == 0 else f"{name} [{lane}]"
         head = b'{"pid":%d,"tid":%d,"ph":"M","name":' % (pid, tid)
         out.append(head + b'"thread_name","args":' + _dumps({"name": label}) + b"}\n")
@@ -151,9 +155,10 @@ class ChromeEncoder:
             if isinstance(rec, ReadableSpan):
                 self._encode_foreign(rec, pid, out)
                 continue
-            tid = tids.get((rec.thread, rec.lane))
+            tname = thread_name(rec.thread)
+            tid = tids.get((rec.thread, rec.lane, tname))
             if tid is None:
-                tid = self._new_tid(pid, rec.thread, rec.lane, out)
+                tid = self._new_tid(pid, rec.thread, rec.lane, tname, out)
             name = names.get(rec.name) or self._name(rec.name)
             cat = self._cat(rec.category)
             args = rec.args
@@ -223,8 +228,7 @@ class ChromeTraceExporter(SpanExporter):
             try:
                 self.encoder.encode(spans, out)
                 if self._file is None:
-                    self.path.parent.mkdir(parents=True, exist_ok=True)
-                    self._file = open(self.path, "ab")  # noqa: SIM115 - kept open for appends
+                    self._file = open_for_append(self.path)
                 self._file.write(b"".join(out))
                 self._file.flush()
             except OSError as exc:

@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from .files import open_for_append
 from .values import json_default
 
 logger = logging.getLogger("rltrace")
@@ -53,8 +54,7 @@ class SessionRecordWriter:
         n = len(self._buf)
         try:
             if self._file is None:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._file = open(self.path, "ab")  # noqa: SIM115 - kept open for appends
+                self._file = open_for_append(self.path)
             self._file.write(data)
             self._file.flush()
         except OSError as exc:

@@ -94,6 +94,15 @@ def flatten_into(out: dict[str, Any], prefix: str, mapping: Mapping[Any, Any], d
                 out[key] = f"<unconvertible {type(v).__name__}>"
 
 
+def json_safe(value: Any, depth: int = 0) -> Any:
+    """A JSON-encodable copy of ``value`` (nested mappings kept, keys made strings)."""
+    if isinstance(value, Mapping) and depth < MAX_DEPTH:
+        return {(k if type(k) is str else text(k)): json_safe(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) and depth < MAX_DEPTH:
+        return [json_safe(v, depth + 1) for v in value[:MAX_SEQUENCE]]
+    return attr_value(value)
+
+
 def json_default(value: Any) -> Any:
     """``default=`` hook for orjson: whatever JSON cannot encode becomes an attribute value."""
     try:
@@ -111,15 +120,18 @@ def category_name(category: Any, default: str = "misc") -> str:
     return category if type(category) is str else text(category)
 
 
-_thread_names: dict[int, str] = {}
+_last_names: dict[int, str] = {}
 
 
 def thread_name(ident: int) -> str:
-    """The name of the thread with this ident (``thread-<ident>`` once it has gone)."""
-    name = _thread_names.get(ident)
-    if name is None:
-        t = threading._active.get(ident)  # type: ignore[attr-defined]
-        if t is None:
-            return f"thread-{ident}"
-        name = _thread_names[ident] = t.name
-    return name
+    """The name of the live thread with this ident, else the last name seen for it.
+
+    Looked up at export time (the hot path records only the ident).  A new thread that reuses
+    a finished thread's ident is seen under its own name.
+    """
+    t = threading._active.get(ident)  # type: ignore[attr-defined]
+    if t is not None:
+        name: str = t.name
+        _last_names[ident] = name
+        return name
+    return _last_names.get(ident) or f"thread-{ident}"

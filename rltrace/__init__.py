@@ -7,7 +7,8 @@ AReaL's ``perf_tracer``: ``from rltrace import perf_tracer`` or ``import rltrace
 Table of contents
 -----------------
 configuration   configure, is_configured, get_config, TracerConfig, ConfigError
-spans           trace_scope, atrace_scope, trace_perf, instant, Category, current_span
+spans           trace_scope, atrace_scope, trace_perf, instant, Category, current_span,
+                step, current_step
 flushing        save, flush, shutdown, diagnostics
 sessions        register_task, set_task_id, get_task_id, register_session, set_session_id,
                 get_session_id, session_context, trace_session, trace_session_phase,
@@ -44,6 +45,7 @@ from .sessions import (
     trace_session_phase,
 )
 from .spans import Category, atrace_scope, instant, trace_perf, trace_scope
+from .steps import current_step, step
 from .version import __version__
 
 __all__ = [
@@ -62,6 +64,7 @@ __all__ = [
     "atrace_session_phase",
     "configure",
     "current_span",
+    "current_step",
     "diagnostics",
     "flush",
     "get_config",
@@ -77,6 +80,7 @@ __all__ = [
     "set_session_id",
     "set_task_id",
     "shutdown",
+    "step",
     "trace_perf",
     "trace_scope",
     "trace_session",

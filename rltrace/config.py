@@ -15,7 +15,9 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import getpass
+import logging
 import os
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -35,6 +37,7 @@ __all__ = [
 ]
 
 ENV_PREFIX = "RLTRACE_"
+logger = logging.getLogger("rltrace")
 
 
 class ConfigError(ValueError):
@@ -179,8 +182,45 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         )
     for section in ("rltrace", "perf_tracer"):
         if isinstance(doc.get(section), dict):
-            return doc[section]
-    return doc
+            return _interpolate(doc[section], doc, str(path))
+    return _interpolate(doc, doc, str(path))
+
+
+_REF = re.compile(r"\$\{([^}]*)\}")
+
+
+def _interpolate(node: Any, root: dict[str, Any], source: str, depth: int = 0) -> Any:
+    """Resolve OmegaConf-style ``${a.b}`` and ``${oc.env:VAR[,default]}`` as AReaL files use."""
+    if isinstance(node, dict):
+        return {k: _interpolate(v, root, source, depth) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_interpolate(v, root, source, depth) for v in node]
+    if not isinstance(node, str) or "${" not in node:
+        return node
+    if depth > 16:
+        raise ConfigError(f"rltrace config file {source!r}: interpolation loop in {node!r}")
+
+    def lookup(ref: str) -> Any:
+        ref = ref.strip()
+        if ref.startswith("oc.env:"):
+            name, _, default = ref[len("oc.env:"):].partition(",")
+            value = os.environ.get(name.strip(), default.strip() if default else None)
+            if value is None:
+                raise ConfigError(f"rltrace config file {source!r}: ${{{ref}}} names an unset "
+                                  f"environment variable; set {name.strip()} or give a default")
+            return value
+        cur: Any = root
+        for part in ref.split("."):
+            if not isinstance(cur, dict) or part not in cur:
+                raise ConfigError(f"rltrace config file {source!r}: cannot resolve ${{{ref}}} "
+                                  f"(no key {ref!r} in the file); write the value instead")
+            cur = cur[part]
+        return _interpolate(cur, root, source, depth + 1)
+
+    whole = _REF.fullmatch(node)
+    if whole:
+        return lookup(whole.group(1))
+    return _REF.sub(lambda m: str(lookup(m.group(1))), node)
 
 
 def _dataclass_to_dict(obj: Any) -> dict[str, Any]:
@@ -207,7 +247,7 @@ def _build(cls: type, data: Mapping[str, Any], *, prefix: str, source: str) -> A
         full = f"{prefix}{key}"
         if key not in names:
             close = difflib.get_close_matches(str(key), names, n=1)
-            hint = f"; did you mean {prefix}{close[0]!r}?" if close else ""
+            hint = f"; did you mean {prefix + close[0]!r}?" if close else ""
             raise ConfigError(
                 f"unknown rltrace config key {full!r} (in {source}){hint} "
                 f"Known keys{' under ' + prefix.rstrip('.') if prefix else ''}: {', '.join(names)}"
@@ -295,7 +335,7 @@ def _parse_kv(text: str, key: str, source: str) -> dict[str, str]:
         if "=" not in part:
             raise ConfigError(
                 f"rltrace config key {key!r} (in {source}): expected 'name=value' pairs separated "
-                f"by commas, got {part!r}"
+                f"by commas, got a value without '=' (not shown: it may be a secret)"
             )
         k, v = part.split("=", 1)
         out[k.strip()] = v.strip()
@@ -335,15 +375,19 @@ def _env_overrides(env: Mapping[str, str]) -> list[tuple[tuple[str, ...], str]]:
         if path is None:
             if name in _ENV_IGNORED:
                 continue
-            close = difflib.get_close_matches(name, list(_ENV_PATHS), n=1)
-            hint = f"; did you mean {close[0]}?" if close else ""
-            raise ConfigError(f"unknown rltrace environment variable {name}{hint}")
+            if name not in _ENV_WARNED:  # a stray variable must not stop training: warn once
+                _ENV_WARNED.add(name)
+                close = difflib.get_close_matches(name, list(_ENV_PATHS), n=1)
+                hint = f"; did you mean {close[0]}?" if close else ""
+                logger.warning("rltrace: ignoring unknown environment variable %s%s", name, hint)
+            continue
         out.append((path, value))
     return out
 
 
 #: RLTRACE_* variables used by tools rather than the config (e.g. the test-suite)
 _ENV_IGNORED = {"RLTRACE_PERFETTO_CHECK"}
+_ENV_WARNED: set[str] = set()
 
 
 def _apply(cfg: Any, path: tuple[str, ...], value: Any, *, source: str) -> None:

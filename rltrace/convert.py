@@ -58,6 +58,8 @@ def find_trace_files(inputs: Iterable[str | Path]) -> list[Path]:
         p = Path(text).expanduser()
         if p.is_dir():
             candidates = sorted(p.rglob(TRACE_GLOB))
+        elif p.is_file():
+            candidates = [p]
         elif any(ch in text for ch in "*?["):
             candidates = [Path(x) for x in sorted(glob.glob(text, recursive=True))]
             candidates = [c for c in candidates if c.is_file() or c.is_dir()]
@@ -65,8 +67,6 @@ def find_trace_files(inputs: Iterable[str | Path]) -> list[Path]:
             for c in candidates:
                 expanded.extend(sorted(c.rglob(TRACE_GLOB)) if c.is_dir() else [c])
             candidates = expanded
-        elif p.is_file():
-            candidates = [p]
         else:
             raise ConvertError(f"rltrace convert: input {text!r} does not exist")
         for c in candidates:

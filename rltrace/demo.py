@@ -1,9 +1,11 @@
 """``rltrace demo``: a simulated asynchronous RL run on the CPU, traced end to end.
 
-Each rank is its own process.  Per step it rolls out ``tasks_per_step`` tasks with ``samples``
-concurrent multi-turn sessions each (generate / toolcall / reward with long-tailed durations),
-then runs a train step and a weight sync.  Everything is written to the log dir, the per-rank
-Chrome traces are merged into one Perfetto file, and a short summary is printed.
+Each rank is its own process.  Per step (``rltrace.step``) a rollout executor submits
+``tasks_per_step`` tasks with ``samples`` concurrent multi-turn sessions each (generate /
+toolcall / a custom ``verify`` phase / reward, with long-tailed durations; ~2% fail with a
+timeout, ~10% are rejected as stale), then a train step and a weight sync run.  Everything is
+written to the log dir, the per-rank Chrome traces are merged into one Perfetto file, and a
+summary (sessions by status, phase percentiles, slowest sessions) is printed.
 """
 
 from __future__ import annotations
@@ -17,13 +19,14 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 
 import rltrace
 from rltrace import Category
 
-from .config import TracerConfig, log_dir
+from .config import SessionTracerConfig, TracerConfig, log_dir
 
 
 @dataclass
@@ -48,25 +51,47 @@ def _lognormal_s(rng: random.Random, median_ms: float, sigma: float, scale: floa
     return rng.lognormvariate(0.0, sigma) * median_ms / 1000.0 * scale
 
 
-async def _session(rng: random.Random, opts: DemoOptions, task: int, sample: int) -> None:
-    turns = rng.choice((1, 1, 2, 3))
-    with rltrace.trace_scope("session", Category.SCHEDULER, {"task_id": task, "sample": sample}):
+class _Workflow:
+    """A multi-turn agentic rollout written against the AReaL-style session API."""
+
+    def __init__(self, rng: random.Random, opts: DemoOptions) -> None:
+        self.rng = rng
+        self.opts = opts
+
+    @rltrace.trace_perf("rollout.arun_episode", category=Category.COMPUTE)
+    async def arun_episode(self, task_id: int) -> list[Any]:
+        return await asyncio.gather(
+            *(self._collect_sample(task_id) for _ in range(self.opts.samples)),
+            return_exceptions=True,
+        )
+
+    @rltrace.session_context()
+    async def _collect_sample(self, task_id: int) -> tuple[Any, float]:
+        rng, scale = self.rng, self.opts.time_scale
+        turns = rng.choice((1, 1, 2, 3, 4))
         for turn in range(turns):
-            async with rltrace.atrace_scope("generate", Category.COMPUTE, {"turn": turn}):
-                await asyncio.sleep(_lognormal_s(rng, 8, 0.8, opts.time_scale))
+            prompt = rng.randint(200, 800)
+            async with rltrace.atrace_session_phase(
+                "generate", start_payload={"model": "demo-7b", "input_tokens": prompt}
+            ) as ph:
+                await asyncio.sleep(_lognormal_s(rng, 8, 0.9, scale))
+                ph.set_end_payload(output_tokens=rng.randint(20, 400))
+            if rng.random() < 0.02:
+                raise TimeoutError(f"inference server timed out (turn {turn})")
             if turn < turns - 1:
-                async with rltrace.atrace_scope("toolcall", Category.IO, {"turn": turn}):
-                    await asyncio.sleep(_lognormal_s(rng, 3, 0.6, opts.time_scale))
-        async with rltrace.atrace_scope("reward", Category.COMPUTE):
-            await asyncio.sleep(_lognormal_s(rng, 2, 0.5, opts.time_scale))
-        stale = rng.random() < 0.1
-        rltrace.instant("session.done", Category.SCHEDULER,
-                        {"status": "rejected" if stale else "accepted"})
+                async with rltrace.atrace_session_phase("toolcall",
+                                                        start_payload={"tool_name": "python"}):
+                    await asyncio.sleep(_lognormal_s(rng, 3, 0.7, scale))
+        if rng.random() < 0.3:
+            async with rltrace.atrace_session_phase("verify"):
+                await asyncio.sleep(_lognormal_s(rng, 2, 0.4, scale))
+        reward = await self._compute_reward()
+        return rltrace.get_session_id(), reward
 
-
-@rltrace.trace_perf("rollout.arun_episode", category=Category.COMPUTE)
-async def _episode(rng: random.Random, opts: DemoOptions, task: int) -> None:
-    await asyncio.gather(*(_session(rng, opts, task, s) for s in range(opts.samples)))
+    @rltrace.trace_session("reward")
+    async def _compute_reward(self) -> float:
+        await asyncio.sleep(_lognormal_s(self.rng, 2, 0.5, self.opts.time_scale))
+        return self.rng.random()
 
 
 @rltrace.trace_perf("train.ppo_update", category=Category.COMPUTE)
@@ -78,20 +103,39 @@ def _train_step(rng: random.Random, opts: DemoOptions) -> float:
     return acc
 
 
+async def _run_task(workflow: _Workflow, rng: random.Random, task_id: int) -> None:
+    rltrace.set_task_id(rltrace.register_task(task_id))
+    results = await workflow.arun_episode(task_id)
+    for res in results:
+        if isinstance(res, BaseException):
+            continue  # session_context already finalized it as failed
+        session_id, _reward = res
+        if rng.random() < 0.1:
+            rltrace.trace_session_event("mark_finalized", session_id=session_id,
+                                        status="rejected", reason="stale_weight")
+        else:
+            rltrace.trace_session_event("mark_finalized", session_id=session_id,
+                                        status="accepted")
+
+
 def _rank_main(opts: DemoOptions, rank: int) -> None:
     rltrace.configure(
         TracerConfig(experiment_name=opts.experiment_name, trial_name=opts.trial_name,
-                     fileroot=opts.fileroot, role="actor", world_size=opts.ranks),
+                     fileroot=opts.fileroot, role="actor", world_size=opts.ranks,
+                     session_tracer=SessionTracerConfig(enabled=True, flush_threshold=64)),
         rank=rank, otlp__endpoint=opts.otlp_endpoint, otlp__protocol=opts.otlp_protocol,
     )
+    rltrace.register_phase("verify", category="compute")
     rng = random.Random(opts.seed * 1000 + rank)
+    workflow = _Workflow(rng, opts)
 
     async def rollout(step: int) -> None:
-        base = step * opts.tasks_per_step * opts.ranks + rank * opts.tasks_per_step
-        await asyncio.gather(*(_episode(rng, opts, base + t) for t in range(opts.tasks_per_step)))
+        base = (step * opts.ranks + rank) * opts.tasks_per_step
+        await asyncio.gather(*(_run_task(workflow, rng, base + t)
+                               for t in range(opts.tasks_per_step)))
 
     for step in range(opts.steps):
-        with rltrace.trace_scope("train.step", Category.COMPUTE, {"global_step": step}):
+        with rltrace.step(step):
             with rltrace.trace_scope("train.rollout", Category.COMPUTE, {"global_step": step}):
                 asyncio.run(rollout(step))
             _train_step(rng, opts)
@@ -101,26 +145,35 @@ def _rank_main(opts: DemoOptions, rank: int) -> None:
     rltrace.shutdown()
 
 
-def _summarise(merged: Path) -> str:
-    durations: dict[str, list[float]] = defaultdict(list)
-    slow: list[tuple[float, int, dict]] = []
-    doc = orjson.loads(merged.read_bytes())
-    for ev in doc["traceEvents"]:
-        if ev.get("ph") == "X":
-            durations[ev["name"]].append(ev["dur"] / 1000.0)
-            if ev["name"] == "session":
-                slow.append((ev["dur"] / 1000.0, ev["pid"], ev.get("args", {})))
-    lines = [f"{'scope':<24}{'count':>7}{'p50 ms':>10}{'p90 ms':>10}{'p99 ms':>10}{'total s':>10}"]
-    for name in sorted(durations, key=lambda n: -sum(durations[n])):
-        d = sorted(durations[name])
-        q = statistics.quantiles(d, n=100, method="inclusive") if len(d) > 1 else d * 99
-        lines.append(f"{name:<24}{len(d):>7}{q[49]:>10.1f}{q[89]:>10.1f}{q[98]:>10.1f}"
-                     f"{sum(d) / 1000:>10.2f}")
-    slow.sort(key=lambda x: -x[0])
+def _quantiles(values: list[float]) -> tuple[float, float, float]:
+    if len(values) == 1:
+        return values[0], values[0], values[0]
+    q = statistics.quantiles(values, n=100, method="inclusive")
+    return q[49], q[89], q[98]
+
+
+def _summarise(logdir: Path) -> str:
+    records = []
+    for f in sorted((logdir / "session_tracer").glob("sessions-r*.jsonl")):
+        records.extend(orjson.loads(line) for line in f.read_bytes().splitlines() if line)
+    by_status: dict[str, int] = defaultdict(int)
+    phase_times: dict[str, list[float]] = defaultdict(list)
+    for r in records:
+        by_status[r["status"]] += 1
+        for name, execs in r["phases"].items():
+            phase_times[name].extend((e["end_ts"] - e["start_ts"]) * 1000 for e in execs)
+    lines = [f"sessions: {len(records)} — " + ", ".join(
+        f"{k} {v}" for k, v in sorted(by_status.items(), key=lambda kv: -kv[1]))]
+    lines.append(f"{'phase':<12}{'count':>7}{'p50 ms':>10}{'p90 ms':>10}{'p99 ms':>10}")
+    for name in sorted(phase_times, key=lambda n: -sum(phase_times[n])):
+        p50, p90, p99 = _quantiles(phase_times[name])
+        lines.append(f"{name:<12}{len(phase_times[name]):>7}{p50:>10.1f}{p90:>10.1f}{p99:>10.1f}")
     lines.append("slowest sessions:")
-    for dur, pid, args in slow[:3]:
-        lines.append(f"  {dur:8.1f} ms  process {pid}  task {args.get('task_id')} "
-                     f"sample {args.get('sample')}")
+    for r in sorted(records, key=lambda r: -r["total_s"])[:3]:
+        parts = ", ".join(f"{k[:-2]} {r[k] * 1000:.0f}" for k in ("generate_s", "toolcall_s", "reward_s"))
+        lines.append(f"  {r['total_s'] * 1000:7.1f} ms  rank {r['rank']} step {r.get('step')} "
+                     f"task {r['task_id']} session {r['session_id']} ({r['status']}; {parts} ms; "
+                     f"{r['turns']} turns)")
     return "\n".join(lines)
 
 
@@ -132,10 +185,10 @@ def run_demo(opts: DemoOptions) -> int:
     cfg = TracerConfig(experiment_name=opts.experiment_name, trial_name=opts.trial_name,
                        fileroot=opts.fileroot)
     logdir = log_dir(cfg)
-    old = logdir / "perf_tracer"
-    if old.is_dir():  # a fresh run replaces the previous demo's traces
-        for f in old.glob("traces-r*.jsonl"):
-            f.unlink()
+    for old in (logdir / "perf_tracer").glob("traces-r*.jsonl"):
+        old.unlink()  # a fresh run replaces the previous demo's files
+    for old in (logdir / "session_tracer").glob("sessions-r*.jsonl"):
+        old.unlink()
     ctx = multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=_rank_main, args=(opts, r), name=f"rltrace-demo-r{r}")
              for r in range(opts.ranks)]
@@ -151,7 +204,7 @@ def run_demo(opts: DemoOptions) -> int:
     res = convert([logdir], merged, progress=False)
     print(f"rltrace demo: {opts.ranks} rank(s) x {opts.steps} steps in "
           f"{time.perf_counter() - t0:.1f} s; artifacts in {logdir}")
-    print(_summarise(merged))
+    print(_summarise(logdir))
     print(f"merged trace: {merged} ({res.events} events)")
     print(f"open it: https://ui.perfetto.dev -> Open trace file -> {merged.resolve()}")
     return 0

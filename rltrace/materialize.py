@@ -23,9 +23,11 @@ from .semconv import (
     ATTR_CATEGORY,
     ATTR_INSTANT,
     ATTR_LANE,
+    ATTR_STEP,
     ATTR_THREAD_ID,
     ATTR_THREAD_NAME,
 )
+from .steps import step_of
 
 _UNSET = Status(StatusCode.UNSET)
 _INTERNAL = SpanKind.INTERNAL
@@ -74,6 +76,10 @@ class SpanBuilder:
             if error is not None:
                 status = Status(StatusCode.ERROR, f"{error[0]}: {error[1]}")
                 events.append(exception_event(error, rec.end_ns))
+        if ATTR_STEP not in attrs:
+            step = step_of(rec)
+            if step is not None:
+                attrs[ATTR_STEP] = step
         parent = rec.parent
         span = ReadableSpan(
             name=rec.name,

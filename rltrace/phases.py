@@ -46,6 +46,8 @@ BUILTIN = (
 
 _LOCK = threading.Lock()
 _PHASES: dict[str, PhaseSpec] = {p.name: p for p in BUILTIN}
+_BUILTIN_NAMES = frozenset(_PHASES)
+_CUSTOM: tuple[str, ...] = ()
 
 
 def register_phase(
@@ -70,6 +72,8 @@ def register_phase(
                 f"a phase can be registered once (same arguments are fine)"
             )
         _PHASES[name] = spec
+        global _CUSTOM
+        _CUSTOM = tuple(n for n in _PHASES if n not in _BUILTIN_NAMES)
     return spec
 
 
@@ -87,3 +91,8 @@ def get_phase(name: str) -> PhaseSpec:
 def phase_names() -> list[str]:
     """Registered phase names, built-ins first, in registration order."""
     return list(_PHASES)
+
+
+def custom_phase_names() -> tuple[str, ...]:
+    """Registered phase names other than the built-ins, in registration order."""
+    return _CUSTOM

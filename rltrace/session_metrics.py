@@ -20,19 +20,20 @@ from typing import Any
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 
-from .phases import BUILTIN, phase_names
+from .phases import BUILTIN, custom_phase_names
 from .semconv import (
     ATTR_INTERRUPTED,
     ATTR_PHASE,
     ATTR_REASON,
     ATTR_SESSION,
     ATTR_STATUS,
+    ATTR_STEP,
     ATTR_TASK,
     ATTR_TURN,
     SESSION_SPAN,
 )
 
-_BUILTIN = tuple(p.name for p in BUILTIN)
+_BUILTIN_SET = frozenset(p.name for p in BUILTIN)
 
 
 class SessionMetricsProcessor(SpanProcessor):
@@ -118,7 +119,28 @@ class SessionMetricsProcessor(SpanProcessor):
     def _record(self, attrs: Mapping[str, Any], start: int, end: int, trace_id: int,
                 phases: dict[str, list[tuple[int, int, Any, bool]]]) -> dict[str, Any]:
         status = attrs.get(ATTR_STATUS, "pending")
-        totals = {p: sum(e - s for s, e, _, _ in execs) / 1e9 for p, execs in phases.items()}
+        totals: dict[str, float] = {}
+        out_phases: dict[str, list[dict[str, Any]]] = {}
+        counts: dict[str, int] = {}
+        turns = -1
+        for p, execs in phases.items():
+            if len(execs) > 1:
+                execs.sort()
+            total = 0
+            items = []
+            for s, e, turn, interrupted in execs:
+                total += e - s
+                item: dict[str, Any] = {"start_ts": s / 1e9, "end_ts": e / 1e9}
+                if turn is not None:
+                    item["turn"] = turn
+                    if turn > turns:
+                        turns = turn
+                if interrupted:
+                    item["interrupted"] = True
+                items.append(item)
+            totals[p] = total / 1e9
+            out_phases[p] = items
+            counts[p] = len(execs)
         record: dict[str, Any] = {
             "task_id": attrs.get(ATTR_TASK),
             "session_id": attrs[ATTR_SESSION],
@@ -128,31 +150,20 @@ class SessionMetricsProcessor(SpanProcessor):
             "submit_ts": start / 1e9,
             "finalized_ts": end / 1e9,
             "total_s": (end - start) / 1e9,
+            "generate_s": totals.get("generate", 0.0),
+            "reward_s": totals.get("reward", 0.0),
+            "toolcall_s": totals.get("toolcall", 0.0),
+            "phases": out_phases,
+            "trace_id": f"{trace_id:032x}",
+            "turns": turns + 1,
+            "step": attrs.get(ATTR_STEP),
         }
-        for p in _BUILTIN:
-            record[f"{p}_s"] = totals.get(p, 0.0)
-        out_phases: dict[str, list[dict[str, Any]]] = {}
-        turns = -1
-        for p, execs in phases.items():
-            items = []
-            for s, e, turn, interrupted in sorted(execs):
-                item: dict[str, Any] = {"start_ts": s / 1e9, "end_ts": e / 1e9}
-                if turn is not None:
-                    item["turn"] = turn
-                    turns = max(turns, int(turn))
-                if interrupted:
-                    item["interrupted"] = True
-                items.append(item)
-            out_phases[p] = items
-        record["phases"] = out_phases
-        record["trace_id"] = f"{trace_id:032x}"
-        record["turns"] = turns + 1
-        for p in phase_names():
-            if p not in _BUILTIN:
-                record[f"{p}_s"] = totals.get(p, 0.0)
-        for p in phases:
-            record.setdefault(f"{p}_s", totals[p])
-        record["phase_counts"] = {p: len(execs) for p, execs in phases.items()}
+        for p in custom_phase_names():
+            record[p + "_s"] = totals.get(p, 0.0)
+        for p, total in totals.items():
+            if p not in _BUILTIN_SET:
+                record[p + "_s"] = total
+        record["phase_counts"] = counts
         if self._metrics is not None:
             h_session, h_phase, c_sessions = self._metrics
             labels = {ATTR_STATUS: status}

@@ -36,11 +36,13 @@ from .semconv import (
     ATTR_REASON,
     ATTR_SESSION,
     ATTR_STATUS,
+    ATTR_STEP,
     ATTR_TASK,
     ATTR_TURN,
     SESSION_SPAN,
     TASK_SPAN,
 )
+from .steps import _STEP_CV
 
 __all__ = [
     "FINAL_STATUSES",
@@ -105,7 +107,11 @@ class _Task:
         self.task_id = task_id
         self.open: set[Any] = set()
         scope = self.scope = Scope(TASK_SPAN, "scheduler")
-        scope.extra = {"attrs": {ATTR_TASK: task_id}}
+        attrs: dict[str, Any] = {ATTR_TASK: task_id}
+        step = _STEP_CV.get()
+        if step is not None:
+            attrs[ATTR_STEP] = step
+        scope.extra = {"attrs": attrs}
         scope.begin_detached(None, from_context=False)
 
 
@@ -116,10 +122,16 @@ class _Session:
         self.session_id = session_id
         self.task = task
         self.turn = -1
-        self.open_phases: list[PhaseHandle] = []
+        self.open_phases: list[PhaseScope] = []
         scope = self.scope = Scope(SESSION_SPAN, "scheduler")
-        scope.extra = {"attrs": {ATTR_TASK: task.task_id, ATTR_SESSION: session_id,
-                                 ATTR_STATUS: "pending"}}
+        attrs: dict[str, Any] = {ATTR_TASK: task.task_id, ATTR_SESSION: session_id,
+                                 ATTR_STATUS: "pending"}
+        step = _STEP_CV.get()
+        if step is None:
+            step = task.scope.extra["attrs"].get(ATTR_STEP)  # type: ignore[index]
+        if step is not None:
+            attrs[ATTR_STEP] = step
+        scope.extra = {"attrs": attrs}
         scope.begin_detached(task.scope, from_context=False)
 
 
@@ -198,88 +210,32 @@ def _payload_attrs(attrs: dict[str, Any], prefix: str, payload: dict[str, Any], 
             attrs[genai] = v
 
 
-class PhaseHandle:
-    """One execution of a phase in one session (returned by ``mark_<phase>_start``)."""
-
-    __slots__ = ("closed", "scope", "session", "spec")
-
-    def __init__(self, session: _Session, spec: PhaseSpec, payload: dict[str, Any] | None,
-                 turn: int | None, share_lane: bool) -> None:
-        self.session = session
-        self.spec = spec
-        self.closed = False
-        if turn is None:
-            if spec.starts_turn:
-                session.turn += 1
-            turn = max(session.turn, 0)
-        elif turn > session.turn:
-            session.turn = turn
-        attrs: dict[str, Any] = {ATTR_PHASE: spec.name, ATTR_TURN: turn,
-                                 ATTR_SESSION: session.session_id, ATTR_TASK: session.task.task_id}
-        if spec.genai_operation is not None:
-            attrs["gen_ai.operation.name"] = spec.genai_operation
-            attrs["gen_ai.conversation.id"] = str(session.session_id)
-        if payload:
-            _payload_attrs(attrs, "rl.start.", payload, spec)
-        scope = self.scope = Scope(spec.name, spec.category)
-        scope.extra = {"attrs": attrs}
-        scope.begin_detached(session.scope, from_context=False, share_lane=share_lane)
-        with _LOCK:
-            session.open_phases.append(self)
-
-    def set_attribute(self, key: str, value: Any) -> None:
-        """Set an attribute on the phase span (e.g. ``gen_ai.usage.output_tokens``)."""
-        self.scope.extra["attrs"][key] = value  # type: ignore[index]
-
-    def end(self, payload: dict[str, Any] | None = None, exc: BaseException | None = None,
-            interrupted: bool = False, end_ns: int | None = None) -> None:
-        """Close this execution (idempotent)."""
-        with _LOCK:
-            if self.closed:
-                return
-            self.closed = True
-            try:
-                self.session.open_phases.remove(self)
-            except ValueError:
-                pass
-        attrs = self.scope.extra["attrs"]  # type: ignore[index]
-        if payload:
-            _payload_attrs(attrs, "rl.end.", payload, self.spec)
-        if interrupted or exc is not None:
-            attrs[ATTR_INTERRUPTED] = True
-        self.scope.finish(end_ns if end_ns is not None else now_ns(), exc)
-
-
-def _session_for(session_id: Any, api: str) -> _Session | None:
-    sid = session_id if session_id is not None else _SESSION_CV.get()
-    if sid is None:
-        _misuse("no_session", f"{api} called outside any session (no session_id given and none "
-                              "in context); the phase is not recorded. Use @session_context() "
-                              "or set_session_id()")
-        return None
-    sess = _SESSIONS.get(sid)
-    if sess is None:
-        _misuse("unknown_session", f"{api}: session {sid!r} is unknown or already finalized; "
-                                   "the phase is not recorded")
-    return sess
-
-
 class PhaseScope:
-    """Context manager (sync and async) timing one phase execution of the current session."""
+    """One execution of a phase in one session.
 
-    __slots__ = ("_handle", "_token", "end_payload", "phase", "session_id", "spec",
+    Used as a context manager (sync and async) by ``trace_session_phase`` /
+    ``atrace_session_phase`` / ``@trace_session``, and returned as a handle by
+    ``mark_<phase>_start``.  Each execution is its own object, so overlapping executions of
+    one phase pair correctly.
+    """
+
+    __slots__ = ("_token", "closed", "end_payload", "scope", "session", "session_id", "spec",
                  "start_payload", "turn")
 
     def __init__(self, spec: PhaseSpec, start_payload: dict[str, Any] | None,
                  end_payload: dict[str, Any] | None, turn: int | None, session_id: Any) -> None:
         self.spec = spec
-        self.phase = spec.name
-        self.start_payload = dict(start_payload) if start_payload else None
-        self.end_payload = dict(end_payload) if end_payload else None
+        self.start_payload = start_payload
+        self.end_payload = end_payload
         self.turn = turn
         self.session_id = session_id
-        self._handle: PhaseHandle | None = None
+        self.scope: Scope | None = None
+        self.closed = False
         self._token: Any = None
+
+    @property
+    def phase(self) -> str:
+        return self.spec.name
 
     def set_end_payload(self, **payload: Any) -> None:
         """Add key/values recorded when the phase ends (``rl.end.<key>``)."""
@@ -288,23 +244,70 @@ class PhaseScope:
         self.end_payload.update(payload)
 
     def set_attribute(self, key: str, value: Any) -> None:
-        if self._handle is not None:
-            self._handle.set_attribute(key, value)
+        """Set an attribute on the phase span (e.g. ``gen_ai.usage.output_tokens``)."""
+        if self.scope is not None:
+            self.scope.extra["attrs"][key] = value  # type: ignore[index]
+
+    def _start(self, session: _Session, share_lane: bool) -> None:
+        spec = self.spec
+        turn = self.turn
+        if turn is None:
+            if spec.starts_turn:
+                session.turn += 1
+            turn = session.turn if session.turn > 0 else 0
+        elif turn > session.turn:
+            session.turn = turn
+        sid = session.session_id
+        attrs: dict[str, Any] = {ATTR_PHASE: spec.name, ATTR_TURN: turn, ATTR_SESSION: sid,
+                                 ATTR_TASK: session.task.task_id}
+        if spec.genai_operation is not None:
+            attrs["gen_ai.operation.name"] = spec.genai_operation
+            attrs["gen_ai.conversation.id"] = str(sid)
+        if self.start_payload:
+            _payload_attrs(attrs, "rl.start.", self.start_payload, spec)
+        scope = self.scope = Scope(spec.name, spec.category)
+        scope.extra = {"attrs": attrs}
+        scope.begin_detached(session.scope, from_context=False, share_lane=share_lane)
+        self.session = session
+        session.open_phases.append(self)  # list.append is atomic; finalize copies under _LOCK
+
+    def end(self, payload: dict[str, Any] | None = None, exc: BaseException | None = None,
+            interrupted: bool = False, end_ns: int | None = None) -> None:
+        """Close this execution (idempotent; a second call does nothing)."""
+        end = end_ns if end_ns is not None else now_ns()
+        with _LOCK:
+            if self.closed or self.scope is None:
+                return
+            self.closed = True
+            try:
+                self.session.open_phases.remove(self)
+            except ValueError:
+                pass
+        scope = self.scope
+        attrs = scope.extra["attrs"]  # type: ignore[index]
+        if payload:
+            _payload_attrs(attrs, "rl.end.", payload, self.spec)
+        if interrupted or exc is not None:
+            attrs[ATTR_INTERRUPTED] = True
+        scope.finish(end, exc)
 
     def __enter__(self) -> PhaseScope:
         if FLAGS.enabled:
-            sess = _session_for(self.session_id, f"trace_session_phase({self.phase!r})")
-            if sess is not None:
-                self._handle = PhaseHandle(sess, self.spec, self.start_payload, self.turn, True)
-                self._token = attach(self._handle.scope)
+            sid = self.session_id
+            if sid is None:
+                sid = _SESSION_CV.get()
+            sess = _SESSIONS.get(sid) if sid is not None else None
+            if sess is None:
+                _no_session(sid, f"trace_session_phase({self.spec.name!r})")
+            else:
+                self._start(sess, True)
+                self._token = attach(self.scope)
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
-        handle = self._handle
-        if handle is not None:
+        if self.scope is not None:
             detach(self._token)
-            self._handle = None
-            handle.end(self.end_payload, exc)
+            self.end(self.end_payload, exc)
         return False
 
     async def __aenter__(self) -> PhaseScope:
@@ -312,6 +315,32 @@ class PhaseScope:
 
     async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
         return self.__exit__(exc_type, exc, tb)
+
+
+#: ``mark_<phase>_start`` returns one of these
+PhaseHandle = PhaseScope
+
+
+def _no_session(sid: Any, api: str) -> None:
+    if sid is None:
+        _misuse("no_session", f"{api} called outside any session (no session_id given and none "
+                              "in context); the phase is not recorded. Use @session_context() "
+                              "or set_session_id()")
+    else:
+        _misuse("unknown_session", f"{api}: session {sid!r} is unknown or already finalized; "
+                                   "the phase is not recorded")
+
+
+def _session_for(session_id: Any, api: str) -> _Session | None:
+    sid = session_id if session_id is not None else _SESSION_CV.get()
+    sess = _SESSIONS.get(sid) if sid is not None else None
+    if sess is None:
+        _no_session(sid, api)
+    return sess
+
+
+def _copy(payload: dict[str, Any] | None) -> dict[str, Any] | None:
+    return dict(payload) if payload else None
 
 
 def trace_session_phase(
@@ -327,7 +356,7 @@ def trace_session_phase(
     counter (each ``generate`` starts a new turn).  Raises
     :class:`~rltrace.phases.UnknownPhaseError` for an unregistered phase.
     """
-    return PhaseScope(get_phase(phase), start_payload, end_payload, turn, session_id)
+    return PhaseScope(get_phase(phase), _copy(start_payload), _copy(end_payload), turn, session_id)
 
 
 def atrace_session_phase(
@@ -336,7 +365,7 @@ def atrace_session_phase(
     session_id: Any = None,
 ) -> PhaseScope:
     """Async form of :func:`trace_session_phase` (``async with``)."""
-    return PhaseScope(get_phase(phase), start_payload, end_payload, turn, session_id)
+    return PhaseScope(get_phase(phase), _copy(start_payload), _copy(end_payload), turn, session_id)
 
 
 def trace_session(phase: str) -> Callable[[F], F]:
@@ -441,7 +470,7 @@ def trace_session_event(
     ``session_id=`` targets one session, ``task_id=`` every open session of a task; with
     neither, the current session (else the current task) from context.  ``mark_finalized``
     takes ``status`` (accepted / rejected / failed / dropped) and an optional ``reason``.
-    ``mark_<phase>_start`` returns a :class:`PhaseHandle` (a list of them for a task); a
+    ``mark_<phase>_start`` returns a :class:`PhaseScope` handle (a list of them for a task); a
     ``mark_<phase>_end`` given ``handle=`` closes that execution, otherwise the oldest open
     execution of the phase.  Remaining keyword arguments are the phase payload (``turn=``
     sets the turn).  Unknown methods and phases raise ``ValueError`` naming the fix.
@@ -488,7 +517,9 @@ def trace_session_event(
 def _phase_event(sess: _Session, spec: PhaseSpec, start: bool, payload: dict[str, Any]) -> Any:
     if start:
         turn = payload.pop("turn", None)
-        return PhaseHandle(sess, spec, payload, turn, share_lane=False)
+        handle = PhaseScope(spec, payload or None, None, turn, sess.session_id)
+        handle._start(sess, share_lane=False)
+        return handle
     handle = payload.pop("handle", None)
     if handle is None:
         with _LOCK:

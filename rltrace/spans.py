@@ -47,8 +47,8 @@ def trace_scope(
     """Trace a block: ``with trace_scope("train.step", Category.COMPUTE, {"step": 3}): ...``.
 
     The block becomes an OTel span (kind INTERNAL) named ``name`` with attributes
-    ``rl.category`` and ``args.<key>``, and a Chrome ``X`` event.  ``args`` is copied, never
-    modified; values JSON cannot encode (tensors, arrays, objects) are converted or
+    ``rl.category`` and ``args.<key>``, and a Chrome ``X`` event.  ``args`` is copied (one
+    level deep), never modified; values JSON cannot encode (tensors, arrays, objects) are converted or
     stringified at export.  An exception leaving the block is recorded on the span (status
     ERROR plus an ``exception`` event) and re-raised unchanged.  The returned object is the
     span itself (``set_attribute``, ``add_event`` work on it).

@@ -1,0 +1,82 @@
+"""Training steps: ``with rltrace.step(n): ...`` scopes one step and tags what runs inside.
+
+The step scope is an ordinary span (default name ``train.step``) with ``rl.step = n``.  Spans
+nested inside carry ``rl.step`` in OTel (looked up through their parents when they are
+exported, so the hot path pays nothing), and tasks/sessions registered inside carry it in
+their spans and session records, which is what per-step analyses group by.
+"""
+
+from __future__ import annotations
+
+from contextvars import ContextVar
+from typing import Any
+
+from .recorder import NOOP, STATE, Scope
+from .semconv import ATTR_STEP
+
+__all__ = ["current_step", "step", "step_of"]
+
+_STEP_CV: ContextVar[int | None] = ContextVar("rltrace_step", default=None)
+_MAX_DEPTH = 64
+
+
+class _StepContext:
+    """Sets the current step and (when span tracing is on) enters the step's scope."""
+
+    __slots__ = ("_token", "n", "scope")
+
+    def __init__(self, n: int, scope: Scope | None) -> None:
+        self.n = n
+        self.scope = scope
+
+    def __enter__(self) -> Any:
+        self._token = _STEP_CV.set(self.n)
+        return self.scope.__enter__() if self.scope is not None else NOOP
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        if self.scope is not None:
+            self.scope.__exit__(exc_type, exc, tb)
+        _STEP_CV.reset(self._token)
+        return False
+
+    async def __aenter__(self) -> Any:
+        return self.__enter__()
+
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        return self.__exit__(exc_type, exc, tb)
+
+
+def step(n: int, name: str = "train.step", category: Any = "compute",
+         args: dict[str, Any] | None = None) -> Any:
+    """Scope training step ``n``: ``with rltrace.step(global_step): rollout(); train()``.
+
+    Usable with ``with`` and ``async with``; yields the step's span (a no-op span when span
+    tracing is off, in which case only the current step is set, for session records).
+    """
+    if type(n) is not int:
+        raise TypeError(f"rltrace.step: the step must be an int, got {type(n).__name__} {n!r}")
+    scope = None
+    if STATE.enabled:
+        scope = Scope(name, category, dict(args) if args else None)
+        scope.extra = {"attrs": {ATTR_STEP: n}}
+    return _StepContext(n, scope)
+
+
+def current_step() -> int | None:
+    """The step of the innermost ``rltrace.step`` scope in this context, if any."""
+    return _STEP_CV.get()
+
+
+def step_of(rec: Scope) -> int | None:
+    """The step a record belongs to: its own ``rl.step`` or its nearest ancestor's."""
+    node: Any = rec
+    for _ in range(_MAX_DEPTH):
+        if node is None or type(node) is not Scope:
+            return None
+        extra = node.extra
+        if extra is not None:
+            attrs = extra.get("attrs")
+            if attrs is not None and ATTR_STEP in attrs:
+                return attrs[ATTR_STEP]
+        node = node.parent
+    return None
