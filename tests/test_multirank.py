@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -14,8 +15,9 @@ import orjson
 import pytest
 from conftest import perfetto_check
 
-from rltrace.config import TracerConfig, log_dir
+from rltrace.config import TracerConfig, current_user, log_dir
 from rltrace.convert import convert
+from rltrace.testing import read_jsonl
 
 WORKER = Path(__file__).with_name("helpers") / "rank_worker.py"
 WORLD = 2
@@ -116,3 +118,29 @@ def test_merged_ranks_load_in_perfetto_as_two_processes(tmp_path: Path) -> None:
     names = [r["name"] for r in report["queries"][PROCESS_NAMES]]
     assert [re.match(r"rank (\d+)\b", n).group(1) for n in names] == ["0", "1"], names
     assert report["queries"][AFTER_BARRIER][0]["n"] == WORLD
+
+
+def test_rank_and_world_size_come_from_an_initialised_torch_distributed_group(tmp_path: Path) -> None:
+    """Two real gloo ranks; rltrace.configure() gets no rank and RANK/WORLD_SIZE are unset."""
+    pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    worker = Path(__file__).parent / "helpers" / "dist_worker.py"
+    procs = [subprocess.Popen([sys.executable, str(worker), str(tmp_path), str(port), str(r), "2"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for r in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    for p, (out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err
+        assert "sum=3.0" in out  # the all_reduce really ran across both processes
+    logdir = tmp_path / "logs" / current_user() / "dist" / "t0"
+    for rank in range(2):
+        events = read_jsonl(logdir / "perf_tracer" / f"traces-r{rank}.jsonl")
+        labels = [e["args"]["labels"] for e in events if e.get("name") == "process_labels"]
+        assert labels and f"rank={rank}" in labels[0] and "world_size=2" in labels[0]
+        assert [e["name"] for e in events if e.get("ph") == "X"] == ["allreduce"]
+    assert (logdir / "config.yaml").is_file()  # written by rank 0 only
