@@ -13,7 +13,8 @@ flushing        save, flush, shutdown, diagnostics
 sessions        register_task, set_task_id, get_task_id, register_session, set_session_id,
                 get_session_id, session_context, trace_session, trace_session_phase,
                 atrace_session_phase, trace_session_event, register_phase, SessionMetricsProcessor
-OpenTelemetry   add_span_processor, tracer_provider
+OpenTelemetry   add_span_processor, tracer_provider, link_consumed,
+                inject_headers, extract_context, server_span (W3C propagation)
 """
 
 from .config import ConfigError, ExportersConfig, OTLPConfig, SessionTracerConfig, TracerConfig
@@ -29,12 +30,14 @@ from .pipeline import (
     shutdown,
     tracer_provider,
 )
+from .propagation import extract_context, inject_headers, server_span
 from .recorder import current_span
 from .session_metrics import SessionMetricsProcessor
 from .sessions import (
     atrace_session_phase,
     get_session_id,
     get_task_id,
+    link_consumed,
     register_session,
     register_task,
     session_context,
@@ -66,16 +69,20 @@ __all__ = [
     "current_span",
     "current_step",
     "diagnostics",
+    "extract_context",
     "flush",
     "get_config",
     "get_session_id",
     "get_task_id",
+    "inject_headers",
     "instant",
     "is_configured",
+    "link_consumed",
     "register_phase",
     "register_session",
     "register_task",
     "save",
+    "server_span",
     "session_context",
     "set_session_id",
     "set_task_id",

@@ -12,7 +12,7 @@ from typing import Any
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import Link, SpanKind
 from opentelemetry.trace.status import Status, StatusCode
 
 from rltrace.exporters.values import category_name, flatten_into, text, thread_name
@@ -57,6 +57,7 @@ class SpanBuilder:
         if rec.args:
             flatten_into(attrs, ARGS_PREFIX, rec.args)
         events: list[Event] = []
+        links: list[Link] = []
         status = _UNSET
         extra = rec.extra
         if extra is not None:
@@ -71,6 +72,8 @@ class SpanBuilder:
                 if ev_args:
                     flatten_into(ev_attrs, ARGS_PREFIX, ev_args)
                 events.append(Event(text(name), ev_attrs, ts))
+            for target, link_attrs in extra.get("links", ()):
+                links.append(Link(target.get_span_context(), link_attrs))
             status = extra.get("status") or _UNSET
             error = extra.get("error")
             if error is not None:
@@ -88,6 +91,7 @@ class SpanBuilder:
             resource=self.resource,
             attributes=attrs,
             events=events,
+            links=links,
             kind=_INTERNAL,
             status=status,
             start_time=rec.start_ns,

@@ -15,6 +15,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
@@ -23,7 +24,6 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, SynchronousMultiSpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from rltrace.exporters.sessions import SessionRecordWriter
@@ -32,7 +32,7 @@ from . import sessions
 from .config import ConfigError, TracerConfig, load_config, log_dir, redacted
 from .materialize import SpanBuilder
 from .otlp import make_metric_exporter, make_span_exporter
-from .processors import QueuedExportProcessor
+from .processors import BoundedBatchProcessor, QueuedExportProcessor
 from .provider import DelegatingTracerProvider
 from .ranks import detect_rank
 from .recorder import STATE, Scope, _noop, internal_error
@@ -99,9 +99,14 @@ class Pipeline:
                 self.chrome_path, rank=rank, world_size=world_size, role=cfg.role,
                 host=self.host, experiment=cfg.experiment_name, trial=cfg.trial_name,
             ))
+        self.otlp: BoundedBatchProcessor | None = None
         otlp = make_span_exporter(cfg.otlp)
         if otlp is not None:
-            self._own(BatchSpanProcessor(otlp, max_queue_size=cfg.max_queue_size))
+            self.otlp = BoundedBatchProcessor(
+                otlp, max_queue_size=cfg.max_queue_size,
+                shutdown_timeout_s=cfg.otlp.timeout_s if cfg.otlp.timeout_s is not None else 5.0,
+            )
+            self._own(self.otlp)
         for p in self.user_processors:
             self.processor.add_span_processor(p)
         self._refresh_direct()
@@ -110,6 +115,8 @@ class Pipeline:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._dropped_reported = 0
+        self._lost_reported = 0
+        self._lost_warned_at = 0.0
         self.errors = 0
 
     def _meter_provider(self, cfg: TracerConfig, readers: list[Any]) -> Any:
@@ -229,6 +236,22 @@ class Pipeline:
                 dropped - self._dropped_reported, STATE.cap,
             )
             self._dropped_reported = dropped
+        self._report_otlp_loss(final=False)
+
+    def _report_otlp_loss(self, final: bool) -> None:
+        otlp = self.otlp
+        if otlp is None:
+            return
+        lost = otlp.dropped + otlp.failed
+        now = time.monotonic()
+        if lost > self._lost_reported and (final or now - self._lost_warned_at >= 30.0):
+            logger.warning(
+                "rltrace: %d spans not delivered to the OTLP endpoint so far (%d dropped: queue "
+                "full, %d failed: export errors; %d delivered). Training is not slowed; check "
+                "the collector.", lost, otlp.dropped, otlp.failed, otlp.exported,
+            )
+            self._lost_reported = lost
+            self._lost_warned_at = now
 
     def close(self) -> None:
         """Stop the thread, flush, and shut down rltrace's own processors (not the user's)."""
@@ -238,16 +261,29 @@ class Pipeline:
         if t is not None and t is not threading.current_thread():
             t.join(timeout=10)
         self.flush()
+        # Network exporters get one shared deadline: metrics shut down beside the spans.
+        timeout = self.cfg.otlp.timeout_s if self.cfg.otlp.timeout_s is not None else 5.0
+        meters = None
+        if self.meter_provider is not None:
+            mp = self.meter_provider
+            meters = threading.Thread(target=self._shutdown_meters, args=(mp, timeout),
+                                      name="rltrace-metrics-shutdown", daemon=True)
+            meters.start()
         for p in [*self.owned, *self.record_processors]:
             try:
                 p.shutdown()
             except Exception as exc:
                 internal_error("processor shutdown", exc)
-        if self.meter_provider is not None:
-            try:
-                self.meter_provider.shutdown()
-            except Exception as exc:
-                internal_error("meter provider shutdown", exc)
+        if meters is not None:
+            meters.join(timeout + 1.0)
+        self._report_otlp_loss(final=True)
+
+    @staticmethod
+    def _shutdown_meters(mp: Any, timeout: float) -> None:
+        try:
+            mp.shutdown(timeout_millis=timeout * 1000)
+        except Exception as exc:
+            internal_error("meter provider shutdown", exc)
 
     def after_fork_in_child(self) -> None:
         self._lock = threading.Lock()
@@ -255,6 +291,8 @@ class Pipeline:
         self._stop = threading.Event()
         for q in self.queued:
             q.reset_after_fork()
+        if self.otlp is not None:
+            self.otlp.reset_after_fork()
         if self.session_processor is not None and self.session_processor.writer is not None:
             self.session_processor.writer.reset_after_fork()
         self.start()
@@ -266,6 +304,8 @@ class Pipeline:
         }
         for q in self.queued:
             out[type(q.exporter).__name__] = q.stats()
+        if self.otlp is not None:
+            out["otlp"] = self.otlp.stats()
         sp = self.session_processor
         if sp is not None:
             out["sessions"] = {"finalized": sp.sessions, "written": sp.writer.written,

@@ -1,5 +1,7 @@
 """Span processors rltrace installs in its pipeline.
 
+:class:`BoundedBatchProcessor` sends spans to a network exporter (OTLP) from its own thread
+through a bounded queue, counting every span it drops or fails to send.
 :class:`QueuedExportProcessor` hands finished spans to an exporter in batches on rltrace's
 background exporter thread (the one that builds spans from the recorder), so exporting costs
 the training loop nothing and needs no extra thread.  Spans that other OTel instrumentation
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from typing import Any
 
@@ -76,3 +79,114 @@ class QueuedExportProcessor(SpanProcessor):
 
     def stats(self) -> dict[str, Any]:
         return {"exported": self.exported, "failed": self.failed, "queued": len(self._queue)}
+
+
+class BoundedBatchProcessor(SpanProcessor):
+    """Batches spans to a (network) exporter on its own thread; never blocks the caller.
+
+    Like the SDK's ``BatchSpanProcessor`` but it *counts* what it loses: spans refused because
+    the bounded queue is full (``dropped``) and spans in batches the exporter failed to send
+    (``failed``), so rltrace can warn with the counts and show them in ``diagnostics()``.
+    ``shutdown`` waits at most ``shutdown_timeout_s`` for the last export.
+    """
+
+    def __init__(
+        self, exporter: SpanExporter, *, max_queue_size: int = 65_536,
+        max_export_batch_size: int = 512, schedule_delay_s: float = 1.0,
+        shutdown_timeout_s: float = 5.0, name: str = "rltrace-otlp",
+    ) -> None:
+        self.exporter = exporter
+        self.max_queue_size = max_queue_size
+        self.max_export_batch_size = max_export_batch_size
+        self.schedule_delay_s = schedule_delay_s
+        self.shutdown_timeout_s = shutdown_timeout_s
+        self.name = name
+        self.exported = 0
+        self.dropped = 0
+        self.failed = 0
+        self._init_runtime()
+
+    def _init_runtime(self) -> None:
+        self._queue: deque[ReadableSpan] = deque()
+        self._wake = threading.Event()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._export_lock = threading.Lock()
+        self._inflight = 0
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+        self._thread.start()
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        return None
+
+    def on_end(self, span: ReadableSpan) -> None:
+        q = self._queue
+        if self._stop or len(q) >= self.max_queue_size:
+            self.dropped += 1
+            return
+        q.append(span)
+        if len(q) >= self.max_export_batch_size:
+            self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop:
+            self._wake.wait(self.schedule_delay_s)
+            self._wake.clear()
+            self._export_all()
+
+    def _export_all(self, deadline: float | None = None) -> None:
+        with self._export_lock:
+            q = self._queue
+            while q and not (deadline is not None and time.monotonic() > deadline):
+                self._idle.clear()
+                n = min(len(q), self.max_export_batch_size)
+                batch = [q.popleft() for _ in range(n)]
+                self._inflight = n
+                try:
+                    ok = self.exporter.export(batch) is SpanExportResult.SUCCESS
+                except Exception as exc:
+                    logger.debug("rltrace: %s export raised %r", self.name, exc)
+                    ok = False
+                if self._inflight:  # not already written off by a timed-out shutdown
+                    self._inflight = 0
+                    if ok:
+                        self.exported += n
+                    else:
+                        self.failed += n
+            self._idle.set()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        deadline = time.monotonic() + timeout_millis / 1000
+        if not self._export_lock.acquire(timeout=max(0.0, timeout_millis / 1000)):
+            return False
+        self._export_lock.release()
+        self._export_all(deadline)
+        return not self._queue
+
+    def shutdown(self) -> None:
+        self._stop = True
+        self._wake.set()
+        self._thread.join(self.shutdown_timeout_s)
+        if not self._thread.is_alive():
+            self._export_all(time.monotonic() + self.shutdown_timeout_s)
+        self.dropped += len(self._queue)  # could not be sent in time
+        self._queue.clear()
+        try:
+            try:
+                self.exporter.shutdown(timeout_millis=int(self.shutdown_timeout_s * 1000))  # type: ignore[call-arg]
+            except TypeError:
+                self.exporter.shutdown()
+        except Exception as exc:
+            logger.debug("rltrace: %s exporter shutdown raised %r", self.name, exc)
+        self._thread.join(1.0)
+        stuck, self._inflight = self._inflight, 0
+        self.failed += stuck  # an export still hanging after shutdown: written off
+
+    def reset_after_fork(self) -> None:
+        """In a forked child: the parent's queue is the parent's; start a fresh worker."""
+        self._init_runtime()
+
+    def stats(self) -> dict[str, Any]:
+        return {"exported": self.exported, "dropped": self.dropped, "failed": self.failed,
+                "queued": len(self._queue)}

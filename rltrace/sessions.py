@@ -137,6 +137,18 @@ class _Session:
 
 _TASKS: dict[Any, _Task] = {}
 _SESSIONS: dict[Any, _Session] = {}
+#: recently registered task/session spans, for links from the step that consumes them
+_RECENT: dict[tuple[str, Any], Scope] = {}
+RECENT_CAP = 16_384
+
+
+def _remember(kind: str, key: Any, scope: Scope) -> None:
+    _RECENT[(kind, key)] = scope
+    if len(_RECENT) > RECENT_CAP:
+        try:
+            del _RECENT[next(iter(_RECENT))]
+        except (KeyError, StopIteration, RuntimeError):
+            pass
 
 
 def open_counts() -> dict[str, int]:
@@ -154,7 +166,8 @@ def register_task(task_id: Any = None) -> Any:
     if FLAGS.enabled:
         with _LOCK:
             if task_id not in _TASKS:
-                _TASKS[task_id] = _Task(task_id)
+                task = _TASKS[task_id] = _Task(task_id)
+                _remember("task", task_id, task.scope)
     return task_id
 
 
@@ -184,8 +197,10 @@ def register_session(task_id: Any = None) -> Any:
         task = _TASKS.get(task_id)
         if task is None:
             task = _TASKS[task_id] = _Task(task_id)
+            _remember("task", task_id, task.scope)
         task.open.add(session_id)
-        _SESSIONS[session_id] = _Session(session_id, task)
+        sess = _SESSIONS[session_id] = _Session(session_id, task)
+        _remember("session", session_id, sess.scope)
     return session_id
 
 
@@ -595,6 +610,34 @@ def _fail(sid: Any, exc: BaseException) -> None:
     sess = _SESSIONS.get(sid)
     if sess is not None:
         _finalize(sess, "failed", f"{type(exc).__name__}: {exc}")
+
+
+def link_consumed(task_ids: Any = (), session_ids: Any = (), span: Any = None) -> int:
+    """Link the current scope (e.g. the train step) to the tasks/sessions it consumed.
+
+    Each task is its own trace; the links let a trace UI jump from a train step to the rollouts
+    that fed it (and back).  Ids must be among the ~16k most recently registered; returns how
+    many links were added.
+    """
+    from .recorder import current_scope
+
+    target = span if span is not None else current_scope()
+    if target is None or not isinstance(target, Scope):
+        _misuse("link_outside_scope", "link_consumed called outside any rltrace scope; "
+                                      "call it inside the step's trace_scope")
+        return 0
+    links = target.extras().setdefault("links", [])
+    added = 0
+    for kind, ids in (("task", task_ids), ("session", session_ids)):
+        for key in ([ids] if isinstance(ids, (int, str)) else ids):
+            scope = _RECENT.get((kind, key))
+            if scope is None:
+                _misuse("unknown_link", f"link_consumed: {kind} {key!r} is unknown or too old "
+                                        "to link; ignored")
+                continue
+            links.append((scope, {"rl.link.type": "consumed", f"rl.{kind}.id": key}))
+            added += 1
+    return added
 
 
 def close_all(status: str = "pending", reason: str = "open at shutdown") -> int:
