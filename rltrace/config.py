@@ -67,6 +67,8 @@ class OTLPConfig:
     timeout_s: float | None = None
     insecure: bool | None = None
     certificate_file: str | None = None
+    #: spans waiting to be sent; beyond it they are counted as dropped (never blocks training)
+    max_queue_size: int = 65_536
 
 
 @dataclass
@@ -415,6 +417,8 @@ def _check_values(cfg: TracerConfig) -> None:
     need(cfg.session_tracer.flush_threshold >= 1, "session_tracer.flush_threshold",
          f"must be >= 1, got {cfg.session_tracer.flush_threshold}")
     need(cfg.max_queue_size >= 1, "max_queue_size", f"must be >= 1, got {cfg.max_queue_size}")
+    need(cfg.otlp.max_queue_size >= 1, "otlp.max_queue_size",
+         f"must be >= 1, got {cfg.otlp.max_queue_size}")
     need(cfg.flush_interval_s > 0, "flush_interval_s", f"must be > 0, got {cfg.flush_interval_s}")
     need(cfg.rank is None or cfg.rank >= 0, "rank", f"must be >= 0, got {cfg.rank}")
     need(cfg.world_size is None or cfg.world_size >= 1, "world_size",

@@ -103,7 +103,7 @@ class Pipeline:
         otlp = make_span_exporter(cfg.otlp)
         if otlp is not None:
             self.otlp = BoundedBatchProcessor(
-                otlp, max_queue_size=cfg.max_queue_size,
+                otlp, max_queue_size=cfg.otlp.max_queue_size,
                 shutdown_timeout_s=cfg.otlp.timeout_s if cfg.otlp.timeout_s is not None else 5.0,
             )
             self._own(self.otlp)
