@@ -20,6 +20,7 @@ OpenTelemetry   add_span_processor, tracer_provider, link_consumed,
 from .config import ConfigError, ExportersConfig, OTLPConfig, SessionTracerConfig, TracerConfig
 from .phases import PhaseSpec, UnknownPhaseError, register_phase
 from .pipeline import (
+    add_record_processor,
     add_span_processor,
     configure,
     diagnostics,
@@ -62,6 +63,7 @@ __all__ = [
     "TracerConfig",
     "UnknownPhaseError",
     "__version__",
+    "add_record_processor",
     "add_span_processor",
     "atrace_scope",
     "atrace_session_phase",

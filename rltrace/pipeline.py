@@ -91,6 +91,8 @@ class Pipeline:
                 rank=rank, meter=meter,
             )
             self.record_processors.append(self.session_processor)
+        self.user_record_processors = list(_USER_RECORD_PROCESSORS)
+        self.record_processors.extend(self.user_record_processors)
         if cfg.enabled and cfg.exporters.chrome:
             from rltrace.exporters import ChromeTraceExporter
 
@@ -183,8 +185,11 @@ class Pipeline:
         with self._lock:
             try:
                 self._cycle()
-                if everything and self.session_processor is not None:
-                    self.session_processor.force_flush()
+                if everything:
+                    for rp in self.record_processors:
+                        flush = getattr(rp, "force_flush", None)
+                        if flush is not None:
+                            flush()
             except Exception as exc:  # pragma: no cover - defensive
                 internal_error("exporter cycle", exc)
 
@@ -269,7 +274,8 @@ class Pipeline:
             meters = threading.Thread(target=self._shutdown_meters, args=(mp, timeout),
                                       name="rltrace-metrics-shutdown", daemon=True)
             meters.start()
-        for p in [*self.owned, *self.record_processors]:
+        for p in [*self.owned, *(r for r in self.record_processors
+                                 if r not in self.user_record_processors)]:
             try:
                 p.shutdown()
             except Exception as exc:
@@ -320,6 +326,7 @@ _LOCK = threading.RLock()
 _PIPELINE: Pipeline | None = None
 _CONFIG: TracerConfig | None = None
 _USER_PROCESSORS: list[SpanProcessor] = []
+_USER_RECORD_PROCESSORS: list[Any] = []
 _GLOBAL_SET = False
 _ATEXIT = False
 
@@ -470,6 +477,37 @@ def add_span_processor(processor: SpanProcessor) -> None:
         _USER_PROCESSORS.append(processor)
         if _PIPELINE is not None:
             _PIPELINE.add_user_processor(processor)
+
+
+def add_record_processor(processor: Any) -> None:
+    """Add a *record processor*: ``on_record(record)`` for every finished rltrace scope.
+
+    Record processors run on the exporter thread before any ``ReadableSpan`` is built, so they
+    cost the least (rltrace's own session metrics and stats bridge are record processors).  A
+    record has ``name``, ``category``, ``args``, ``start_ns``, ``end_ns``, ``thread``, ``lane``
+    and ``extra`` (``extra["attrs"]`` holds ``rl.*`` attributes of tasks, sessions and phases);
+    :func:`rltrace.steps.step_of` gives its training step.  Kept across reconfiguration; an
+    optional ``force_flush()`` runs on every explicit flush.
+    """
+    with _LOCK:
+        _USER_RECORD_PROCESSORS.append(processor)
+        p = _PIPELINE
+        if p is not None:
+            with p._lock:
+                p.user_record_processors.append(processor)
+                p.record_processors.append(processor)
+
+
+def remove_record_processor(processor: Any) -> None:
+    """Stop calling ``processor`` (counterpart of :func:`add_record_processor`)."""
+    with _LOCK:
+        if processor in _USER_RECORD_PROCESSORS:
+            _USER_RECORD_PROCESSORS.remove(processor)
+        p = _PIPELINE
+        if p is not None and processor in p.user_record_processors:
+            with p._lock:
+                p.user_record_processors.remove(processor)
+                p.record_processors.remove(processor)
 
 
 def remove_span_processor(processor: SpanProcessor) -> None:
