@@ -186,6 +186,17 @@ class ChromeEncoder:
                                  self._cat(ev_cat) if ev_cat is not None else cat,
                                  _dumps(ev_args) if ev_args else b"{}"))
 
+    def encode_counters(self, values: dict[str, float], ts_ns: int, out: list[bytes]) -> None:
+        """Counter-track samples (``ph: "C"``) for user counters at ``ts_ns``."""
+        pid = os.getpid()
+        if pid != self._pid:
+            self._pid = pid
+            self._tids = {}
+            self._process_metadata(pid, out)
+        for name, value in values.items():
+            out.append(b'{"pid":%d,"tid":0,"ph":"C","ts":%d,"name":%s,"args":{"value":%s}}\n'
+                       % (pid, ts_ns // 1000, _dumps(name), _dumps(value)))
+
     def _encode_foreign(self, span: ReadableSpan, pid: int, out: list[bytes]) -> None:
         attrs = span.attributes or {}
         name = self._name(span.name)
@@ -223,10 +234,17 @@ class ChromeTraceExporter(SpanExporter):
         self.lines_written = 0
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return self._write(lambda out: self.encoder.encode(spans, out))
+
+    def write_counters(self, values: dict[str, float], ts_ns: int) -> SpanExportResult:
+        """Append counter samples (user counters) to the file."""
+        return self._write(lambda out: self.encoder.encode_counters(values, ts_ns, out))
+
+    def _write(self, fill: Any) -> SpanExportResult:
         out: list[bytes] = []
         with self._lock:
             try:
-                self.encoder.encode(spans, out)
+                fill(out)
                 if self._file is None:
                     self._file = open_for_append(self.path)
                 self._file.write(b"".join(out))

@@ -9,7 +9,7 @@ Table of contents
 configuration   configure, is_configured, get_config, TracerConfig, ConfigError
 spans           trace_scope, atrace_scope, trace_perf, instant, Category, current_span,
                 step, current_step
-flushing        save, flush, shutdown, diagnostics
+flushing        save, flush, shutdown, diagnostics, summary, counter
 sessions        register_task, set_task_id, get_task_id, register_session, set_session_id,
                 get_session_id, session_context, trace_session, trace_session_phase,
                 atrace_session_phase, trace_session_event, register_phase, SessionMetricsProcessor
@@ -29,6 +29,7 @@ from .pipeline import (
     is_configured,
     save,
     shutdown,
+    summary,
     tracer_provider,
 )
 from .propagation import extract_context, inject_headers, server_span
@@ -50,6 +51,7 @@ from .sessions import (
 )
 from .spans import Category, atrace_scope, instant, trace_perf, trace_scope
 from .steps import current_step, step
+from .summary import counter
 from .version import __version__
 
 __all__ = [
@@ -68,6 +70,7 @@ __all__ = [
     "atrace_scope",
     "atrace_session_phase",
     "configure",
+    "counter",
     "current_span",
     "current_step",
     "diagnostics",
@@ -90,6 +93,7 @@ __all__ = [
     "set_task_id",
     "shutdown",
     "step",
+    "summary",
     "trace_perf",
     "trace_scope",
     "trace_session",

@@ -109,6 +109,8 @@ class TracerConfig:
     set_global_provider: bool = True
     #: flush and close everything at interpreter exit
     flush_at_exit: bool = True
+    #: print the run summary (per-scope count/total/p50/p99, counters) at shutdown
+    print_summary: bool = False
     #: user name in the log dir; ``None`` uses the login name
     user: str | None = None
 

@@ -37,6 +37,7 @@ from .provider import DelegatingTracerProvider
 from .ranks import detect_rank
 from .recorder import STATE, Scope, _noop, internal_error
 from .session_metrics import SessionMetricsProcessor
+from .summary import ScopeSummary, counters_snapshot
 from .version import __version__
 
 logger = logging.getLogger("rltrace")
@@ -91,16 +92,21 @@ class Pipeline:
                 rank=rank, meter=meter,
             )
             self.record_processors.append(self.session_processor)
+        self.summary = ScopeSummary()
+        self.record_processors.append(self.summary)
+        self._counters_seen: dict[str, float] = {}
         self.user_record_processors = list(_USER_RECORD_PROCESSORS)
         self.record_processors.extend(self.user_record_processors)
+        self.chrome: Any = None
         if cfg.enabled and cfg.exporters.chrome:
             from rltrace.exporters import ChromeTraceExporter
 
             self.chrome_path = logdir / TRACES_DIR / f"traces-r{rank}.jsonl"
-            self.add_queued(ChromeTraceExporter(
+            self.chrome = ChromeTraceExporter(
                 self.chrome_path, rank=rank, world_size=world_size, role=cfg.role,
                 host=self.host, experiment=cfg.experiment_name, trial=cfg.trial_name,
-            ))
+            )
+            self.add_queued(self.chrome)
         self.otlp: BoundedBatchProcessor | None = None
         otlp = make_span_exporter(cfg.otlp)
         if otlp is not None:
@@ -233,6 +239,12 @@ class Pipeline:
     def _drain(self) -> None:
         for q in self.queued:
             q.drain()
+        if self.chrome is not None:
+            counts = counters_snapshot()
+            changed = {k: v for k, v in counts.items() if self._counters_seen.get(k) != v}
+            if changed:
+                self.chrome.write_counters(changed, time.time_ns())
+                self._counters_seen.update(changed)
         dropped = STATE.dropped
         if dropped > self._dropped_reported:
             logger.warning(
@@ -283,6 +295,8 @@ class Pipeline:
         if meters is not None:
             meters.join(timeout + 1.0)
         self._report_otlp_loss(final=True)
+        if self.cfg.print_summary:
+            print(self.summary.render(), flush=True)
 
     @staticmethod
     def _shutdown_meters(mp: Any, timeout: float) -> None:
@@ -521,6 +535,15 @@ def remove_span_processor(processor: SpanProcessor) -> None:
             procs = p.processor._span_processors  # the SDK keeps a tuple and no remove()
             p.processor._span_processors = tuple(x for x in procs if x is not processor)
             p._refresh_direct()
+
+
+def summary() -> str:
+    """The run summary so far: per-scope count/total/mean/p50/p99/share of wall, counters."""
+    p = _PIPELINE
+    if p is None:
+        return "rltrace is not configured"
+    p.flush()
+    return p.summary.render()
 
 
 def tracer_provider() -> TracerProvider | None:
