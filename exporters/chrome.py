@@ -34,7 +34,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace.status import StatusCode
 
-from .files import open_for_append
+from .files import LineFile
 from .values import category_name, json_default, json_safe, thread_name
 
 logger = logging.getLogger("rltrace")
@@ -221,17 +221,24 @@ class ChromeEncoder:
 class ChromeTraceExporter(SpanExporter):
     """Appends Chrome-trace JSON lines for every exported span to ``path``.
 
-    A write failure (unwritable directory, full disk) is logged once and the batch is reported
-    as failed; tracing and training continue.
+    Writes go through :class:`~rltrace.exporters.files.LineFile`: a write failure (unwritable
+    directory, full disk) is logged once and the lines are kept (bounded) and retried; a file
+    deleted during the run is recreated with its metadata.  Tracing and training continue.
     """
 
     def __init__(self, path: str | os.PathLike[str], **encoder_kwargs: Any) -> None:
-        self.path = Path(path)
         self.encoder = ChromeEncoder(**encoder_kwargs)
-        self._file: Any = None
+        self.file = LineFile(path, on_reopen=self._header_again)
         self._lock = threading.Lock()
-        self._warned = False
         self.lines_written = 0
+
+    @property
+    def path(self) -> Path:
+        return self.file.path
+
+    def _header_again(self) -> bytes:
+        self.encoder.reset()  # process/thread names are written again into the new file
+        return b""
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         return self._write(lambda out: self.encoder.encode(spans, out))
@@ -243,34 +250,23 @@ class ChromeTraceExporter(SpanExporter):
     def _write(self, fill: Any) -> SpanExportResult:
         out: list[bytes] = []
         with self._lock:
-            try:
-                fill(out)
-                if self._file is None:
-                    self._file = open_for_append(self.path)
-                self._file.write(b"".join(out))
-                self._file.flush()
-            except OSError as exc:
-                if not self._warned:
-                    self._warned = True
-                    logger.warning("rltrace: cannot write Chrome trace %s: %s (training continues; "
-                                   "spans still reach other exporters)", self.path, exc)
-                return SpanExportResult.FAILURE
+            if self.file._fh is not None and self.file._deleted():
+                self.file.append(b"")  # recreate now, so metadata precedes the new events
+            fill(out)
+            ok = self.file.append(b"".join(out))
             self.lines_written += len(out)
-        return SpanExportResult.SUCCESS
+        return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return True
+        with self._lock:
+            return self.file.append(b"")
 
-    def reset_after_fork(self) -> None:
+    def reset_after_fork(self, path: str | os.PathLike[str] | None = None) -> None:
+        """In a forked child: fresh lock, names written again, optionally a per-process file."""
         self._lock = threading.Lock()
         self.encoder.reset()
-        self._file = None  # the child reopens the file: its own buffer, no inherited bytes
+        self.file.after_fork(path)
 
     def shutdown(self) -> None:
         with self._lock:
-            if self._file is not None:
-                try:
-                    self._file.close()
-                except OSError:
-                    pass
-                self._file = None
+            self.file.close()

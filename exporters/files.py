@@ -1,10 +1,25 @@
-"""Append-only JSON-lines files shared by the exporters."""
+"""Append-only JSON-lines files shared by the exporters: crash-, disk- and deletion-tolerant.
+
+:class:`LineFile` appends whole lines and flushes per batch (a crash leaves every complete
+line valid).  When a write fails (unwritable directory, full disk, file-size limit) it warns
+once, keeps the unwritten lines in memory up to a cap and retries them with the next batch, so
+a transient fault loses nothing; past the cap the oldest lines are dropped and counted.  If
+the file is deleted while open it is recreated (``on_reopen`` lets the caller re-emit headers).
+"""
 
 from __future__ import annotations
 
+import logging
 import os
+from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
+
+logger = logging.getLogger("rltrace")
+
+#: unwritten bytes kept in memory while the disk refuses writes
+DEFAULT_PENDING_CAP = 64 * 1024 * 1024
 
 
 def open_for_append(path: Path) -> BinaryIO:
@@ -14,7 +29,7 @@ def open_for_append(path: Path) -> BinaryIO:
     so the first new line stays valid JSON (readers skip the fragment and say so).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fh = open(path, "ab")  # noqa: SIM115 - the caller keeps it open
+    fh = open(path, "ab", buffering=0)  # noqa: SIM115 - the caller keeps it open
     try:
         size = os.fstat(fh.fileno()).st_size
         if size:
@@ -22,8 +37,114 @@ def open_for_append(path: Path) -> BinaryIO:
                 rd.seek(size - 1)
                 if rd.read(1) != b"\n":
                     fh.write(b"\n")
-                    fh.flush()
     except OSError:
         fh.close()
         raise
     return fh
+
+
+class LineFile:
+    """An append-only lines file that survives write failures and deletion (see module doc)."""
+
+    def __init__(self, path: str | os.PathLike[str], *, pending_cap: int = DEFAULT_PENDING_CAP,
+                 on_reopen: Callable[[], bytes] | None = None) -> None:
+        self.path = Path(path)
+        self.pending_cap = pending_cap
+        self.on_reopen = on_reopen
+        self._fh: BinaryIO | None = None
+        self._pending: deque[bytes] = deque()
+        self._pending_bytes = 0
+        self._partial = False
+        self._warned = False
+        self.written_bytes = 0
+        self.lost_bytes = 0
+        self.reopened = 0
+
+    def _deleted(self) -> bool:
+        fh = self._fh
+        if fh is None:
+            return False
+        try:
+            return os.fstat(fh.fileno()).st_nlink == 0
+        except OSError:
+            return True
+
+    def append(self, data: bytes) -> bool:
+        """Append ``data`` (whole lines); True when it and everything pending reached the file.
+
+        Writes are unbuffered and resumed exactly where a failed write stopped, so a line split
+        by a fault is completed by the retry, never duplicated.
+        """
+        if data:
+            self._pending.append(data)
+            self._pending_bytes += len(data)
+        try:
+            if self._fh is not None and self._deleted():
+                self._recreate()
+            if self._fh is None:
+                self._fh = open_for_append(self.path)
+            while self._pending:
+                chunk = self._pending[0]
+                n = self._fh.write(chunk) or 0
+                self.written_bytes += n
+                self._pending_bytes -= n
+                if n < len(chunk):
+                    self._pending[0] = chunk[n:]
+                    self._partial = n > 0 or self._partial
+                    continue
+                self._pending.popleft()
+                self._partial = False
+            return True
+        except OSError as exc:
+            if not self._warned:
+                self._warned = True
+                logger.warning("rltrace: cannot write %s: %s. Keeping up to %d MiB in memory and "
+                               "retrying; training continues.", self.path, exc.strerror or exc,
+                               self.pending_cap >> 20)
+            while self._pending_bytes > self.pending_cap and self._pending:
+                dropped = self._pending.popleft()
+                self._pending_bytes -= len(dropped)
+                self.lost_bytes += len(dropped)
+            return False
+
+    def _recreate(self) -> None:
+        self._close_quietly()
+        self.reopened += 1
+        logger.warning("rltrace: %s was deleted during the run; recreating it", self.path)
+        if self._pending and self._partial:  # a line cut by a fault can't be finished elsewhere
+            head = self._pending[0]
+            cut = head.find(b"\n") + 1
+            self._pending[0] = head[cut:]
+            self._pending_bytes -= cut
+            self.lost_bytes += cut
+            self._partial = False
+        if self.on_reopen is not None:
+            header = self.on_reopen()
+            if header:
+                self._pending.appendleft(header)
+                self._pending_bytes += len(header)
+
+    @property
+    def pending_bytes(self) -> int:
+        return self._pending_bytes
+
+    def _close_quietly(self) -> None:
+        if self._fh is not None:
+            try:
+                self._fh.close()
+            except OSError:
+                pass
+            self._fh = None
+
+    def after_fork(self, path: str | os.PathLike[str] | None = None) -> None:
+        """In a forked child: drop the parent's handle and pending lines; maybe a new path."""
+        self._fh = None  # the parent's lines stay the parent's
+        self._pending = deque()
+        self._pending_bytes = 0
+        self._partial = False
+        if path is not None:
+            self.path = Path(path)
+
+    def close(self) -> None:
+        self.append(b"")
+        self._close_quietly()

@@ -7,7 +7,6 @@ lost whatever the threshold.  Each append writes whole lines and flushes.
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 from pathlib import Path
@@ -15,24 +14,30 @@ from typing import Any
 
 import orjson
 
-from .files import open_for_append
+from .files import LineFile
 from .values import json_default
-
-logger = logging.getLogger("rltrace")
 
 
 class SessionRecordWriter:
-    """Appends session records (dicts) to a JSONL file in batches of ``flush_threshold``."""
+    """Appends session records (dicts) to a JSONL file in batches of ``flush_threshold``.
+
+    Writes go through :class:`~rltrace.exporters.files.LineFile` (disk faults: kept and
+    retried, bounded; a deleted file is recreated).
+    """
 
     def __init__(self, path: str | os.PathLike[str], flush_threshold: int = 100) -> None:
-        self.path = Path(path)
+        self.file = LineFile(path)
         self.flush_threshold = max(1, flush_threshold)
         self._buf: list[bytes] = []
-        self._file: Any = None
         self._lock = threading.Lock()
-        self._warned = False
+        #: records on disk
         self.written = 0
+        #: records a disk fault is holding back (in memory, retried with the next write)
         self.failed = 0
+
+    @property
+    def path(self) -> Path:
+        return self.file.path
 
     def add(self, record: dict[str, Any]) -> None:
         """Buffer one record; append the buffer once it holds ``flush_threshold`` records."""
@@ -43,43 +48,26 @@ class SessionRecordWriter:
                 self._write_locked()
 
     def flush(self) -> None:
-        """Append every buffered record now."""
+        """Append every buffered record now (and retry anything a disk fault held back)."""
         with self._lock:
             self._write_locked()
 
     def _write_locked(self) -> None:
-        if not self._buf:
-            return
-        data = b"".join(self._buf)
         n = len(self._buf)
-        try:
-            if self._file is None:
-                self._file = open_for_append(self.path)
-            self._file.write(data)
-            self._file.flush()
-        except OSError as exc:
-            self.failed += n
-            if not self._warned:
-                self._warned = True
-                logger.warning("rltrace: cannot write session records to %s: %s "
-                               "(training continues)", self.path, exc)
-            if len(self._buf) > 100 * self.flush_threshold:  # keep memory bounded
-                del self._buf[: len(self._buf) // 2]
-            return
+        ok = self.file.append(b"".join(self._buf))
         self._buf.clear()
-        self.written += n
+        if ok:
+            self.written += n + self.failed
+            self.failed = 0
+        else:
+            self.failed += n  # held in memory by the file and retried with the next write
 
-    def reset_after_fork(self) -> None:
+    def reset_after_fork(self, path: str | os.PathLike[str] | None = None) -> None:
         self._lock = threading.Lock()
         self._buf = []
-        self._file = None
+        self.file.after_fork(path)
 
     def close(self) -> None:
         self.flush()
         with self._lock:
-            if self._file is not None:
-                try:
-                    self._file.close()
-                except OSError:
-                    pass
-                self._file = None
+            self.file.close()

@@ -6,7 +6,7 @@ AReaL's ``perf_tracer``: ``from rltrace import perf_tracer`` or ``import rltrace
 
 Table of contents
 -----------------
-configuration   configure, is_configured, get_config, TracerConfig, ConfigError
+configuration   configure, configure_child, is_configured, get_config, TracerConfig, ConfigError
 spans           trace_scope, atrace_scope, trace_perf, instant, Category, current_span,
                 step, current_step
 flushing        save, flush, shutdown, diagnostics, summary, counter
@@ -23,6 +23,7 @@ from .pipeline import (
     add_record_processor,
     add_span_processor,
     configure,
+    configure_child,
     diagnostics,
     flush,
     get_config,
@@ -70,6 +71,7 @@ __all__ = [
     "atrace_scope",
     "atrace_session_phase",
     "configure",
+    "configure_child",
     "counter",
     "current_span",
     "current_step",

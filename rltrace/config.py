@@ -111,6 +111,13 @@ class TracerConfig:
     flush_at_exit: bool = True
     #: print the run summary (per-scope count/total/p50/p99, counters) at shutdown
     print_summary: bool = False
+    #: forked children (dataloader workers): ``trace`` into their own ``-p{pid}`` files, or
+    #: ``disable`` tracing in them
+    fork_mode: str = "trace"
+    #: name output files ``traces-r{rank}-p{pid}.jsonl`` (set for spawned/forked children)
+    per_process_files: bool = False
+    #: on SIGTERM, flush everything (open sessions written as pending), then terminate as before
+    handle_sigterm: bool = True
     #: user name in the log dir; ``None`` uses the login name
     user: str | None = None
 
@@ -390,7 +397,7 @@ def _env_overrides(env: Mapping[str, str]) -> list[tuple[tuple[str, ...], str]]:
 
 
 #: RLTRACE_* variables used by tools rather than the config (e.g. the test-suite)
-_ENV_IGNORED = {"RLTRACE_PERFETTO_CHECK"}
+_ENV_IGNORED = {"RLTRACE_PERFETTO_CHECK", "RLTRACE_PARENT_CONFIG"}
 _ENV_WARNED: set[str] = set()
 
 
@@ -429,6 +436,8 @@ def _check_values(cfg: TracerConfig) -> None:
         v = getattr(cfg, key)
         need(bool(v) and "/" not in v and v not in (".", ".."), key,
              f"must be a non-empty name without '/', got {v!r}")
+    need(cfg.fork_mode in ("trace", "disable"), "fork_mode",
+         f"must be 'trace' or 'disable', got {cfg.fork_mode!r}")
     proto = cfg.otlp.protocol
     need(proto in (None, "grpc", "http/protobuf", "http"), "otlp.protocol",
          f"must be 'grpc' or 'http/protobuf', got {proto!r}")

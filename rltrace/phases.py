@@ -7,6 +7,7 @@ and gets its own ``<phase>_s`` field in every session record.
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 from dataclasses import dataclass
@@ -96,3 +97,11 @@ def phase_names() -> list[str]:
 def custom_phase_names() -> tuple[str, ...]:
     """Registered phase names other than the built-ins, in registration order."""
     return _CUSTOM
+
+
+def _reset_after_fork() -> None:
+    global _LOCK
+    _LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)

@@ -11,9 +11,12 @@ old pipeline first; processors a user added are carried over.
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import os
+import signal
 import socket
+import sys
 import threading
 import time
 from collections import deque
@@ -84,7 +87,7 @@ class Pipeline:
         self.session_processor: SessionMetricsProcessor | None = None
         self.meter_provider = self._meter_provider(cfg, metric_readers or [])
         if cfg.session_tracer.enabled:
-            self.sessions_path = logdir / SESSIONS_DIR / f"sessions-r{rank}.jsonl"
+            self.sessions_path = logdir / SESSIONS_DIR / self._file_name("sessions", os.getpid())
             meter = (self.meter_provider.get_meter("rltrace", __version__)
                      if self.meter_provider is not None else None)
             self.session_processor = SessionMetricsProcessor(
@@ -101,7 +104,7 @@ class Pipeline:
         if cfg.enabled and cfg.exporters.chrome:
             from rltrace.exporters import ChromeTraceExporter
 
-            self.chrome_path = logdir / TRACES_DIR / f"traces-r{rank}.jsonl"
+            self.chrome_path = logdir / TRACES_DIR / self._file_name("traces", os.getpid())
             self.chrome = ChromeTraceExporter(
                 self.chrome_path, rank=rank, world_size=world_size, role=cfg.role,
                 host=self.host, experiment=cfg.experiment_name, trial=cfg.trial_name,
@@ -126,6 +129,11 @@ class Pipeline:
         self._lost_reported = 0
         self._lost_warned_at = 0.0
         self.errors = 0
+
+    def _file_name(self, kind: str, pid: int, per_process: bool | None = None) -> str:
+        if per_process is None:
+            per_process = self.cfg.per_process_files
+        return f"{kind}-r{self.rank}-p{pid}.jsonl" if per_process else f"{kind}-r{self.rank}.jsonl"
 
     def _meter_provider(self, cfg: TracerConfig, readers: list[Any]) -> Any:
         readers = list(readers)
@@ -182,13 +190,15 @@ class Pipeline:
                 break
             self.flush(everything=False)
 
-    def flush(self, *, everything: bool = True) -> None:
+    def flush(self, *, everything: bool = True, timeout: float | None = None) -> None:
         """Export everything recorded so far (on the calling thread); never raises.
 
         ``everything`` also writes session records held below ``flush_threshold`` (explicit
         flushes do; the background cycle leaves them to the threshold).
         """
-        with self._lock:
+        if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
+            return
+        try:
             try:
                 self._cycle()
                 if everything:
@@ -198,6 +208,8 @@ class Pipeline:
                             flush()
             except Exception as exc:  # pragma: no cover - defensive
                 internal_error("exporter cycle", exc)
+        finally:
+            self._lock.release()
 
     def _cycle(self) -> None:
         buf = STATE.buffer
@@ -270,14 +282,14 @@ class Pipeline:
             self._lost_reported = lost
             self._lost_warned_at = now
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
         """Stop the thread, flush, and shut down rltrace's own processors (not the user's)."""
         self._stop.set()
         self._wake.set()
         t = self._thread
         if t is not None and t is not threading.current_thread():
-            t.join(timeout=10)
-        self.flush()
+            t.join(timeout=10 if timeout is None else timeout)
+        self.flush(timeout=timeout)
         # Network exporters get one shared deadline: metrics shut down beside the spans.
         timeout = self.cfg.otlp.timeout_s if self.cfg.otlp.timeout_s is not None else 5.0
         meters = None
@@ -305,17 +317,29 @@ class Pipeline:
         except Exception as exc:
             internal_error("meter provider shutdown", exc)
 
-    def after_fork_in_child(self) -> None:
+    def after_fork_in_child(self) -> bool:
+        """Re-arm in a forked child; returns False when ``fork_mode`` disables tracing there."""
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self._thread = None
         for q in self.queued:
             q.reset_after_fork()
+        if self.cfg.fork_mode == "disable":
+            return False
+        pid = os.getpid()
+        if self.chrome is not None:
+            self.chrome_path = self.log_dir / TRACES_DIR / self._file_name("traces", pid, True)
+            self.chrome.reset_after_fork(self.chrome_path)
+        sp = self.session_processor
+        if sp is not None and sp.writer is not None:
+            self.sessions_path = self.log_dir / SESSIONS_DIR / self._file_name("sessions", pid, True)
+            sp.writer.reset_after_fork(self.sessions_path)
+            sp.reset_after_fork()
         if self.otlp is not None:
             self.otlp.reset_after_fork()
-        if self.session_processor is not None and self.session_processor.writer is not None:
-            self.session_processor.writer.reset_after_fork()
         self.start()
+        return True
 
     def diagnostics(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -378,7 +402,7 @@ def configure(
             logdir = log_dir(cfg)
             _ensure_writable(logdir, cfg)
             new = Pipeline(cfg, rk, world, logdir, _USER_PROCESSORS, metric_readers)
-            if rk == 0:
+            if rk == 0 and not cfg.per_process_files:
                 _write_config(logdir, cfg, world)
         old = _PIPELINE
         if old is not None:
@@ -403,7 +427,72 @@ def configure(
         if not _ATEXIT:
             atexit.register(_at_exit)
             _ATEXIT = True
+        if cfg.handle_sigterm:
+            _install_sigterm_handler()
+        os.environ[PARENT_CONFIG_ENV] = json.dumps(_child_config(cfg, rk, world))
         return cfg
+
+
+PARENT_CONFIG_ENV = "RLTRACE_PARENT_CONFIG"
+
+
+def _child_config(cfg: TracerConfig, rank: int, world_size: int) -> dict[str, Any]:
+    from .config import _dataclass_to_dict
+
+    data = _dataclass_to_dict(cfg)
+    data.update(rank=rank, world_size=world_size, per_process_files=True)
+    return data
+
+
+def configure_child(**overrides: Any) -> TracerConfig:
+    """Configure a *spawned* child process (multiprocessing ``spawn``, a subprocess) like its parent.
+
+    The parent's effective config (same log dir, rank, exporters) is passed through the
+    environment by :func:`configure`; the child writes its own ``-p{pid}`` files.  Keyword
+    overrides apply on top.  Raises :class:`~rltrace.config.ConfigError` when no parent
+    configured rltrace.
+    """
+    raw = os.environ.get(PARENT_CONFIG_ENV)
+    if not raw:
+        raise ConfigError(
+            "rltrace.configure_child: no parent configuration in the environment "
+            f"({PARENT_CONFIG_ENV}); call rltrace.configure() in the parent before starting the "
+            "child, or call rltrace.configure(...) in the child instead"
+        )
+    return configure(json.loads(raw), **overrides)
+
+
+_SIGTERM_INSTALLED = False
+
+
+def _install_sigterm_handler() -> None:
+    """Flush on SIGTERM, then let the previous disposition act (default: terminate)."""
+    global _SIGTERM_INSTALLED
+    if _SIGTERM_INSTALLED or threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        previous = signal.getsignal(signal.SIGTERM)
+    except (ValueError, OSError):
+        return
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        try:
+            shutdown(timeout=5.0)
+        except Exception as exc:  # pragma: no cover - defensive
+            internal_error("SIGTERM flush", exc)
+        if callable(previous):
+            previous(signum, frame)
+        elif previous == signal.SIG_IGN:
+            return
+        else:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    try:
+        signal.signal(signal.SIGTERM, on_sigterm)
+        _SIGTERM_INSTALLED = True
+    except (ValueError, OSError):
+        pass
 
 
 def _ensure_writable(logdir: Path, cfg: TracerConfig) -> None:
@@ -465,10 +554,16 @@ def save(step: int | None = None, force: bool = False) -> None:
         p.flush()
 
 
-def shutdown() -> None:
-    """Flush all buffered data and close the pipeline; tracing is off until ``configure``."""
+def shutdown(timeout: float | None = None) -> None:
+    """Flush all buffered data and close the pipeline; tracing is off until ``configure``.
+
+    ``timeout`` bounds the wait for locks held elsewhere (used from the SIGTERM handler, which
+    may interrupt rltrace's own code on the main thread).
+    """
     global _PIPELINE
-    with _LOCK:
+    if not _LOCK.acquire(timeout=-1 if timeout is None else timeout):
+        return
+    try:
         p = _PIPELINE
         if p is not None and sessions.FLAGS.enabled:
             sessions.close_all()  # open sessions are written as pending, open phases closed
@@ -476,8 +571,10 @@ def shutdown() -> None:
         sessions.FLAGS.enabled = False
         STATE.wake = _noop
         if p is not None:
-            p.close()
+            p.close(timeout)
         _PIPELINE = None
+    finally:
+        _LOCK.release()
 
 
 def add_span_processor(processor: SpanProcessor) -> None:
@@ -577,11 +674,25 @@ def _after_fork_parent() -> None:
 
 
 def _after_fork_child() -> None:
+    global _PIPELINE, _LOCK
+    _LOCK = threading.RLock()  # another thread may have held it at fork time
     STATE.buffer = deque()  # the parent exports what it recorded; never twice
     p = _PIPELINE
-    if p is not None:
-        p.after_fork_in_child()
+    if p is None:
+        return
+    if p.after_fork_in_child():
         STATE.wake = p.wake
+        mp = sys.modules.get("multiprocessing")
+        if mp is not None:  # multiprocessing children leave through os._exit: flush before
+            try:
+                mp.util.Finalize(None, shutdown, exitpriority=100)
+            except Exception as exc:
+                internal_error("fork finalizer", exc)
+    else:
+        STATE.enabled = False
+        sessions.FLAGS.enabled = False
+        STATE.wake = _noop
+        _PIPELINE = None
 
 
 os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_parent,

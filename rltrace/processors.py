@@ -70,12 +70,12 @@ class QueuedExportProcessor(SpanProcessor):
         self.exporter.shutdown()
 
     def reset_after_fork(self) -> None:
-        """In a forked child: forget spans the parent still owns, take a fresh lock."""
+        """In a forked child: forget spans the parent still owns, take a fresh lock.
+
+        (The exporter is reset by its owner, which knows where the child should write.)
+        """
         self._queue = deque()
         self._lock = threading.Lock()
-        reset = getattr(self.exporter, "reset_after_fork", None)
-        if reset is not None:
-            reset()
 
     def stats(self) -> dict[str, Any]:
         return {"exported": self.exported, "failed": self.failed, "queued": len(self._queue)}

@@ -149,6 +149,8 @@ def _release_lane(thread: int, lane: int) -> None:
 
 
 def _reset_after_fork() -> None:
+    global _ID_LOCK
+    _ID_LOCK = threading.Lock()
     _LANES.clear()
     STATE.pid = os.getpid()
 

@@ -90,6 +90,10 @@ class SessionMetricsProcessor(SpanProcessor):
             self._observe(rec.name, attrs, rec.start_ns, rec.end_ns,
                           lambda: rec.get_span_context().trace_id, attrs)
 
+    def reset_after_fork(self) -> None:
+        """In a forked child: the parent's partial sessions are the parent's."""
+        self._acc = {}
+
     def open_sessions(self) -> int:
         """Sessions with phases seen but no session span yet."""
         return len(self._acc)

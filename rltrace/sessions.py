@@ -21,6 +21,7 @@ import functools
 import inspect
 import itertools
 import logging
+import os
 import threading
 from collections.abc import Callable
 from contextvars import ContextVar
@@ -653,3 +654,14 @@ def close_all(status: str = "pending", reason: str = "open at shutdown") -> int:
     for task in tasks:
         task.scope.finish(end)
     return len(sessions)
+
+
+def _reset_after_fork() -> None:
+    global _LOCK
+    _LOCK = threading.Lock()
+    _TASKS.clear()  # open tasks/sessions belong to the parent, which finalizes them
+    _SESSIONS.clear()
+    _RECENT.clear()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 import time
@@ -146,3 +147,13 @@ def _q(sorted_values: list[int], q: float) -> float:
     lo = int(pos)
     hi = min(lo + 1, len(sorted_values) - 1)
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def _reset_after_fork() -> None:
+    global _COUNTERS_LOCK
+    _COUNTERS_LOCK = threading.Lock()
+    for c in list(_COUNTERS.values()):
+        c._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)

@@ -1,0 +1,132 @@
+"""Process groups for :func:`rltrace.stats.reduce.allreduce`: torch.distributed and JAX.
+
+``reduce_group`` as accepted by ``export``/``export_all``:
+
+* ``None`` (default): the default torch.distributed group when one is initialised with more
+  than one rank, else all JAX processes when ``jax.process_count() > 1``, else no reduction;
+* a torch ``ProcessGroup``: that group (gloo on the CPU, NCCL on CUDA tensors);
+* ``"jax"``: all JAX processes (``jax.experimental.multihost_utils.process_allgather``);
+* ``False``: no reduction (this process only);
+* any object with ``all_gather_object(obj) -> list`` and ``all_reduce(vec, op) -> vec``.
+
+torch and jax are only used when the program has already imported them.
+"""
+
+from __future__ import annotations
+
+import pickle
+import sys
+from typing import Any
+
+import numpy as np
+
+from .reduce import Reducer
+
+__all__ = ["JaxReducer", "TorchReducer", "resolve_reducer"]
+
+
+class TorchReducer:
+    """A torch.distributed group: ``all_gather_object`` for keys, ``all_reduce`` for values."""
+
+    def __init__(self, group: Any = None) -> None:
+        import torch.distributed as dist
+
+        self.dist = dist
+        self.group = group
+        self.size = dist.get_world_size(group)
+        backend = str(dist.get_backend(group)).lower()
+        self.device: Any = "cpu"
+        if backend == "nccl":  # NCCL reduces CUDA tensors only
+            import torch
+
+            self.device = torch.device("cuda", torch.cuda.current_device())
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        out: list[Any] = [None] * self.size
+        self.dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+    def all_reduce(self, vec: np.ndarray, op: str) -> np.ndarray:
+        import torch
+
+        dist = self.dist
+        ops = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
+        t = torch.from_numpy(np.ascontiguousarray(vec, dtype=np.float64)).to(self.device)
+        dist.all_reduce(t, op=ops[op], group=self.group)
+        return t.cpu().numpy()
+
+
+class JaxReducer:
+    """All JAX processes, through ``multihost_utils.process_allgather`` of host arrays.
+
+    float64 vectors travel as their uint32 bit patterns, so no precision is lost when
+    ``jax_enable_x64`` is off; the reduction itself is done on the host with numpy.
+    """
+
+    def __init__(self) -> None:
+        from jax.experimental import multihost_utils
+
+        self._gather = multihost_utils.process_allgather
+
+    def _allgather(self, arr: np.ndarray) -> np.ndarray:
+        return np.asarray(self._gather(arr, tiled=False))
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
+        lengths = self._allgather(np.array([data.size], dtype=np.int32)).reshape(-1)
+        padded = np.zeros(int(lengths.max()), dtype=np.uint8)
+        padded[: data.size] = data
+        rows = self._allgather(padded)
+        return [pickle.loads(rows[i, : int(n)].tobytes()) for i, n in enumerate(lengths)]
+
+    def all_reduce(self, vec: np.ndarray, op: str) -> np.ndarray:
+        bits = np.ascontiguousarray(vec, dtype=np.float64).view(np.uint32)
+        rows = self._allgather(bits)
+        values = np.ascontiguousarray(rows).view(np.float64).reshape(rows.shape[0], -1)
+        fold = {"sum": np.sum, "min": np.min, "max": np.max}[op]
+        return fold(values, axis=0)
+
+
+def _torch_world() -> int:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return 1
+    try:
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized():
+            return int(dist.get_world_size())
+    except Exception:
+        return 1
+    return 1
+
+
+def _jax_processes() -> int:
+    jax = sys.modules.get("jax")
+    if jax is None:
+        return 1
+    try:
+        return int(jax.process_count())
+    except Exception:
+        return 1
+
+
+def resolve_reducer(reduce_group: Any = None) -> Reducer | None:
+    """The reducer for ``reduce_group`` (see the module docstring); None: no reduction."""
+    if reduce_group is False:
+        return None
+    if reduce_group is None:
+        if _torch_world() > 1:
+            return TorchReducer(None)
+        if _jax_processes() > 1:
+            return JaxReducer()
+        return None
+    if isinstance(reduce_group, str):
+        if reduce_group == "jax":
+            return JaxReducer()
+        raise ValueError(
+            f"stats.export: reduce_group={reduce_group!r} is not understood; pass a torch "
+            f"ProcessGroup, 'jax', False (no reduction) or None (automatic)"
+        )
+    if hasattr(reduce_group, "all_gather_object") and hasattr(reduce_group, "all_reduce"):
+        return reduce_group  # a custom Reducer
+    return TorchReducer(reduce_group)
