@@ -69,6 +69,9 @@ class OTLPConfig:
     certificate_file: str | None = None
     #: spans waiting to be sent; beyond it they are counted as dropped (never blocks training)
     max_queue_size: int = 65_536
+    #: also export the session metrics over OTLP (off as well when OTEL_METRICS_EXPORTER=none;
+    #: some trace-only backends, e.g. Phoenix, refuse metrics)
+    metrics: bool = True
 
 
 @dataclass

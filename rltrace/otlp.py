@@ -96,7 +96,12 @@ def _compression(name: str, proto: str) -> Any:
 
 
 def make_metric_exporter(cfg: OTLPConfig) -> Any:
-    """An OTLP metric exporter for the same endpoint, or None when none is configured."""
+    """An OTLP metric exporter for the same endpoint, or None when none is configured.
+
+    None as well when ``otlp.metrics`` is false or ``OTEL_METRICS_EXPORTER=none``.
+    """
+    if not cfg.metrics or os.environ.get("OTEL_METRICS_EXPORTER", "").strip().lower() == "none":
+        return None
     endpoint = cfg.endpoint or _env("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
     if not endpoint:
         return None
