@@ -353,7 +353,8 @@ class Pipeline:
         sp = self.session_processor
         if sp is not None:
             out["sessions"] = {"finalized": sp.sessions, "written": sp.writer.written,
-                               "failed": sp.writer.failed, **sessions.open_counts()}
+                               "failed": sp.writer.failed, "orphaned": sp.orphaned,
+                               **sessions.open_counts()}
         out["misuse"] = dict(sessions.MISUSE)
         return out
 
@@ -415,6 +416,8 @@ def configure(
             STATE.wake = _noop
             return cfg
         STATE.cap = cfg.max_queue_size
+        STATE.dropped = 0  # counts are per pipeline; the old one reported its own at close
+        sessions.MISUSE.clear()
         STATE.wake_at = max(1, min(8192, cfg.max_queue_size // 4))
         STATE.wake = new.wake
         new.start()

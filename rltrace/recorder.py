@@ -101,12 +101,17 @@ def _noop() -> None:
 STATE = RecorderState()
 
 
-def push(item: Any) -> None:
-    """Queue a finished span for export; count it as dropped when the buffer is full."""
+def push(item: Any, keep: bool = False) -> None:
+    """Queue a finished span for export; count it as dropped when the buffer is full.
+
+    ``keep`` queues it even past the cap: used for task/session spans, which carry the session
+    records (one per session, so the overshoot is bounded by the sessions finalized between two
+    exporter cycles) — a session is never lost to a full queue, only some of its phase spans.
+    """
     state = STATE
     buf = state.buffer
     n = len(buf)
-    if n < state.cap:
+    if n < state.cap or keep:
         buf.append(item)
         if n == state.wake_at:
             state.wake()
@@ -294,7 +299,7 @@ class Scope(Span):
             self.owns_lane = True
         self.start_ns = now_ns()
 
-    def finish(self, end_ns: int, exc: BaseException | None = None) -> None:
+    def finish(self, end_ns: int, exc: BaseException | None = None, keep: bool = False) -> None:
         """Close a record started with :meth:`begin_detached` and queue it for export."""
         if self.end_ns:
             return
@@ -303,7 +308,7 @@ class Scope(Span):
             self._set_error(exc)
         if self.owns_lane:
             _release_lane(self.thread, self.lane)
-        push(self)
+        push(self, keep)
 
     def _restore_parent(self) -> None:
         cur = _ctx_get()

@@ -39,10 +39,15 @@ _BUILTIN_SET = frozenset(p.name for p in BUILTIN)
 class SessionMetricsProcessor(SpanProcessor):
     """Builds one record per finished session; writes it and records OTel metrics."""
 
-    def __init__(self, writer: Any = None, *, rank: int = 0, meter: Any = None) -> None:
+    def __init__(self, writer: Any = None, *, rank: int = 0, meter: Any = None,
+                 max_open: int = 65_536) -> None:
         self.writer = writer
         self.rank = rank
+        self.max_open = max_open
         self.sessions = 0
+        #: sessions whose phases were held but whose session span never came (e.g. dropped
+        #: under overload); evicted oldest-first beyond ``max_open`` so memory stays bounded
+        self.orphaned = 0
         self._acc: dict[Any, dict[str, list[tuple[int, int, Any, bool]]]] = {}
         self.listeners: list[Callable[[dict[str, Any]], None]] = []
         self._metrics = None
@@ -116,7 +121,14 @@ class SessionMetricsProcessor(SpanProcessor):
             return
         phase = attrs.get(ATTR_PHASE)
         if phase is not None:
-            self._acc.setdefault(sid, {}).setdefault(phase, []).append(
+            acc = self._acc
+            phases = acc.get(sid)
+            if phases is None:
+                phases = acc[sid] = {}
+                if len(acc) > self.max_open:
+                    del acc[next(iter(acc))]
+                    self.orphaned += 1
+            phases.setdefault(phase, []).append(
                 (start, end, attrs.get(ATTR_TURN), bool(attrs.get(ATTR_INTERRUPTED, False)))
             )
 

@@ -29,8 +29,9 @@ from typing import Any, TypeVar
 
 from opentelemetry.trace.status import Status, StatusCode
 
+from . import recorder
 from .phases import PhaseSpec, get_phase
-from .recorder import Scope, attach, detach, now_ns
+from .recorder import Scope, attach, detach
 from .semconv import (
     ATTR_INTERRUPTED,
     ATTR_PHASE,
@@ -290,7 +291,7 @@ class PhaseScope:
     def end(self, payload: dict[str, Any] | None = None, exc: BaseException | None = None,
             interrupted: bool = False, end_ns: int | None = None) -> None:
         """Close this execution (idempotent; a second call does nothing)."""
-        end = end_ns if end_ns is not None else now_ns()
+        end = end_ns if end_ns is not None else recorder.now_ns()
         with _LOCK:
             if self.closed or self.scope is None:
                 return
@@ -425,7 +426,7 @@ def _finalize(sess: _Session, status: str, reason: str | None) -> None:
         task_done = not task.open and _TASKS.get(task.task_id) is task
         if task_done:
             del _TASKS[task.task_id]
-    end = now_ns()
+    end = recorder.now_ns()
     for handle in open_phases:
         handle.end(None, None, interrupted=True, end_ns=end)
     scope = sess.scope
@@ -435,9 +436,9 @@ def _finalize(sess: _Session, status: str, reason: str | None) -> None:
         attrs[ATTR_REASON] = str(reason)
     if status == "failed":
         scope.extras()["status"] = Status(StatusCode.ERROR, str(reason) if reason else "failed")
-    scope.finish(end)
+    scope.finish(end, keep=True)
     if task_done:
-        task.scope.finish(end)
+        task.scope.finish(end, keep=True)
 
 
 def finalize_session(session_id: Any, status: str, reason: str | None = None) -> None:
@@ -466,7 +467,7 @@ def finalize_task(task_id: Any, status: str, reason: str | None = None) -> None:
         if done:
             del _TASKS[task_id]
     if done:
-        task.scope.finish(now_ns())
+        task.scope.finish(recorder.now_ns(), keep=True)
 
 
 def _check_status(status: Any) -> str:
@@ -650,9 +651,9 @@ def close_all(status: str = "pending", reason: str = "open at shutdown") -> int:
     with _LOCK:
         tasks = list(_TASKS.values())
         _TASKS.clear()
-    end = now_ns()
+    end = recorder.now_ns()
     for task in tasks:
-        task.scope.finish(end)
+        task.scope.finish(end, keep=True)
     return len(sessions)
 
 
