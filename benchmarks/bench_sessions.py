@@ -1,9 +1,11 @@
 """Session benchmark: µs per full session (register, generate, reward, finalize).
 
-Prints one JSON object.  Session tracing on, Chrome exporter on.  ``session_hot_path_us`` is
-the time on the caller's thread; ``session_amortized_us`` adds the exporter cycle that derives
-the session record, writes ``sessions-r0.jsonl`` and the Chrome file.
-Run: ``python benchmarks/bench_sessions.py [--sessions N] [--repeats R]``.
+Prints one JSON object.  Session tracing on, Chrome exporter on.  Tasks hold ``--group``
+sessions each (GRPO's group size; AReaL's n_samples), so the task span's cost is shared as in
+a real run; ``--group 1`` gives one task per session.  ``session_hot_path_us`` is the time on
+the caller's thread; ``session_amortized_us`` adds the exporter cycle that derives the session
+record, writes ``sessions-r0.jsonl`` and the Chrome file.
+Run: ``python benchmarks/bench_sessions.py [--sessions N] [--repeats R] [--group G]``.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from rltrace import pipeline
 BATCH = 1000
 
 
-def run(n: int, root: str, chrome: bool) -> tuple[float, float]:
+def run(n: int, root: str, chrome: bool, group: int) -> tuple[float, float]:
     rltrace.configure(fileroot=root, flush_interval_s=3600, max_queue_size=64 * BATCH,
                       session_tracer={"enabled": True, "flush_threshold": 100},
                       exporters={"chrome": chrome})
@@ -35,8 +37,9 @@ def run(n: int, root: str, chrome: bool) -> tuple[float, float]:
     while done < n:
         k = min(BATCH, n - done)
         t0 = time.perf_counter_ns()
-        for _ in range(k):
-            task = register_task()
+        for i in range(k):
+            if i % group == 0:
+                task = register_task()
             sid = register_session(task)
             with phase("generate", session_id=sid):
                 pass
@@ -59,18 +62,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--sessions", type=int, default=20_000)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--group", type=int, default=4, help="sessions per task")
     a = ap.parse_args()
     res: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
     with tempfile.TemporaryDirectory() as root:
         for _ in range(a.repeats):
             for chrome in (True, False):
-                res[chrome].append(run(a.sessions, root, chrome))
+                res[chrome].append(run(a.sessions, root, chrome, a.group))
     m = statistics.median
     print(json.dumps({
         "benchmark": "sessions",
         "python": sys.version.split()[0],
         "sessions_per_repeat": a.sessions,
         "repeats": a.repeats,
+        "sessions_per_task": a.group,
         "session_hot_path_us": round(m(h for h, _ in res[True]), 2),
         "session_amortized_us": round(m(t for _, t in res[True]), 2),
         "session_amortized_no_chrome_us": round(m(t for _, t in res[False]), 2),
