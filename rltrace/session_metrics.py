@@ -14,6 +14,7 @@ epoch seconds.  Finished sessions leave no state behind.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -48,7 +49,7 @@ class SessionMetricsProcessor(SpanProcessor):
         #: sessions whose phases were held but whose session span never came (e.g. dropped
         #: under overload); evicted oldest-first beyond ``max_open`` so memory stays bounded
         self.orphaned = 0
-        self._acc: dict[Any, dict[str, list[tuple[int, int, Any, bool]]]] = {}
+        self._acc: OrderedDict[Any, dict[str, list[tuple[int, int, Any, bool]]]] = OrderedDict()
         self.listeners: list[Callable[[dict[str, Any]], None]] = []
         self._metrics = None
         if meter is not None:
@@ -97,7 +98,7 @@ class SessionMetricsProcessor(SpanProcessor):
 
     def reset_after_fork(self) -> None:
         """In a forked child: the parent's partial sessions are the parent's."""
-        self._acc = {}
+        self._acc = OrderedDict()
 
     def open_sessions(self) -> int:
         """Sessions with phases seen but no session span yet."""
@@ -126,7 +127,7 @@ class SessionMetricsProcessor(SpanProcessor):
             if phases is None:
                 phases = acc[sid] = {}
                 if len(acc) > self.max_open:
-                    del acc[next(iter(acc))]
+                    acc.popitem(last=False)
                     self.orphaned += 1
             phases.setdefault(phase, []).append(
                 (start, end, attrs.get(ATTR_TURN), bool(attrs.get(ATTR_INTERRUPTED, False)))

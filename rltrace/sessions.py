@@ -23,6 +23,7 @@ import itertools
 import logging
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any, TypeVar
@@ -140,7 +141,7 @@ class _Session:
 _TASKS: dict[Any, _Task] = {}
 _SESSIONS: dict[Any, _Session] = {}
 #: recently registered task/session spans, for links from the step that consumes them
-_RECENT: dict[tuple[str, Any], Scope] = {}
+_RECENT: OrderedDict[tuple[str, Any], Scope] = OrderedDict()  # O(1) oldest-first eviction
 RECENT_CAP = 16_384
 
 
@@ -148,8 +149,8 @@ def _remember(kind: str, key: Any, scope: Scope) -> None:
     _RECENT[(kind, key)] = scope
     if len(_RECENT) > RECENT_CAP:
         try:
-            del _RECENT[next(iter(_RECENT))]
-        except (KeyError, StopIteration, RuntimeError):
+            _RECENT.popitem(last=False)
+        except KeyError:
             pass
 
 
