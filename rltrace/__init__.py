@@ -13,10 +13,13 @@ flushing        save, flush, shutdown, diagnostics, summary, counter
 sessions        register_task, set_task_id, get_task_id, register_session, set_session_id,
                 get_session_id, session_context, trace_session, trace_session_phase,
                 atrace_session_phase, trace_session_event, register_phase, SessionMetricsProcessor
+metrics         stats (= stats_tracker): AReaL's stats_tracker, StatsLogger, timings from spans
 OpenTelemetry   add_span_processor, tracer_provider, link_consumed,
                 inject_headers, extract_context, server_span (W3C propagation)
 """
 
+from . import stats
+from . import stats as stats_tracker  # AReaL's name for the same module
 from .config import ConfigError, ExportersConfig, OTLPConfig, SessionTracerConfig, TracerConfig
 from .phases import PhaseSpec, UnknownPhaseError, register_phase
 from .pipeline import (
@@ -94,6 +97,8 @@ __all__ = [
     "set_session_id",
     "set_task_id",
     "shutdown",
+    "stats",
+    "stats_tracker",
     "step",
     "summary",
     "trace_perf",

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import pickle
 import sys
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from .reduce import Reducer
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["JaxReducer", "TorchReducer", "resolve_reducer"]
 
@@ -47,6 +48,7 @@ class TorchReducer:
         return out
 
     def all_reduce(self, vec: np.ndarray, op: str) -> np.ndarray:
+        import numpy as np
         import torch
 
         dist = self.dist
@@ -69,9 +71,13 @@ class JaxReducer:
         self._gather = multihost_utils.process_allgather
 
     def _allgather(self, arr: np.ndarray) -> np.ndarray:
+        import numpy as np
+
         return np.asarray(self._gather(arr, tiled=False))
 
     def all_gather_object(self, obj: Any) -> list[Any]:
+        import numpy as np
+
         data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
         lengths = self._allgather(np.array([data.size], dtype=np.int32)).reshape(-1)
         padded = np.zeros(int(lengths.max()), dtype=np.uint8)
@@ -80,6 +86,8 @@ class JaxReducer:
         return [pickle.loads(rows[i, : int(n)].tobytes()) for i, n in enumerate(lengths)]
 
     def all_reduce(self, vec: np.ndarray, op: str) -> np.ndarray:
+        import numpy as np
+
         bits = np.ascontiguousarray(vec, dtype=np.float64).view(np.uint32)
         rows = self._allgather(bits)
         values = np.ascontiguousarray(rows).view(np.float64).reshape(rows.shape[0], -1)

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import math
 from enum import Enum
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 INF = math.inf
 
@@ -155,6 +156,8 @@ def allreduce(aggs: dict[str, Aggregate], reducer: Reducer) -> dict[str, Aggrega
                 conflicts.append(_kind_conflict(key, have, kind) + " (on different ranks)")
     if conflicts:
         raise ValueError(conflicts[0])
+    import numpy as np
+
     keys = sorted(kinds)
     n = len(keys)
     if n == 0:

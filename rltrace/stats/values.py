@@ -6,7 +6,7 @@ tensors on an accelerator stay on it as one stacked 4-element tensor and are rea
 at export, so recording a stat never forces a device synchronisation.
 
 Frameworks are recognised by the value's type and imported only when such a value arrives:
-rltrace itself never imports torch or jax.
+rltrace itself never imports torch or jax, and numpy only when a list or array is recorded.
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ from __future__ import annotations
 import math
 import numbers
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 INF = math.inf
 
@@ -36,7 +37,11 @@ class Deferred:
     def resolve(self) -> Partial:
         """Read the four numbers back to the host (one transfer)."""
         s = self.stacked
-        values = s.tolist() if hasattr(s, "tolist") else np.asarray(s).tolist()
+        if not hasattr(s, "tolist"):
+            import numpy as np
+
+            s = np.asarray(s)
+        values = s.tolist()
         total, count, lo, hi = (float(v) for v in values)
         return total, count, lo, hi
 
@@ -64,6 +69,8 @@ def is_bool_mask(mask: Any) -> bool:
     """True when ``mask`` has a boolean dtype (torch, numpy and jax all spell it ``bool``)."""
     dtype = getattr(mask, "dtype", None)
     if dtype is None:
+        import numpy as np
+
         try:
             dtype = np.asarray(mask).dtype
         except Exception:
@@ -74,12 +81,16 @@ def is_bool_mask(mask: Any) -> bool:
 def shape_of(value: Any) -> tuple[int, ...]:
     shape = getattr(value, "shape", None)
     if shape is None:
+        import numpy as np
+
         shape = np.shape(value)
     return tuple(int(d) for d in shape)
 
 
 def mask_count(key: str, mask: Any) -> Partial | Deferred:
     """The denominator's own statistic: the number of true elements (as a count)."""
+    import numpy as np
+
     fw = framework(mask)
     if fw == "torch":
         if mask.device.type != "cpu":
@@ -142,6 +153,8 @@ def _numeric_error(key: str, value: Any) -> TypeError:
 
 
 def _to_numpy_mask(mask: Any) -> np.ndarray:
+    import numpy as np
+
     fw = framework(mask)
     if fw == "torch":
         return mask.detach().cpu().numpy()
@@ -149,6 +162,8 @@ def _to_numpy_mask(mask: Any) -> np.ndarray:
 
 
 def _numpy_partial(key: str, value: Any, mask: Any | None, denominator: str | None) -> Partial:
+    import numpy as np
+
     try:
         x = np.asarray(value)
     except Exception:
@@ -242,6 +257,7 @@ def _jax_partial(key: str, value: Any, mask: Any | None, denominator: str | None
     if mask is not None:
         _check_not_traced(key, mask)
     import jax.numpy as jnp
+    import numpy as np
 
     kind = np.dtype(value.dtype).kind if hasattr(value, "dtype") else "O"
     if kind not in "biuf":
@@ -277,6 +293,8 @@ def scalar_value(key: str, value: Any, api: str = "stats.scalar") -> float:
     if isinstance(value, numbers.Real):
         v = float(value)
     else:
+        import numpy as np
+
         fw = framework(value)
         if fw == "jax":
             _check_not_traced(key, value)
@@ -291,9 +309,14 @@ def scalar_value(key: str, value: Any, api: str = "stats.scalar") -> float:
             )
         try:
             if fw == "torch":
+                if value.is_complex():
+                    raise TypeError
                 v = float(value.detach().reshape(()).item())
             else:
-                v = float(np.asarray(value).reshape(()))
+                arr = np.asarray(value)
+                if arr.dtype.kind not in "biuf":
+                    raise TypeError
+                v = float(arr.reshape(()))
         except (TypeError, ValueError):
             raise TypeError(f"{api}: {key!r} must be numeric, got {_describe(value)}") from None
     if not math.isfinite(v):

@@ -1,0 +1,201 @@
+"""Timings from spans: every finished rltrace scope becomes part of a ``timeperf/<name>`` stat.
+
+:class:`SpanTimings` is a record processor (:func:`rltrace.add_record_processor`): on rltrace's
+exporter thread it adds each scope's duration to a per-step, per-name sum, the step being the
+one of the enclosing ``rltrace.step(n)`` (:func:`rltrace.steps.step_of`).  Session phases are
+summed per step under ``timeperf/session/<phase>`` (and whole sessions under
+``timeperf/session/total``); task spans and instants are skipped.
+
+At every export of the default tracker the bridge flushes the pipeline (so every scope that
+has finished is counted) and moves its sums into the tracker as scalars: one value per step and
+name, so ``timeperf/<name>`` is that step's total time, the mean over steps when one export
+covers several, and the mean over ranks after a distributed export (weighted by ``__count``).
+A user instruments once and gets both the Perfetto timeline and the W&B curves.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+from .. import pipeline
+from ..recorder import Scope
+from ..semconv import ATTR_PHASE, ATTR_SESSION, ATTR_STEP, SESSION_SPAN, TASK_SPAN
+from ..steps import step_of
+from .tracker import TIMEPERF, StatsTracker
+
+__all__ = ["SpanTimings", "disable_span_timings", "enable_span_timings", "span_timings"]
+
+logger = logging.getLogger("rltrace.stats")
+
+_UNSET = object()
+
+
+class SpanTimings:
+    """Per-step sums of span durations, drained into a tracker as ``timeperf/<name>`` scalars.
+
+    ``exclude``: span names never counted.  ``sessions``: count session phases as
+    ``timeperf/session/<phase>``.  ``max_steps`` bounds the steps held between two drains (the
+    oldest are dropped first, with one warning) so a process that never exports stays flat.
+    """
+
+    def __init__(self, *, prefix: str = TIMEPERF, sessions: bool = True,
+                 exclude: tuple[str, ...] | list[str] = (), max_steps: int = 4096) -> None:
+        self.prefix = prefix.strip("/")
+        self.sessions = sessions
+        self.exclude = frozenset(exclude)
+        self.max_steps = max_steps
+        self.dropped_steps = 0
+        # written only by the exporter thread, one cycle at a time; drain() swaps it out
+        self._sums: dict[Any, dict[str, int]] = {}
+        self._cached_parent: Any = None
+        self._cached_step: Any = None
+
+    # -- record processor ---------------------------------------------------------------------
+    def on_record(self, rec: Any) -> None:
+        """Add one finished scope (called on rltrace's exporter thread, one cycle at a time)."""
+        if type(rec) is not Scope:
+            return
+        name = rec.name
+        extra = rec.extra
+        step: Any = _UNSET
+        if extra is not None:
+            if extra.get("instant"):
+                return
+            attrs = extra.get("attrs")
+            if attrs:
+                if ATTR_SESSION in attrs or name == TASK_SPAN:
+                    if not self.sessions or name == TASK_SPAN:
+                        return
+                    phase = attrs.get(ATTR_PHASE)
+                    if phase is not None:
+                        name = f"session/{phase}"
+                    elif name == SESSION_SPAN:
+                        name = "session/total"
+                    else:
+                        return
+                step = attrs.get(ATTR_STEP, _UNSET)
+        if name in self.exclude:
+            return
+        if step is _UNSET:
+            # siblings share a parent: look its step up once (the walk is the costly part)
+            parent = rec.parent
+            if parent is self._cached_parent:
+                step = self._cached_step
+            else:
+                step = step_of(parent) if type(parent) is Scope else None
+                self._cached_parent, self._cached_step = parent, step
+        all_sums = self._sums
+        sums = all_sums.get(step)
+        if sums is None:
+            if len(all_sums) >= self.max_steps:
+                self._drop_oldest()
+            sums = all_sums[step] = {}
+        sums[name] = sums.get(name, 0) + rec.end_ns - rec.start_ns
+
+    def _drop_oldest(self) -> None:
+        oldest = next(iter(self._sums))
+        del self._sums[oldest]
+        self.dropped_steps += 1
+        if self.dropped_steps == 1:
+            logger.warning(
+                "rltrace.stats: span timings of more than %d steps are waiting for an export; the "
+                "oldest are dropped (call stats.export() every step, or disable_span_timings())",
+                self.max_steps,
+            )
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+    def shutdown(self) -> None:
+        return None
+
+    # -- reading --------------------------------------------------------------------------------
+    def pending(self) -> dict[Any, dict[str, float]]:
+        """Seconds per step and span name not yet drained (a snapshot, without draining)."""
+        return {s: {n: ns / 1e9 for n, ns in dict(d).items()} for s, d in dict(self._sums).items()}
+
+    def drain(self) -> dict[Any, dict[str, float]]:
+        """Take the sums (seconds per step and name) of every scope finished so far.
+
+        Flushes the pipeline first (every finished scope is counted), swaps the sums out, and
+        flushes again: that second flush waits for an exporter cycle that may still be adding
+        to the old sums, so every scope is counted exactly once, in this drain or the next.
+        """
+        p = pipeline.get_pipeline()
+        if p is not None:
+            p.flush(everything=False)
+        sums, self._sums = self._sums, {}
+        if p is not None:
+            p.flush(everything=False)
+        return {s: {n: ns / 1e9 for n, ns in d.items()} for s, d in sums.items()}
+
+    def drain_into(self, tracker: StatsTracker) -> None:
+        """Record the drained sums in ``tracker``: one ``timeperf/<name>`` scalar per step."""
+        for _step, sums in self.drain().items():
+            for name, seconds in sums.items():
+                tracker.add_scalar_absolute(f"{self.prefix}/{name}", seconds)
+
+    def _after_fork(self) -> None:
+        self._sums = {}  # the parent exports what it measured; never twice
+
+
+_BRIDGE: SpanTimings | None = None
+_HOOKED: StatsTracker | None = None
+_LOCK = threading.Lock()
+
+
+def _hook(tracker: StatsTracker) -> None:
+    b = _BRIDGE
+    if b is not None:
+        b.drain_into(tracker)
+
+
+def enable_span_timings(tracker: StatsTracker | None = None, **options: Any) -> SpanTimings:
+    """Turn span durations into ``timeperf/<name>`` stats of ``tracker`` (the default one).
+
+    On by default from ``import rltrace.stats``; call again to change ``options`` (see
+    :class:`SpanTimings`).  Returns the installed bridge.
+    """
+    global _BRIDGE, _HOOKED
+    from .tracker import DEFAULT
+
+    target = tracker if tracker is not None else DEFAULT
+    with _LOCK:
+        _disable_locked()
+        bridge = SpanTimings(**options)
+        pipeline.add_record_processor(bridge)
+        target.before_export.append(_hook)
+        _BRIDGE, _HOOKED = bridge, target
+        return bridge
+
+
+def _disable_locked() -> None:
+    global _BRIDGE, _HOOKED
+    if _BRIDGE is not None:
+        pipeline.remove_record_processor(_BRIDGE)
+    if _HOOKED is not None and _hook in _HOOKED.before_export:
+        _HOOKED.before_export.remove(_hook)
+    _BRIDGE = _HOOKED = None
+
+
+def disable_span_timings() -> None:
+    """Stop deriving ``timeperf/`` stats from spans (spans are unaffected)."""
+    with _LOCK:
+        _disable_locked()
+
+
+def span_timings() -> SpanTimings | None:
+    """The installed bridge, if any."""
+    return _BRIDGE
+
+
+def _after_fork_child() -> None:
+    b = _BRIDGE
+    if b is not None:
+        b._after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_child)

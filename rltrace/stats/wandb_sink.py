@@ -1,0 +1,123 @@
+"""Weights & Biases sink: ``wandb.init`` with AReaL's defaults, ``run.log(row, step=step)``.
+
+Defaults (as AReaL's ``StatsLogger``): ``project`` = experiment name, ``name`` = trial name,
+``group`` = ``{experiment}_{trial}``, ``id`` = ``{experiment}_{trial}_{id_suffix}`` with
+``resume="allow"`` (a restarted trial continues its run), ``dir`` = ``WANDB_DIR`` or the log
+dir, and ``config`` = the full experiment config, rltrace's effective configuration (secrets
+redacted) under ``rltrace``, and ``version_info`` (rltrace version and the
+git commit, branch and dirty flag of the working directory).  ``mode`` ``"offline"`` writes the
+run locally only (``wandb sync`` uploads it later).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..version import __version__
+from .sinks import CommitInfo
+
+__all__ = ["WandBConfig", "WandBSink", "version_info"]
+
+
+@dataclass
+class WandBConfig:
+    """AReaL's ``WandBConfig`` keys.  ``mode`` ``"disabled"`` (default) turns the sink off."""
+
+    mode: str = "disabled"
+    entity: str | None = None
+    project: str | None = None
+    name: str | None = None
+    job_type: str | None = None
+    group: str | None = None
+    notes: str | None = None
+    tags: list[str] | None = None
+    config: dict[str, Any] | None = None
+    id_suffix: str | None = "train"
+    wandb_base_url: str | None = None
+    wandb_api_key: str | None = None
+    #: where the run's files go; None: ``WANDB_DIR`` or the log dir
+    dir: str | None = None
+    #: extra ``wandb.init`` keyword arguments
+    init_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+def _git(args: list[str], cwd: str) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def version_info(cwd: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """rltrace's version and the git ``commit``/``branch``/``dirty`` of ``cwd`` (None outside git)."""
+    where = str(cwd or os.getcwd())
+    commit = _git(["rev-parse", "HEAD"], where)
+    status = _git(["status", "--porcelain", "--untracked-files=no"], where) if commit else None
+    return {
+        "rltrace": __version__,
+        "commit": commit,
+        "branch": _git(["rev-parse", "--abbrev-ref", "HEAD"], where) if commit else None,
+        "dirty": bool(status) if status is not None else None,
+    }
+
+
+def _plain_config(cfg: Any) -> Any:
+    if cfg is None:
+        return {}
+    if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
+        return dataclasses.asdict(cfg)
+    if hasattr(cfg, "to_container"):  # omegaconf
+        return cfg.to_container(resolve=True)
+    if isinstance(cfg, Mapping):
+        return dict(cfg)
+    return {"value": repr(cfg)}
+
+
+_BAD_ID = re.compile(r"[^A-Za-z0-9_.\-]")
+
+
+class WandBSink:
+    """Logs each row to a W&B run at the row's step."""
+
+    name = "wandb"
+
+    def __init__(self, cfg: WandBConfig, *, experiment_name: str, trial_name: str,
+                 log_dir: str | Path, exp_config: Any = None,
+                 tracer_config: Mapping[str, Any] | None = None) -> None:
+        import wandb
+
+        if cfg.wandb_base_url:
+            os.environ["WANDB_BASE_URL"] = cfg.wandb_base_url
+        if cfg.wandb_api_key:
+            os.environ["WANDB_API_KEY"] = cfg.wandb_api_key
+        if cfg.mode == "online" and (cfg.wandb_api_key or cfg.wandb_base_url):
+            wandb.login()
+        suffix = f"_{cfg.id_suffix}" if cfg.id_suffix else ""
+        run_id = _BAD_ID.sub("-", f"{experiment_name}_{trial_name}{suffix}")
+        directory = cfg.dir or os.environ.get("WANDB_DIR") or str(log_dir)
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        config = dict(_plain_config(exp_config))
+        config.update(cfg.config or {})
+        if tracer_config is not None:
+            config.setdefault("rltrace", dict(tracer_config))
+        config["version_info"] = version_info()
+        self.run = wandb.init(
+            mode=cfg.mode, entity=cfg.entity, project=cfg.project or experiment_name,
+            name=cfg.name or trial_name, job_type=cfg.job_type,
+            group=cfg.group or f"{experiment_name}_{trial_name}", notes=cfg.notes, tags=cfg.tags,
+            config=config, id=run_id, resume="allow", dir=directory, **cfg.init_kwargs,
+        )
+
+    def write(self, row: Mapping[str, float], info: CommitInfo) -> None:
+        self.run.log(dict(row), step=info.step)
+
+    def close(self) -> None:
+        self.run.finish()
