@@ -1,4 +1,4 @@
-"""The ``rltrace`` command: ``demo``, ``convert``."""
+"""The ``rltrace`` command: ``demo``, ``convert``, ``report``."""
 
 from __future__ import annotations
 
@@ -38,6 +38,42 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(opts)
 
 
+def _cmd_report(args: argparse.Namespace) -> int:
+    try:
+        from . import analysis
+    except ImportError as exc:  # the analysis extra is optional
+        msg = str(exc)
+        if "rltrace[analysis]" not in msg:
+            msg = (f"rltrace report needs the analysis extra ({getattr(exc, 'name', None) or exc} "
+                   f"missing): pip install 'rltrace[analysis]'")
+        print(msg, file=sys.stderr)
+        return 2
+    from rich.console import Console
+    from rich.text import Text
+
+    try:
+        opts = analysis.ReportOptions(
+            steps=analysis.StepRange.parse(args.steps), k=args.k, top=args.top,
+            step_scope=args.step_scope, rollout_scope=args.rollout_scope,
+            train_prefix=args.train_prefix, progress=args.progress)
+        rep, files = analysis.report(args.logdir, args.output, args.format, options=opts)
+    except analysis.ReportError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    out = Console(highlight=False, soft_wrap=True)
+    inp = rep["inputs"]
+    out.print(Text.assemble(("rltrace report", "bold"), f": {inp['sessions']} sessions, {len(inp['ranks'])} "
+                            f"rank(s), {len(inp['steps'])} step(s), {inp['trace_events']} trace events"))
+    for f in rep["findings"]:
+        out.print(Text.assemble(("  " + f["kind"].ljust(10), "bold red" if f["kind"] in ("straggler", "phase")
+                                 else "bold"), f["text"]))
+    for msg in inp["skipped"]:
+        out.print(Text(f"  skipped {msg}", style="yellow"))
+    plots = len(files) - 1
+    out.print(Text(f"wrote {files[0]}" + (f" and {plots} plot(s) next to it" if plots else "")))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="rltrace", description="OpenTelemetry-native tracing for RL training")
     ap.add_argument("--version", action="version", version=f"rltrace {__version__}")
@@ -62,6 +98,30 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--otlp-endpoint", default=None, help="also send spans to this OTLP endpoint")
     d.add_argument("--otlp-protocol", default=None, choices=["grpc", "http/protobuf"])
     d.set_defaults(func=_cmd_demo)
+
+    r = sub.add_parser("report", help="analyse a run: long tail, stragglers, phases, turns, status, summary",
+                       description="Read every rank's session and trace files in LOGDIR (streaming) "
+                                   "and write "
+                                   "a report: HTML (one self-contained page, plots also as PNG files next "
+                                   "to it), Markdown or JSON.  Needs: pip install 'rltrace[analysis]'.")
+    r.add_argument("logdir",
+                   help="log dir {fileroot}/logs/{user}/{experiment}/{trial} (searched recursively)")
+    r.add_argument("-o", "--output", default=None,
+                   help="output file (.html, .md, .json) or directory (default: LOGDIR/report/)")
+    r.add_argument("--format", choices=["html", "md", "json"], default=None,
+                   help="default: from the output file's suffix, else html")
+    r.add_argument("--steps", default=None, metavar="A:B",
+                   help="only steps A..B-1 (Python slice: A:B, A:, :B; or N for one step)")
+    r.add_argument("-k", type=float, default=3.0,
+                   help="outlier threshold: median + k * MAD (default 3)")
+    r.add_argument("--top", type=int, default=10, help="slowest sessions to list (default 10)")
+    r.add_argument("--step-scope", default="train.step", help="scope name of a training step")
+    r.add_argument("--rollout-scope", default="train.rollout",
+                   help="scope name of a step's rollout (session times are measured from its start)")
+    r.add_argument("--train-prefix", default="train.", help="train-side scopes in the phase breakdown")
+    r.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="show a progress bar (default: when stderr is a terminal)")
+    r.set_defaults(func=_cmd_report)
     return ap
 
 

@@ -1,0 +1,303 @@
+"""The report's plots: matplotlib figures (no pyplot, no GUI backend) saved as PNG files."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.figure import Figure
+
+DPI = 100
+MAX_CDF_STEPS = 12
+STATUS_COLORS = {"accepted": "#2ca02c", "rejected": "#ff7f0e", "failed": "#d62728",
+                 "dropped": "#9467bd", "pending": "#7f7f7f"}
+
+
+@dataclass
+class Plot:
+    """One written plot: its key, file, title and what it shows."""
+
+    key: str
+    path: Path
+    title: str
+    caption: str
+
+
+def _colors(names: list[str]) -> dict[str, Any]:
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10"]
+    fixed = {"generate": cmap(0), "toolcall": cmap(1), "reward": cmap(3), "other": "#bbbbbb",
+             "untracked": "#bbbbbb"}
+    extra = [cmap(i) for i in (2, 4, 5, 6, 8, 9)] + [colormaps["tab20b"](i) for i in range(20)]
+    out, j = {}, 0
+    for n in names:
+        if n in fixed:
+            out[n] = fixed[n]
+        else:
+            out[n] = extra[j % len(extra)]
+            j += 1
+    return out
+
+
+def _step_labels(steps: list[Any]) -> list[str]:
+    return ["–" if s is None else str(s) for s in steps]
+
+
+def _xticks(ax: Any, n: int, labels: list[str]) -> None:
+    every = max(1, n // 25)
+    ax.set_xticks(range(0, n, every))
+    ax.set_xticklabels(labels[::every], rotation=0 if n <= 25 else 90, fontsize=8)
+
+
+def plot_cdf(rep: dict[str, Any]) -> Figure | None:
+    lt = rep["longtail"]
+    curves: dict[Any, tuple[np.ndarray, np.ndarray]] = lt.get("_curves") or {}
+    if not lt["overall"]["count"]:
+        return None
+    fig = Figure(figsize=(8, 4.5))
+    ax = fig.add_subplot()
+    keys = [k for k in curves if k is not None]
+    if len(keys) > MAX_CDF_STEPS:
+        pick = np.linspace(0, len(keys) - 1, MAX_CDF_STEPS).round().astype(int)
+        keys = [keys[i] for i in sorted(set(pick.tolist()))]
+    from matplotlib import colormaps
+
+    cmap = colormaps["viridis"]
+    for i, k in enumerate(keys):
+        xs, qs = curves[k]
+        ax.plot(xs, qs, color=cmap(i / max(1, len(keys) - 1)), lw=1, alpha=0.8, label=f"step {k}")
+    cdf = lt["cdf"]
+    ax.plot(cdf["completion_s"], cdf["fraction"], color="black", lw=2.2, label="all steps")
+    ov = lt["overall"]
+    for key, lab in (("p50_s", "P50"), ("p90_s", "P90"), ("p99_s", "P99")):
+        ax.axvline(ov[key], color="#555555", ls="--", lw=0.8)
+        ax.text(ov[key], 0.02, f" {lab}", fontsize=8, color="#333333", rotation=90, va="bottom")
+    ax.axhline(0.8, color="#d62728", ls=":", lw=0.8)
+    ax.set_xlabel("session completion time since step start (s)")
+    ax.set_ylabel("fraction of sessions finished")
+    ax.set_ylim(0, 1.01)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2, loc="lower right")
+    return fig
+
+
+def plot_step_tail(rep: dict[str, Any]) -> Figure | None:
+    rows = [r for r in rep["longtail"]["per_step"] if r["count"]]
+    if not rows:
+        return None
+    fig = Figure(figsize=(8, 4))
+    ax = fig.add_subplot()
+    x = np.arange(len(rows))
+    for key, lab, color in (("p50_s", "P50", "#1f77b4"), ("p90_s", "P90", "#ff7f0e"),
+                            ("p99_s", "P99", "#d62728"), ("max_s", "max", "#000000")):
+        ax.plot(x, [r[key] for r in rows], marker="o", ms=3, label=lab, color=color)
+    ax.set_ylabel("completion since step start (s)")
+    ax.set_xlabel("step")
+    _xticks(ax, len(rows), _step_labels([r["step"] for r in rows]))
+    ax.grid(alpha=0.3)
+    ax2 = ax.twinx()
+    ax2.bar(x, [r["tail_fraction"] or 0 for r in rows], color="#9467bd", alpha=0.25,
+            label="time waiting for last 20%")
+    ax2.set_ylim(0, 1)
+    ax2.set_ylabel("share of rollout waiting for the last 20%")
+    h1, l1 = ax.get_legend_handles_labels()
+    h2, l2 = ax2.get_legend_handles_labels()
+    ax.legend(h1 + h2, l1 + l2, fontsize=7, loc="upper left")
+    return fig
+
+
+def plot_stragglers(rep: dict[str, Any]) -> Figure | None:
+    sg = rep["stragglers"]
+    ranks, steps, m = sg.get("_matrix", ([], [], np.zeros((0, 0))))
+    if m.size == 0 or not np.isfinite(m).any():
+        return None
+    fig = Figure(figsize=(8, 2.2 + 0.25 * len(ranks) + 2.2))
+    gs = fig.add_gridspec(2, 1, height_ratios=[max(1.0, 0.25 * len(ranks) + 1), 1.6])
+    ax = fig.add_subplot(gs[0])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        fastest = np.nanmin(np.where(np.isfinite(m), m, np.nan), axis=0)
+        ratio = m / fastest
+    im = ax.imshow(ratio, aspect="auto", cmap="magma_r", vmin=1.0,
+                   vmax=max(1.5, float(np.nanmax(ratio)) if np.isfinite(ratio).any() else 1.5),
+                   interpolation="nearest")
+    ax.set_yticks(range(len(ranks)))
+    ax.set_yticklabels([f"rank {r}" for r in ranks], fontsize=8)
+    _xticks(ax, len(steps), [str(s) for s in steps])
+    ax.set_title("rollout time / fastest rank of the step (outliers boxed)", fontsize=9)
+    ri = {r: i for i, r in enumerate(ranks)}
+    si = {s: j for j, s in enumerate(steps)}
+    for o in sg["outliers"]:
+        j, i = si[o["step"]], ri[o["rank"]]
+        ax.add_patch(_rect(j - 0.5, i - 0.5))
+    fig.colorbar(im, ax=ax, fraction=0.03, pad=0.01)
+    ax2 = fig.add_subplot(gs[1])
+    rows = sg["per_step"]
+    ax2.bar(range(len(rows)), [r.get("barrier_wait_s", 0.0) for r in rows], color="#d62728", alpha=0.7,
+            label="barrier wait (slowest − fastest)")
+    ax2.set_ylabel("s")
+    ax2.set_xlabel("step")
+    _xticks(ax2, len(rows), [str(r["step"]) for r in rows])
+    ax2.set_xlim(-0.5, len(rows) - 0.5)
+    ax2.legend(fontsize=7, loc="upper left")
+    ax2.grid(alpha=0.3, axis="y")
+    return fig
+
+
+def _rect(x: float, y: float) -> Any:
+    from matplotlib.patches import Rectangle
+
+    return Rectangle((x, y), 1, 1, fill=False, edgecolor="#00bfff", lw=2)
+
+
+def _stacked(ax: Any, steps: list[Any], names: list[str], values: dict[str, list[float]]) -> None:
+    colors = _colors(names)
+    x = np.arange(len(steps))
+    bottom = np.zeros(len(steps))
+    for n in names:
+        v = np.nan_to_num(np.asarray(values[n], dtype=float))
+        ax.bar(x, v, bottom=bottom, color=colors[n], label=n, width=0.85)
+        bottom += v
+    _xticks(ax, len(steps), _step_labels(steps))
+    ax.set_xlabel("step")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.grid(alpha=0.3, axis="y")
+
+
+def plot_session_phases(rep: dict[str, Any]) -> Figure | None:
+    ph = rep["phases"]["session"]
+    if not ph["per_step"]:
+        return None
+    fig = Figure(figsize=(8, 4))
+    ax = fig.add_subplot()
+    names = ph["phases"]
+    _stacked(ax, [r["step"] for r in ph["per_step"]], names,
+             {n: [r["share"][n] or 0.0 for r in ph["per_step"]] for n in names})
+    ax.set_ylabel("share of session time")
+    return fig
+
+
+def plot_train_phases(rep: dict[str, Any]) -> Figure | None:
+    tr = rep["phases"]["train"]
+    if not tr["per_step"]:
+        return None
+    fig = Figure(figsize=(8, 4))
+    ax = fig.add_subplot()
+    names = tr["scopes"]
+    _stacked(ax, [r["step"] for r in tr["per_step"]], names,
+             {n: [r["mean_s"][n] for r in tr["per_step"]] for n in names})
+    ax.set_ylabel("seconds per step (mean over ranks)")
+    return fig
+
+
+def plot_turns(rep: dict[str, Any]) -> Figure | None:
+    tu = rep["turns"]
+    if not tu["distribution"]:
+        return None
+    fig = Figure(figsize=(11, 3.4))
+    a1, a2, a3 = fig.subplots(1, 3)
+    d = tu["distribution"]
+    a1.bar([r["turns"] for r in d], [r["fraction"] for r in d], color="#1f77b4")
+    a1.set_xlabel("turns per session")
+    a1.set_ylabel("fraction of sessions")
+    g = tu["generate_by_turn"]
+    a2.bar([r["turn"] for r in g], [r["mean_s"] for r in g], color="#ff7f0e")
+    a2.set_xlabel("turn index")
+    a2.set_ylabel("mean generate time (s)")
+    b = tu["session_time_by_turns"]
+    a3.bar([r["turns"] for r in b], [r["mean_s"] for r in b], color="#2ca02c")
+    a3.set_xlabel("turns per session")
+    a3.set_ylabel("mean session time (s)")
+    for a in (a1, a2, a3):
+        a.grid(alpha=0.3, axis="y")
+        a.xaxis.get_major_locator().set_params(integer=True)
+    fig.tight_layout()
+    return fig
+
+
+def plot_status(rep: dict[str, Any]) -> Figure | None:
+    st = rep["status"]
+    if not st["per_step"]:
+        return None
+    fig = Figure(figsize=(8, 4))
+    ax = fig.add_subplot()
+    names = list(st["counts"])
+    rows = st["per_step"]
+    x = np.arange(len(rows))
+    bottom = np.zeros(len(rows))
+    for n in names:
+        v = np.array([r["counts"].get(n, 0) for r in rows], dtype=float)
+        ax.bar(x, v, bottom=bottom, label=n, color=STATUS_COLORS.get(n), width=0.85)
+        bottom += v
+    ax.set_ylabel("sessions")
+    ax.set_xlabel("step")
+    _xticks(ax, len(rows), _step_labels([r["step"] for r in rows]))
+    ax2 = ax.twinx()
+    ax2.plot(x, [r["acceptance_rate"] for r in rows], color="black", marker="o", ms=3,
+             label="acceptance rate")
+    ax2.set_ylim(0, 1.05)
+    ax2.set_ylabel("acceptance rate")
+    h1, l1 = ax.get_legend_handles_labels()
+    h2, l2 = ax2.get_legend_handles_labels()
+    ax.legend(h1 + h2, l1 + l2, fontsize=7, loc="upper left", bbox_to_anchor=(1.08, 1.0))
+    return fig
+
+
+def plot_scopes(rep: dict[str, Any]) -> Figure | None:
+    rows = rep["summary"]["scopes"][:15]
+    if not rows:
+        return None
+    fig = Figure(figsize=(8, 0.9 + 0.3 * len(rows)))
+    ax = fig.add_subplot()
+    y = np.arange(len(rows))[::-1]
+    ax.barh(y, [r["total_s"] for r in rows], color="#1f77b4")
+    ax.set_yticks(y)
+    ax.set_yticklabels([r["name"][:40] for r in rows], fontsize=8)
+    for yi, r in zip(y, rows, strict=True):
+        share = r["wall_share"]
+        label = f" {share * 100:.1f}%" if share is not None else ""
+        ax.text(r["total_s"], yi, label, va="center", fontsize=7)
+    ax.set_xlabel("total time over all ranks (s); label: share of wall time")
+    ax.grid(alpha=0.3, axis="x")
+    return fig
+
+
+PLOTS: list[tuple[str, str, str, Callable[[dict[str, Any]], Figure | None]]] = [
+    ("cdf", "Session completion CDF",
+     "Fraction of sessions finished by time since their step's start: every step (black) and a "
+     "sample of single steps; the red line marks 80% of sessions.", plot_cdf),
+    ("step_tail", "Completion percentiles per step",
+     "P50/P90/P99/max completion time per step; bars: share of the step's rollout spent waiting "
+     "for the last 20% of sessions.", plot_step_tail),
+    ("stragglers", "Stragglers",
+     "Rollout time of each rank relative to the fastest rank of the step (outliers boxed) and "
+     "the barrier wait per step.", plot_stragglers),
+    ("session_phases", "Session time by phase, per step",
+     "Share of session time in each phase (other: outside any phase).", plot_session_phases),
+    ("train_phases", "Step time by train-side scope, per step",
+     "Seconds per step in each train.* scope directly under train.step, mean over ranks.",
+     plot_train_phases),
+    ("turns", "Turns",
+     "Turns per session; mean generate time by turn index; mean session time by number of turns.",
+     plot_turns),
+    ("status", "Sessions by status, per step", "Session counts by status and the acceptance rate.",
+     plot_status),
+    ("scopes", "Scopes by total time", "The 15 scope names with the most total time.", plot_scopes),
+]
+
+
+def write_plots(rep: dict[str, Any], directory: Path, stem: str) -> list[Plot]:
+    """Render every plot that has data to ``directory/{stem}-{key}.png``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    out = []
+    for key, title, caption, fn in PLOTS:
+        fig = fn(rep)
+        if fig is None:
+            continue
+        path = directory / f"{stem}-{key}.png"
+        fig.savefig(path, dpi=DPI, bbox_inches="tight")
+        out.append(Plot(key, path, title, caption))
+    return out

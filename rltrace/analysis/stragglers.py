@@ -1,0 +1,102 @@
+"""2. Stragglers: which rank holds the step up, and what does it cost?
+
+Rollout time per (rank, step): the rollout scope's duration, else the last session's
+finalization minus the step start.  Per step: the fastest and slowest rank, the barrier wait
+(slowest minus fastest: what a synchronous step loses to its slowest rank) and the idle rank
+time (every rank's wait for the slowest).  Outliers: a (rank, step) whose rollout time exceeds
+``median + k * MAD`` over all (rank, step) rollout times (MAD floored at 1% of the median, so
+identical ranks do not flag noise); each names the rank and the sessions that finished last
+there, with the phase that made them slow.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .run import Run
+from .stats import fnum, median_mad
+
+MAD_FLOOR = 0.01
+
+
+def matrix(run: Run) -> tuple[list[int], list[int], np.ndarray]:
+    """Ranks, steps and the ranks x steps matrix of rollout seconds (NaN where missing)."""
+    ranks, steps = run.ranks, run.steps
+    m = np.full((len(ranks), len(steps)), np.nan)
+    ri = {r: i for i, r in enumerate(ranks)}
+    si = {s: j for j, s in enumerate(steps)}
+    for (r, st), rs in run.rank_steps.items():
+        if st is None:
+            continue
+        v = rs.rollout_s
+        if v is not None:
+            m[ri[r], si[st]] = v
+    return ranks, steps, m
+
+
+def analyze(run: Run) -> dict[str, Any]:
+    k = run.options.k
+    ranks, steps, m = matrix(run)
+    med, mad = median_mad(m)
+    mad_used = max(mad, MAD_FLOOR * med) if math.isfinite(med) else math.nan
+    threshold = med + k * mad_used if math.isfinite(med) else math.nan
+    per_step = []
+    total_wait = total_idle = total_step = 0.0
+    slowest_count = dict.fromkeys(ranks, 0)
+    ratios: dict[int, list[float]] = {r: [] for r in ranks}
+    for j, st in enumerate(steps):
+        col = m[:, j]
+        have = np.flatnonzero(np.isfinite(col))
+        row: dict[str, Any] = {"step": st, "rollout_s": {str(ranks[i]): float(col[i]) for i in have}}
+        if have.size:
+            fast_i = int(have[np.argmin(col[have])])
+            slow_i = int(have[np.argmax(col[have])])
+            fast, slow = float(col[fast_i]), float(col[slow_i])
+            row.update(fastest_rank=ranks[fast_i], slowest_rank=ranks[slow_i], fastest_s=fast,
+                       slowest_s=slow, barrier_wait_s=slow - fast,
+                       idle_rank_s=float(np.sum(slow - col[have])),
+                       slowest_over_fastest=fnum(slow / fast) if fast > 0 else None)
+            if have.size > 1:
+                slowest_count[ranks[slow_i]] += 1
+                for i in have:
+                    if fast > 0:
+                        ratios[ranks[i]].append(float(col[i]) / fast)
+            total_wait += slow - fast
+            total_idle += row["idle_rank_s"]
+            durs = [run.steps_info[(r, st)].dur_us / 1e6 for r in ranks if (r, st) in run.steps_info]
+            total_step += max(durs) if durs else slow
+        per_step.append(row)
+    outliers = []
+    if math.isfinite(threshold):
+        for i, j in zip(*np.nonzero(np.nan_to_num(m, nan=-np.inf) > threshold), strict=True):
+            r, st = ranks[int(i)], steps[int(j)]
+            v = float(m[i, j])
+            latest = sorted(run.reader.latest.get((r, st), []), reverse=True)
+            outliers.append({
+                "step": st, "rank": r, "rollout_s": v, "median_s": med,
+                "excess_mads": fnum((v - med) / mad_used) if mad_used > 0 else None,
+                "slowest_rank_of_step": per_step[int(j)].get("slowest_rank") == r,
+                "sessions": [run.explain(b) for _, _, b in latest],
+            })
+        outliers.sort(key=lambda o: (o["step"], -o["rollout_s"]))
+    per_rank = []
+    for i, r in enumerate(ranks):
+        row_vals = m[i][np.isfinite(m[i])]
+        per_rank.append({
+            "rank": r, "steps": int(row_vals.size),
+            "mean_rollout_s": fnum(row_vals.mean()) if row_vals.size else None,
+            "median_ratio_to_fastest": fnum(np.median(ratios[r])) if ratios[r] else None,
+            "slowest_in_steps": slowest_count[r],
+            "outlier_steps": sum(1 for o in outliers if o["rank"] == r),
+        })
+    return {
+        "k": k, "median_s": fnum(med), "mad_s": fnum(mad), "threshold_s": fnum(threshold),
+        "ranks": ranks, "per_step": per_step, "per_rank": per_rank, "outliers": outliers,
+        "total_barrier_wait_s": total_wait, "total_idle_rank_s": total_idle,
+        "total_step_s": total_step,
+        "barrier_wait_share": fnum(total_wait / total_step) if total_step > 0 else None,
+        "_matrix": (ranks, steps, m),
+    }

@@ -1,0 +1,240 @@
+# ruff: noqa: E501  (HTML template: long lines are markup)
+"""The HTML report's jinja2 template: one self-contained page (inline CSS, plots as data URIs)."""
+
+HTML = r"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>rltrace report — {{ rep.logdir }}</title>
+<style>
+:root { --fg: #1d2330; --muted: #5b6475; --line: #dfe3ea; --accent: #3b6fd8; --bad: #c8372d; }
+* { box-sizing: border-box; }
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: var(--fg);
+       margin: 0; background: #f6f7f9; }
+header { background: #1d2330; color: #fff; padding: 18px 28px; }
+header h1 { margin: 0 0 4px; font-size: 20px; }
+header .meta { color: #c5cbd6; font-size: 12.5px; }
+nav { position: sticky; top: 0; background: #fff; border-bottom: 1px solid var(--line); padding: 8px 28px;
+      z-index: 2; }
+nav a { margin-right: 16px; color: var(--accent); text-decoration: none; font-weight: 600; font-size: 13px; }
+main { padding: 8px 28px 40px; max-width: 1280px; }
+section { background: #fff; border: 1px solid var(--line); border-radius: 8px; padding: 14px 20px;
+          margin: 16px 0; }
+h2 { font-size: 17px; margin: 4px 0 8px; }
+h3 { font-size: 14px; margin: 16px 0 6px; }
+p.explain { color: var(--muted); margin: 4px 0 10px; max-width: 980px; }
+.findings li { margin: 4px 0; }
+.findings .kind { display: inline-block; min-width: 74px; font-size: 11px; font-weight: 700;
+                  text-transform: uppercase; color: var(--muted); }
+.findings .straggler .kind, .findings .phase .kind { color: var(--bad); }
+table { border-collapse: collapse; margin: 6px 0 10px; font-size: 12.5px; }
+th, td { border-bottom: 1px solid var(--line); padding: 3px 10px; text-align: right; white-space: nowrap; }
+th { background: #f0f2f5; font-weight: 600; }
+td.l, th.l { text-align: left; }
+td.wrap { white-space: normal; text-align: left; max-width: 520px; }
+tr.flag td { background: #fdecea; }
+.scroll { overflow-x: auto; }
+figure { margin: 10px 0 14px; }
+figure img { max-width: 100%; border: 1px solid var(--line); border-radius: 4px; background: #fff; }
+figcaption { color: var(--muted); font-size: 12.5px; }
+.note { color: var(--muted); font-size: 12px; }
+code { background: #f0f2f5; padding: 0 3px; border-radius: 3px; }
+details summary { cursor: pointer; color: var(--accent); margin: 6px 0; }
+</style>
+</head>
+<body>
+<header>
+  <h1>rltrace report</h1>
+  <div class="meta">{{ rep.logdir }} · {{ rep.inputs.sessions }} sessions · {{ rep.inputs.ranks|length }} rank(s)
+    · {{ rep.inputs.steps|length }} step(s) · {{ rep.inputs.trace_events }} trace events · steps {{ rep.options.steps }}
+    · k = {{ rep.options.k }} · generated {{ rep.generated_at }}</div>
+</header>
+<nav>
+  <a href="#findings">Findings</a><a href="#longtail">1 Long tail</a><a href="#stragglers">2 Stragglers</a>
+  <a href="#phases">3 Phases</a><a href="#turns">4 Turns</a><a href="#status">5 Status</a>
+  <a href="#summary">6 Run summary</a><a href="#inputs">Inputs</a>
+</nav>
+<main>
+{% macro plot(key) -%}
+{% if key in plots %}{% set p = plots[key] %}
+<figure><img class="plot" data-plot="{{ key }}" alt="{{ p.title }}" src="{{ p.uri }}">
+<figcaption><b>{{ p.title }}.</b> {{ p.caption }}</figcaption></figure>
+{% endif %}
+{%- endmacro %}
+{% macro capped(rows) -%}{% if rows|length > max_rows %}<p class="note">first {{ max_rows }} of {{ rows|length }} rows; all rows are in the JSON report.</p>{% endif %}{%- endmacro %}
+
+<section id="findings">
+<h2>Findings</h2>
+{% if rep.findings %}
+<ul class="findings">
+{% for f in rep.findings %}<li class="{{ f.kind }}"><span class="kind">{{ f.kind }}</span> {{ f.text }}</li>
+{% endfor %}
+</ul>
+{% else %}<p class="note">Nothing to report.</p>{% endif %}
+</section>
+
+<section id="longtail">
+<h2>1. Long tail</h2>
+<p class="explain">Session completion time is measured from the step's start on the session's rank (the
+<code>{{ rep.options.rollout_scope }}</code> scope inside <code>{{ rep.options.step_scope }}</code>, else the step
+scope, else the step's first submitted session). The tail fraction is the share of the step's rollout
+(start to last session) spent after 80% of its sessions had finished.</p>
+{% set o = rep.longtail.overall %}
+<table><tr><th class="l">sessions</th><th>P50</th><th>P90</th><th>P99</th><th>P99.9</th><th>max</th><th>waiting for last 20%</th></tr>
+<tr><td class="l">{{ o.count }}</td><td>{{ o.p50_s|s }}</td><td>{{ o.p90_s|s }}</td><td>{{ o.p99_s|s }}</td><td>{{ o.p999_s|s }}</td><td>{{ o.max_s|s }}</td><td>{{ o.tail_fraction|pct }}</td></tr></table>
+{{ plot("cdf") }}
+{{ plot("step_tail") }}
+<h3>Slowest sessions</h3>
+<div class="scroll"><table>
+<tr><th class="l">session</th><th>status</th><th>total</th><th>completion</th><th>turns</th><th class="l">phases</th><th class="l">slow phase</th><th>× median</th><th class="l">trace id</th></tr>
+{% for b in rep.longtail.slowest_sessions %}
+<tr><td class="l">{{ b|session }}</td><td>{{ b.status }}</td><td>{{ b.total_s|s }}</td><td>{{ b.completion_s|s }}</td><td>{{ b.turns }}</td>
+<td class="wrap">{% for p, v in b.phases_s.items() %}{{ p }} {{ v|s }}{% if not loop.last %}, {% endif %}{% endfor %}</td>
+<td class="l"><b>{{ b.slow_phase }}</b> {{ b.slow_phase_s|s }}</td><td>{{ b.slow_phase_x_median|x }}</td><td class="l"><code>{{ b.trace_id }}</code></td></tr>
+{% endfor %}
+</table></div>
+<details><summary>Per step ({{ rep.longtail.per_step|length }})</summary>{{ capped(rep.longtail.per_step) }}
+<div class="scroll"><table><tr><th>step</th><th>sessions</th><th>P50</th><th>P90</th><th>P99</th><th>P99.9</th><th>max</th><th>waiting for last 20%</th><th class="l">start from</th></tr>
+{% for r in rep.longtail.per_step[:max_rows] %}
+<tr><td>{{ r.step|step }}</td><td>{{ r.count }}</td><td>{{ r.p50_s|s }}</td><td>{{ r.p90_s|s }}</td><td>{{ r.p99_s|s }}</td><td>{{ r.p999_s|s }}</td><td>{{ r.max_s|s }}</td><td>{{ r.tail_fraction|pct }}</td><td class="l">{{ r.start_source }}</td></tr>
+{% endfor %}</table></div></details>
+</section>
+
+<section id="stragglers">
+<h2>2. Stragglers</h2>
+{% set sg = rep.stragglers %}
+<p class="explain">Rollout time per rank and step (the rollout scope, else last session finished minus step
+start). Barrier wait = slowest − fastest rank of the step. An outlier is a (rank, step) above
+median {{ sg.median_s|s }} + {{ sg.k }} × MAD {{ sg.mad_s|s }} = {{ sg.threshold_s|s }}.
+Total barrier wait {{ sg.total_barrier_wait_s|s }} ({{ sg.barrier_wait_share|pct }} of step time); idle rank
+time {{ sg.total_idle_rank_s|s }}.</p>
+{% if sg.outliers %}
+<h3>Outliers</h3>
+<div class="scroll"><table><tr><th>step</th><th>rank</th><th>rollout</th><th>median</th><th>+MADs</th><th class="l">last sessions to finish (slow phase)</th></tr>
+{% for o in sg.outliers[:max_rows] %}
+<tr class="flag"><td>{{ o.step }}</td><td>{{ o.rank }}</td><td>{{ o.rollout_s|s }}</td><td>{{ o.median_s|s }}</td><td>{{ o.excess_mads|num }}</td>
+<td class="wrap">{% for b in o.sessions %}{{ b|session }}: done at {{ b.completion_s|s }}, <b>{{ b.slow_phase }}</b> {{ b.slow_phase_s|s }} ({{ b.slow_phase_x_median|x }} median){% if not loop.last %}<br>{% endif %}{% endfor %}</td></tr>
+{% endfor %}</table></div>{{ capped(sg.outliers) }}
+{% else %}<p class="note">No outlier (rank, step).</p>{% endif %}
+{{ plot("stragglers") }}
+<h3>Per rank</h3>
+<table><tr><th>rank</th><th>steps</th><th>mean rollout</th><th>median × fastest</th><th>slowest in steps</th><th>outlier steps</th></tr>
+{% for r in sg.per_rank %}<tr><td>{{ r.rank }}</td><td>{{ r.steps }}</td><td>{{ r.mean_rollout_s|s }}</td><td>{{ r.median_ratio_to_fastest|x }}</td><td>{{ r.slowest_in_steps }}</td><td>{{ r.outlier_steps }}</td></tr>
+{% endfor %}</table>
+<details><summary>Per step ({{ sg.per_step|length }})</summary>{{ capped(sg.per_step) }}
+<div class="scroll"><table><tr><th>step</th><th>fastest rank</th><th>fastest</th><th>slowest rank</th><th>slowest</th><th>barrier wait</th><th>slowest × fastest</th></tr>
+{% for r in sg.per_step[:max_rows] %}<tr><td>{{ r.step }}</td><td>{{ r.fastest_rank }}</td><td>{{ r.fastest_s|s }}</td><td>{{ r.slowest_rank }}</td><td>{{ r.slowest_s|s }}</td><td>{{ r.barrier_wait_s|s }}</td><td>{{ r.slowest_over_fastest|x }}</td></tr>
+{% endfor %}</table></div></details>
+</section>
+
+<section id="phases">
+<h2>3. Phase breakdown</h2>
+{% set ps = rep.phases.session %}
+<p class="explain">Session phases: share of total session time (sessions overlap, so this is where a session's
+time goes; <i>other</i> is time outside every phase). Train-side scopes: <code>{{ rep.options.train_prefix }}*</code>
+scopes directly under <code>{{ rep.options.step_scope }}</code>, as a share of step wall time summed over ranks.</p>
+<h3>Session phases</h3>
+<table><tr><th class="l">phase</th><th>total</th><th>share</th><th>sessions</th><th>mean</th><th>P50</th><th>P99</th></tr>
+{% for r in ps.overall %}<tr><td class="l">{{ r.phase }}</td><td>{{ r.total_s|s }}</td><td>{{ r.share|pct }}</td><td>{{ r.sessions }}</td><td>{{ r.mean_s|s }}</td><td>{{ r.p50_s|s }}</td><td>{{ r.p99_s|s }}</td></tr>
+{% endfor %}</table>
+{% if ps.anomalies %}<table><tr><th>step</th><th class="l">phase</th><th>share</th><th>median share</th></tr>
+{% for a in ps.anomalies[:max_rows] %}<tr class="flag"><td>{{ a.step|step }}</td><td class="l">{{ a.phase }}</td><td>{{ a.share|pct }}</td><td>{{ a.median_share|pct }}</td></tr>
+{% endfor %}</table>{% endif %}
+{{ plot("session_phases") }}
+{% set tr = rep.phases.train %}
+{% if tr.overall %}
+<h3>Train-side scopes</h3>
+<table><tr><th class="l">scope</th><th>total</th><th>share of step time</th></tr>
+{% for r in tr.overall %}<tr><td class="l">{{ r.scope }}</td><td>{{ r.total_s|s }}</td><td>{{ r.share|pct }}</td></tr>
+{% endfor %}</table>
+{{ plot("train_phases") }}
+{% endif %}
+<details><summary>Session phase shares per step ({{ ps.per_step|length }})</summary>{{ capped(ps.per_step) }}
+<div class="scroll"><table><tr><th>step</th><th>session time</th>{% for p in ps.phases %}<th>{{ p }}</th>{% endfor %}</tr>
+{% for r in ps.per_step[:max_rows] %}<tr><td>{{ r.step|step }}</td><td>{{ r.total_s|s }}</td>{% for p in ps.phases %}<td>{{ r.share[p]|pct }}</td>{% endfor %}</tr>
+{% endfor %}</table></div></details>
+</section>
+
+<section id="turns">
+<h2>4. Turns</h2>
+{% set tu = rep.turns %}
+<p class="explain">Mean turns per session: {{ tu.mean_turns|num }}. Generate time by turn index counts every
+<code>generate</code> execution by its turn.</p>
+<div class="scroll" style="display:flex; gap:28px; flex-wrap:wrap">
+<table><tr><th>turns</th><th>sessions</th><th>fraction</th><th>mean session time</th></tr>
+{% for r in tu.session_time_by_turns %}<tr><td>{{ r.turns }}</td><td>{{ r.sessions }}</td><td>{{ tu.distribution[loop.index0].fraction|pct }}</td><td>{{ r.mean_s|s }}</td></tr>
+{% endfor %}</table>
+<table><tr><th>turn index</th><th>generate executions</th><th>mean generate time</th></tr>
+{% for r in tu.generate_by_turn %}<tr><td>{{ r.turn }}</td><td>{{ r.executions }}</td><td>{{ r.mean_s|s }}</td></tr>
+{% endfor %}</table></div>
+{{ plot("turns") }}
+</section>
+
+<section id="status">
+<h2>5. Status and staleness</h2>
+{% set st = rep.status %}
+<p class="explain">Acceptance rate {{ st.acceptance_rate|pct }} over {{ st.sessions }} sessions.</p>
+<div class="scroll" style="display:flex; gap:28px; flex-wrap:wrap">
+<table><tr><th class="l">status</th><th>sessions</th></tr>
+{% for k, v in st.counts.items() %}<tr><td class="l">{{ k }}</td><td>{{ v }}</td></tr>{% endfor %}</table>
+<table><tr><th class="l">status</th><th class="l">reason</th><th>sessions</th><th>share of status</th></tr>
+{% for r in st.reasons[:30] %}<tr><td class="l">{{ r.status }}</td><td class="wrap">{{ r.reason }}</td><td>{{ r.sessions }}</td><td>{{ r.share_of_status|pct }}</td></tr>{% endfor %}</table>
+</div>
+{{ plot("status") }}
+{% if st.tasks.tasks %}
+<h3>Acceptance per task ({{ st.tasks.tasks }} tasks, mean {{ st.tasks.mean_acceptance_rate|pct }}; all accepted {{ st.tasks.all_accepted }}, none accepted {{ st.tasks.none_accepted }})</h3>
+<div class="scroll" style="display:flex; gap:28px; flex-wrap:wrap">
+<table><tr><th>acceptance rate</th><th>tasks</th></tr>
+{% for h in st.tasks.acceptance_histogram %}<tr><td>{{ h.from|pct }} – {{ h.to|pct }}</td><td>{{ h.tasks }}</td></tr>{% endfor %}</table>
+<table><tr><th>rank</th><th class="l">task</th><th>sessions</th><th>accepted</th><th>rate</th></tr>
+{% for t in st.tasks.lowest %}<tr><td>{{ t.rank }}</td><td class="l">{{ t.task_id }}</td><td>{{ t.sessions }}</td><td>{{ t.accepted }}</td><td>{{ t.acceptance_rate|pct }}</td></tr>{% endfor %}</table>
+</div>
+{% endif %}
+<details><summary>Per step ({{ st.per_step|length }})</summary>{{ capped(st.per_step) }}
+<table><tr><th>step</th><th>sessions</th><th class="l">by status</th><th>acceptance</th></tr>
+{% for r in st.per_step[:max_rows] %}<tr><td>{{ r.step|step }}</td><td>{{ r.sessions }}</td><td class="l">{% for k, v in r.counts.items() %}{{ k }} {{ v }}{% if not loop.last %}, {% endif %}{% endfor %}</td><td>{{ r.acceptance_rate|pct }}</td></tr>
+{% endfor %}</table></details>
+</section>
+
+<section id="summary">
+<h2>6. Run summary</h2>
+{% set sm = rep.summary %}
+<p class="explain">Every scope name in the trace files. Wall time {{ sm.wall_total_s|s }} summed over ranks
+({% for r, w in sm.wall_s.items() %}rank {{ r }} {{ w|s }}{% if not loop.last %}, {% endif %}{% endfor %}); concurrent
+scopes can exceed 100%.</p>
+<div class="scroll"><table><tr><th class="l">scope</th><th>count</th><th>total</th><th>mean</th><th>P50</th><th>P99</th><th>max</th><th>wall share</th></tr>
+{% for r in sm.scopes[:max_rows] %}<tr><td class="l">{{ r.name }}</td><td>{{ r.count }}</td><td>{{ r.total_s|s }}</td><td>{{ r.mean_s|s }}</td><td>{{ r.p50_s|s }}</td><td>{{ r.p99_s|s }}</td><td>{{ r.max_s|s }}</td><td>{{ r.wall_share|pct }}</td></tr>
+{% endfor %}</table></div>{{ capped(sm.scopes) }}
+{% if sm.counters %}
+<h3>Counters</h3>
+<table><tr><th class="l">counter</th><th>total</th><th>per second</th><th class="l">per rank (total, /s)</th></tr>
+{% for c in sm.counters %}<tr><td class="l">{{ c.name }}</td><td>{{ c.total|num }}</td><td>{{ c.rate_per_s|num }}</td>
+<td class="l">{% for r, v in c.per_rank.items() %}rank {{ r }}: {{ v.total|num }}, {{ v.rate_per_s|num }}/s{% if not loop.last %}; {% endif %}{% endfor %}</td></tr>
+{% endfor %}</table>
+{% endif %}
+{{ plot("scopes") }}
+</section>
+
+<section id="inputs">
+<h2>Inputs</h2>
+<p class="note">{{ rep.inputs.session_files|length }} session file(s), {{ rep.inputs.trace_files|length }} trace file(s);
+{{ rep.inputs.sessions_outside_steps }} session(s) outside the selected steps.</p>
+{% if rep.inputs.skipped_lines %}<p class="note">{{ rep.inputs.skipped_lines }} unreadable line(s) skipped:</p>
+<ul class="note">{% for m in rep.inputs.skipped %}<li>{{ m }}</li>{% endfor %}</ul>{% endif %}
+</section>
+</main>
+<script>
+window.addEventListener("load", function () {
+  var imgs = document.querySelectorAll("img.plot"), ok = 0;
+  for (var i = 0; i < imgs.length; i++) {
+    var img = imgs[i];
+    if (img.complete && img.naturalWidth > 0) { img.setAttribute("data-decoded", "1"); ok++; }
+    else { console.error("rltrace report: plot did not load: " + img.getAttribute("data-plot")); }
+  }
+  document.body.setAttribute("data-plots-decoded", ok + "/" + imgs.length);
+});
+</script>
+</body>
+</html>
+"""

@@ -1,0 +1,302 @@
+"""Chrome-trace events, aggregated as they are read.
+
+Events are reduced to per-scope-name statistics (:class:`~.stats.BoundedQuantiles`), user
+counters, each process's first and last timestamp, and the few ``train.*`` scopes that describe
+steps (``train.step`` and the scopes directly under it).
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from .load import OTHER, Progress, Skipped, StepRange, file_rank, iter_objects
+from .stats import BoundedQuantiles
+
+MAX_SCOPE_NAMES = 1000
+#: what a malformed event raises (it is then skipped and reported)
+BAD_EVENT = (TypeError, ValueError, AttributeError, OverflowError, KeyError)
+
+@dataclass
+class StepInfo:
+    """One step on one rank, from the trace: the step scope, its rollout and train-side scopes."""
+
+    rank: int
+    step: int
+    start_us: float
+    dur_us: float
+    rollout_start_us: float | None = None
+    rollout_end_us: float | None = None
+    rollout_scopes: int = 0
+    rollout_dur_us: float = 0.0
+    #: train-side scopes directly under the step (not nested in another train.* scope): µs
+    breakdown: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def rollout_us(self) -> float | None:
+        if self.rollout_start_us is None or self.rollout_end_us is None:
+            return None
+        if self.rollout_scopes == 1:  # exact (end - start loses ~0.25 µs at epoch-µs magnitudes)
+            return self.rollout_dur_us
+        return self.rollout_end_us - self.rollout_start_us
+
+
+@dataclass
+class CounterInfo:
+    """A user counter on one process: the running total before the window and at its end."""
+
+    base: float = 0.0
+    base_ts: float = -math.inf
+    last: float = 0.0
+    last_ts: float = -math.inf
+
+
+class TraceReader:
+    """Aggregates Chrome-trace events as they are read (see the module docstring)."""
+
+    def __init__(self, steps: StepRange, *, step_scope: str = "train.step",
+                 rollout_scope: str = "train.rollout", train_prefix: str = "train.") -> None:
+        self.steps = steps
+        self.step_scope = step_scope
+        self.rollout_scope = rollout_scope
+        self.train_prefix = train_prefix
+        self.events = 0
+        self.scopes: dict[str, BoundedQuantiles] = {}
+        #: (file index, pid) -> [first ts, last end] in µs
+        self.extent: dict[tuple[int, int], list[float]] = {}
+        self.pid_rank: dict[tuple[int, int], int] = {}
+        self.file_ranks: list[int] = []
+        self.counters: dict[tuple[int, int, str], CounterInfo] = {}
+        #: (file index, pid, tid, ts, dur, name, step arg) of train.* scopes
+        self._train: list[tuple[int, Any, Any, float, float, str, Any]] = []
+        #: with a step range: (file index, pid) -> (lo, hi) µs window of the selected steps
+        self.windows: dict[tuple[int, int], tuple[float, float]] | None = None
+
+    # -- reading --------------------------------------------------------------------------
+
+    def prescan_windows(self, fi: int, path: Path, skipped: Skipped, progress: Progress) -> None:
+        """With a step range: find the selected steps' time window per process."""
+        if self.windows is None:
+            self.windows = {}
+        needle = orjson.dumps(self.step_scope)
+        steps_seen: dict[tuple[int, Any], int] = {}
+        for _, ev in iter_objects(path, skipped, progress, want=lambda raw: needle in raw):
+            if ev.get("ph") != "X" or ev.get("name") != self.step_scope:
+                continue
+            key = (fi, ev.get("pid"))
+            n = _step_arg(ev.get("args"))
+            if n is None:
+                n = steps_seen.get(key, 0)  # no step number: count the step scopes
+                steps_seen[key] = n + 1
+            if n in self.steps:
+                try:
+                    ts = float(ev["ts"])
+                    end = ts + float(ev.get("dur") or 0.0)
+                except BAD_EVENT:
+                    continue  # reported by the main pass
+                w = self.windows.get(key)
+                self.windows[key] = (ts, end) if w is None else (min(w[0], ts), max(w[1], end))
+
+    def read(self, fi: int, path: Path, skipped: Skipped, progress: Progress) -> None:
+        rank_of_file = file_rank(path, fi)
+        while len(self.file_ranks) <= fi:
+            self.file_ranks.append(rank_of_file)
+        scopes, extent, windows = self.scopes, self.extent, self.windows
+        prefix, train = self.train_prefix, self._train
+        for lineno, ev in iter_objects(path, skipped, progress):
+            try:
+                ph = ev.get("ph")
+                if ph == "X":
+                    self.events += 1
+                    ts = ev.get("ts")
+                    if ts is None:
+                        continue
+                    ts = float(ts)
+                    dur = float(ev.get("dur") or 0.0)
+                    key = (fi, ev.get("pid"))
+                    if windows is not None:
+                        w = windows.get(key)
+                        if w is None or ts < w[0] or ts > w[1]:
+                            continue
+                    name = ev.get("name")
+                    if type(name) is not str:
+                        name = str(name)
+                    q = scopes.get(name)
+                    if q is None:
+                        if len(scopes) < MAX_SCOPE_NAMES:
+                            q = scopes[name] = BoundedQuantiles()
+                        else:
+                            q = scopes.get(OTHER) or scopes.setdefault(OTHER, BoundedQuantiles())
+                    buf = q.buffer
+                    buf.append(dur)
+                    if len(buf) >= q.exact_limit:
+                        q.maybe_flush()
+                    end = ts + dur
+                    e = extent.get(key)
+                    if e is None:
+                        extent[key] = [ts, end]
+                    else:
+                        if ts < e[0]:
+                            e[0] = ts
+                        if end > e[1]:
+                            e[1] = end
+                    if name.startswith(prefix) or name == self.step_scope:
+                        stepval = _step_arg(ev.get("args")) if name == self.step_scope else None
+                        train.append((fi, ev.get("pid"), ev.get("tid"), ts, dur, name, stepval))
+                elif ph == "C":
+                    self.events += 1
+                    self._counter(fi, ev)
+                elif ph == "M":
+                    if ev.get("name") == "process_labels":
+                        labels = _labels((ev.get("args") or {}).get("labels"))
+                        if "rank" in labels:
+                            self.pid_rank[(fi, ev.get("pid"))] = int(labels["rank"])
+                else:
+                    self.events += 1
+            except BAD_EVENT as exc:
+                skipped.add(f"{path}:{lineno}: malformed trace event ({exc!r}), skipped")
+
+    def _counter(self, fi: int, ev: dict[str, Any]) -> None:
+        ts, name = ev.get("ts"), ev.get("name")
+        args = ev.get("args") or {}
+        value = args.get("value")
+        if ts is None or name is None or not isinstance(value, (int, float)):
+            return
+        ts = float(ts)
+        key = (fi, ev.get("pid"))
+        if self.windows is not None:
+            w = self.windows.get(key)
+            if w is None:
+                return
+            lo, hi = w
+        else:
+            lo, hi = -math.inf, math.inf
+        c = self.counters.get((fi, key[1], str(name)))
+        if c is None:
+            c = self.counters[(fi, key[1], str(name))] = CounterInfo()
+        if ts < lo:
+            if ts >= c.base_ts:
+                c.base, c.base_ts = float(value), ts
+        elif ts <= hi and ts >= c.last_ts:
+            c.last, c.last_ts = float(value), ts
+            e = self.extent.get(key)
+            if e is None:
+                self.extent[key] = [ts, ts]
+            else:
+                e[0], e[1] = min(e[0], ts), max(e[1], ts)
+
+    # -- results ---------------------------------------------------------------------------
+
+    def rank_of(self, fi: int, pid: Any) -> int:
+        r = self.pid_rank.get((fi, pid))
+        if r is not None:
+            return r
+        return self.file_ranks[fi] if fi < len(self.file_ranks) else fi
+
+    def rank_walls(self) -> dict[int, float]:
+        """Seconds from the first to the last event of each rank (over its processes)."""
+        spans: dict[int, list[float]] = {}
+        for (fi, pid), (lo, hi) in self.extent.items():
+            r = self.rank_of(fi, pid)
+            s = spans.get(r)
+            spans[r] = [lo, hi] if s is None else [min(s[0], lo), max(s[1], hi)]
+        return {r: (hi - lo) / 1e6 for r, (lo, hi) in sorted(spans.items())}
+
+    def step_infos(self) -> dict[tuple[int, int], StepInfo]:
+        """(rank, step) -> :class:`StepInfo` for every selected step scope in the traces."""
+        by_proc: dict[tuple[int, Any], list[tuple[float, float, int]]] = {}
+        others: list[tuple[int, Any, Any, float, float, str]] = []
+        ordinal: dict[tuple[int, Any], int] = {}
+        for fi, pid, tid, ts, dur, name, stepval in sorted(self._train, key=lambda t: (t[0], t[3])):
+            if name == self.step_scope:
+                if stepval is None:
+                    stepval = ordinal.get((fi, pid), 0)
+                    ordinal[(fi, pid)] = stepval + 1
+                by_proc.setdefault((fi, pid), []).append((ts, ts + dur, int(stepval)))
+            else:
+                others.append((fi, pid, tid, ts, dur, name))
+        infos: dict[tuple[int, int], StepInfo] = {}
+        starts: dict[tuple[int, Any], list[float]] = {}
+        for proc, lst in by_proc.items():
+            lst.sort()
+            starts[proc] = [s for s, _, _ in lst]
+            for s, e, n in lst:
+                if n not in self.steps:
+                    continue
+                r = self.rank_of(proc[0], proc[1])
+                info = infos.get((r, n))
+                if info is None:
+                    infos[(r, n)] = StepInfo(rank=r, step=n, start_us=s, dur_us=e - s)
+                else:
+                    end = max(info.start_us + info.dur_us, e)
+                    info.start_us = min(info.start_us, s)
+                    info.dur_us = end - info.start_us
+        # depth among train.* scopes on one lane: only direct children count in the breakdown
+        others.sort(key=lambda t: (t[0], str(t[1]), str(t[2]), t[3], -t[4]))
+        stack: list[float] = []
+        lane = None
+        for fi, pid, tid, ts, dur, name in others:
+            if (fi, pid, tid) != lane:
+                lane, stack = (fi, pid, tid), []
+            end = ts + dur
+            # timestamps are floored to the µs: a scope starting (or ending) within 1 µs of the
+            # previous one's end is its sibling, not its child
+            while stack and (stack[-1] <= ts + 1.0 or end > stack[-1] + 1.0):
+                stack.pop()
+            depth = len(stack)
+            stack.append(end)
+            lst = by_proc.get((fi, pid))
+            if not lst:
+                continue
+            i = bisect_right(starts[(fi, pid)], ts) - 1
+            if i < 0 or ts + dur > lst[i][1] + 1.0:
+                continue
+            info = infos.get((self.rank_of(fi, pid), lst[i][2]))
+            if info is None:
+                continue
+            if name == self.rollout_scope:
+                info.rollout_scopes += 1
+                info.rollout_dur_us = dur
+                lo, hi = info.rollout_start_us, info.rollout_end_us
+                info.rollout_start_us = ts if lo is None else min(lo, ts)
+                info.rollout_end_us = end if hi is None else max(hi, end)
+            if depth == 0:
+                info.breakdown[name] = info.breakdown.get(name, 0.0) + dur
+        return infos
+
+    def counter_totals(self) -> dict[str, dict[int, float]]:
+        """name -> rank -> counter increase over the window (last value minus the value before)."""
+        out: dict[str, dict[int, float]] = {}
+        for (fi, pid, name), c in self.counters.items():
+            if c.last_ts == -math.inf:
+                continue
+            r = self.rank_of(fi, pid)
+            d = out.setdefault(name, {})
+            d[r] = d.get(r, 0.0) + (c.last - c.base)
+        return out
+
+
+def _step_arg(args: Any) -> int | None:
+    if not isinstance(args, dict):
+        return None
+    for k in ("rl.step", "global_step", "step"):
+        v = args.get(k)
+        if isinstance(v, int) or (isinstance(v, float) and v.is_integer()):
+            return int(v)
+    return None
+
+
+def _labels(text: Any) -> dict[str, str]:
+    if not isinstance(text, str):
+        return {}
+    out = {}
+    for part in text.split(","):
+        k, sep, v = part.partition("=")
+        if sep:
+            out[k.strip()] = v.strip()
+    return out
