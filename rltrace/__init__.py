@@ -20,7 +20,8 @@ OpenTelemetry   add_span_processor, tracer_provider, link_consumed,
 
 from . import stats
 from . import stats as stats_tracker  # AReaL's name for the same module
-from .config import ConfigError, ExportersConfig, OTLPConfig, SessionTracerConfig, TracerConfig
+from .config import ConfigError, DeviceConfig, ExportersConfig, OTLPConfig, SessionTracerConfig, TracerConfig
+from .device import profile_steps
 from .phases import PhaseSpec, UnknownPhaseError, register_phase
 from .pipeline import (
     add_record_processor,
@@ -61,6 +62,7 @@ from .version import __version__
 __all__ = [
     "Category",
     "ConfigError",
+    "DeviceConfig",
     "ExportersConfig",
     "OTLPConfig",
     "PhaseSpec",
@@ -88,6 +90,7 @@ __all__ = [
     "instant",
     "is_configured",
     "link_consumed",
+    "profile_steps",
     "register_phase",
     "register_session",
     "register_task",

@@ -27,6 +27,7 @@ from typing import Any
 
 __all__ = [
     "ConfigError",
+    "DeviceConfig",
     "ExportersConfig",
     "OTLPConfig",
     "SessionTracerConfig",
@@ -75,6 +76,18 @@ class OTLPConfig:
 
 
 @dataclass
+class DeviceConfig:
+    """Config-wide device options by span category (see :mod:`rltrace.device`)."""
+
+    #: categories whose scopes wait for the device at entry/exit (e.g. ``[compute, comm]``)
+    sync_categories: list[str] = field(default_factory=list)
+    #: categories whose scopes record CUDA events (``device_timing="events"``)
+    timing_categories: list[str] = field(default_factory=list)
+    #: emit every scope as an NVTX range / JAX TraceAnnotation too
+    annotate: bool = False
+
+
+@dataclass
 class ExportersConfig:
     """Which built-in outputs are on."""
 
@@ -104,6 +117,7 @@ class TracerConfig:
     world_size: int | None = None
     otlp: OTLPConfig = field(default_factory=OTLPConfig)
     exporters: ExportersConfig = field(default_factory=ExportersConfig)
+    device: DeviceConfig = field(default_factory=DeviceConfig)
     #: the background exporter wakes at least this often (seconds)
     flush_interval_s: float = 1.0
     #: most finished spans held in memory awaiting export; beyond it spans are counted as dropped

@@ -21,6 +21,8 @@ import orjson
 logger = logging.getLogger("rltrace")
 
 TRACE_GLOB = "traces-r*.jsonl"
+#: torch.profiler traces written by rltrace.profile_steps
+PROFILER_GLOB = "torch_profiler/*.json"
 _SESSION_RE = re.compile(r"sessions-r\d+\.jsonl$")
 _RANK_RE = re.compile(r"traces-r(\d+)")
 _PID_RE = re.compile(rb'^\{"pid":(-?\d+),')
@@ -57,7 +59,7 @@ def find_trace_files(inputs: Iterable[str | Path]) -> list[Path]:
         text = str(inp)
         p = Path(text).expanduser()
         if p.is_dir():
-            candidates = sorted(p.rglob(TRACE_GLOB))
+            candidates = sorted(p.rglob(TRACE_GLOB)) + sorted(p.rglob(PROFILER_GLOB))
         elif p.is_file():
             candidates = [p]
         elif any(ch in text for ch in "*?["):
@@ -65,7 +67,8 @@ def find_trace_files(inputs: Iterable[str | Path]) -> list[Path]:
             candidates = [c for c in candidates if c.is_file() or c.is_dir()]
             expanded: list[Path] = []
             for c in candidates:
-                expanded.extend(sorted(c.rglob(TRACE_GLOB)) if c.is_dir() else [c])
+                expanded.extend(sorted(c.rglob(TRACE_GLOB)) + sorted(c.rglob(PROFILER_GLOB))
+                                if c.is_dir() else [c])
             candidates = expanded
         else:
             raise ConvertError(f"rltrace convert: input {text!r} does not exist")
@@ -96,11 +99,37 @@ class _Writer:
 
 
 def _events_of_json(path: Path) -> Iterator[dict[str, Any]]:
+    """Events of a whole-file JSON trace, on rltrace's epoch-microsecond clock.
+
+    A ``torch.profiler`` (Kineto) trace carries ``baseTimeNanoseconds``: its ``ts`` are
+    microseconds since that epoch instant, so they are shifted onto the epoch, and its
+    processes are named after the rank in the file name (``step{n}-r{rank}.json``).
+    """
     doc = orjson.loads(path.read_bytes())
     events = doc.get("traceEvents", []) if isinstance(doc, dict) else doc
     if not isinstance(events, list):
         raise ConvertError(f"rltrace convert: {path} holds no traceEvents list")
-    yield from (e for e in events if isinstance(e, dict))
+    base = doc.get("baseTimeNanoseconds") if isinstance(doc, dict) else None
+    shift = base / 1000.0 if isinstance(base, (int, float)) else 0.0
+    m = re.search(r"-r(\d+)", path.stem)
+    label = f"rank {m.group(1)} · torch.profiler" if m and shift else None
+    pids: set[Any] = set()
+    for e in events:
+        if not isinstance(e, dict):
+            continue
+        if shift and isinstance(e.get("ts"), (int, float)):
+            e["ts"] = round(e["ts"] + shift, 3)
+        if label is not None and e.get("ph") == "M" and e.get("name") == "process_name":
+            e["args"] = {"name": label}
+            pids.add(e.get("pid"))
+        yield e
+    if label is not None:
+        for e in events:
+            pid = e.get("pid") if isinstance(e, dict) else None
+            if isinstance(pid, int) and pid not in pids:
+                pids.add(pid)
+                yield {"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+                       "args": {"name": label}}
 
 
 def convert(

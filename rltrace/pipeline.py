@@ -31,7 +31,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from rltrace.exporters.sessions import SessionRecordWriter
 
-from . import sessions
+from . import device, sessions
 from .config import ConfigError, TracerConfig, load_config, log_dir, redacted
 from .materialize import SpanBuilder
 from .otlp import make_metric_exporter, make_span_exporter
@@ -40,6 +40,7 @@ from .provider import DelegatingTracerProvider
 from .ranks import detect_rank
 from .recorder import STATE, Scope, _noop, internal_error
 from .session_metrics import SessionMetricsProcessor
+from .spans import DEVICE_DEFAULTS
 from .summary import ScopeSummary, counters_snapshot
 from .version import __version__
 
@@ -212,6 +213,8 @@ class Pipeline:
             self._lock.release()
 
     def _cycle(self) -> None:
+        if device.pending_count():
+            device.resolve_pending_events()
         buf = STATE.buffer
         popleft = buf.popleft
         record_procs = self.record_processors
@@ -289,6 +292,11 @@ class Pipeline:
         t = self._thread
         if t is not None and t is not threading.current_thread():
             t.join(timeout=10 if timeout is None else timeout)
+        if device.pending_count():
+            try:  # spans held for their CUDA events: wait for the events, then export them
+                device.resolve_pending_events(wait=True)
+            except Exception as exc:
+                internal_error("device events at shutdown", exc)
         self.flush(timeout=timeout)
         # Network exporters get one shared deadline: metrics shut down beside the spans.
         timeout = self.cfg.otlp.timeout_s if self.cfg.otlp.timeout_s is not None else 5.0
@@ -350,6 +358,7 @@ class Pipeline:
             out[type(q.exporter).__name__] = q.stats()
         if self.otlp is not None:
             out["otlp"] = self.otlp.stats()
+        out["device_events"] = {**device.STATS, "pending": device.pending_count()}
         sp = self.session_processor
         if sp is not None:
             out["sessions"] = {"finalized": sp.sessions, "written": sp.writer.written,
@@ -421,6 +430,8 @@ def configure(
         STATE.wake_at = max(1, min(8192, cfg.max_queue_size // 4))
         STATE.wake = new.wake
         new.start()
+        DEVICE_DEFAULTS.set(cfg.device.sync_categories, cfg.device.timing_categories,
+                            cfg.device.annotate)
         STATE.enabled = cfg.enabled
         sessions.FLAGS.enabled = cfg.session_tracer.enabled
         if (cfg.set_global_provider and not _GLOBAL_SET

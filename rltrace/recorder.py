@@ -299,8 +299,12 @@ class Scope(Span):
             self.owns_lane = True
         self.start_ns = now_ns()
 
-    def finish(self, end_ns: int, exc: BaseException | None = None, keep: bool = False) -> None:
-        """Close a record started with :meth:`begin_detached` and queue it for export."""
+    def finish(self, end_ns: int, exc: BaseException | None = None, keep: bool = False,
+               hold: bool = False) -> None:
+        """Close a record started with :meth:`begin_detached` and queue it for export.
+
+        ``hold``: close it but let the caller queue it later (device timing resolves first).
+        """
         if self.end_ns:
             return
         self.end_ns = end_ns
@@ -308,7 +312,8 @@ class Scope(Span):
             self._set_error(exc)
         if self.owns_lane:
             _release_lane(self.thread, self.lane)
-        push(self, keep)
+        if not hold:
+            push(self, keep)
 
     def _restore_parent(self) -> None:
         cur = _ctx_get()

@@ -237,8 +237,8 @@ class PhaseScope:
     one phase pair correctly.
     """
 
-    __slots__ = ("_token", "closed", "end_payload", "scope", "session", "session_id", "spec",
-                 "start_payload", "turn")
+    __slots__ = ("_sync_wait", "_token", "closed", "device_sync", "end_payload", "scope",
+                 "session", "session_id", "spec", "start_payload", "turn")
 
     def __init__(self, spec: PhaseSpec, start_payload: dict[str, Any] | None,
                  end_payload: dict[str, Any] | None, turn: int | None, session_id: Any) -> None:
@@ -250,6 +250,8 @@ class PhaseScope:
         self.scope: Scope | None = None
         self.closed = False
         self._token: Any = None
+        self.device_sync: Any = None
+        self._sync_wait = 0
 
     @property
     def phase(self) -> str:
@@ -318,12 +320,23 @@ class PhaseScope:
             if sess is None:
                 _no_session(sid, f"trace_session_phase({self.spec.name!r})")
             else:
+                if self.device_sync:
+                    from .device import device_sync
+
+                    _, self._sync_wait = device_sync(self.device_sync)
                 self._start(sess, True)
                 self._token = attach(self.scope)
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
         if self.scope is not None:
+            if self.device_sync:
+                from .device import ATTR_SYNC, ATTR_SYNC_WAIT, device_sync
+
+                kind, wait = device_sync(self.device_sync)
+                attrs = self.scope.extra["attrs"]  # type: ignore[index]
+                attrs[ATTR_SYNC] = kind
+                attrs[ATTR_SYNC_WAIT] = (self._sync_wait + wait) / 1e9
             detach(self._token)
             self.end(self.end_payload, exc)
         return False
@@ -364,7 +377,7 @@ def _copy(payload: dict[str, Any] | None) -> dict[str, Any] | None:
 def trace_session_phase(
     phase: str, start_payload: dict[str, Any] | None = None,
     end_payload: dict[str, Any] | None = None, *, turn: int | None = None,
-    session_id: Any = None,
+    session_id: Any = None, device_sync: bool | str | None = None,
 ) -> PhaseScope:
     """Time one execution of ``phase`` in the current session: ``with trace_session_phase(...)``.
 
@@ -372,18 +385,22 @@ def trace_session_phase(
     ``model``, ``input_tokens``, ``output_tokens``, ``tool_name`` also map to OTel GenAI
     attributes on generate/toolcall).  ``turn`` overrides the automatic per-session turn
     counter (each ``generate`` starts a new turn).  Raises
-    :class:`~rltrace.phases.UnknownPhaseError` for an unregistered phase.
+    :class:`~rltrace.phases.UnknownPhaseError` for an unregistered phase.  ``device_sync``
+    waits for the GPU/TPU at both ends (see :mod:`rltrace.device`).
     """
-    return PhaseScope(get_phase(phase), _copy(start_payload), _copy(end_payload), turn, session_id)
+    ps = PhaseScope(get_phase(phase), _copy(start_payload), _copy(end_payload), turn, session_id)
+    ps.device_sync = device_sync
+    return ps
 
 
 def atrace_session_phase(
     phase: str, start_payload: dict[str, Any] | None = None,
     end_payload: dict[str, Any] | None = None, *, turn: int | None = None,
-    session_id: Any = None,
+    session_id: Any = None, device_sync: bool | str | None = None,
 ) -> PhaseScope:
     """Async form of :func:`trace_session_phase` (``async with``)."""
-    return PhaseScope(get_phase(phase), _copy(start_payload), _copy(end_payload), turn, session_id)
+    return trace_session_phase(phase, start_payload, end_payload, turn=turn,
+                               session_id=session_id, device_sync=device_sync)
 
 
 def trace_session(phase: str) -> Callable[[F], F]:

@@ -13,6 +13,7 @@ from enum import Enum
 from typing import Any, TypeVar, overload
 
 from . import recorder
+from .device import DeviceScope, sync_needed
 from .recorder import NOOP, STATE, Scope, attach, detach, internal_error
 
 __all__ = ["Category", "atrace_scope", "instant", "trace_perf", "trace_scope"]
@@ -41,8 +42,48 @@ def _check_name(name: Any, api: str) -> None:
     )
 
 
+class _DeviceDefaults:
+    """Config-wide device options by category (set by ``configure``)."""
+
+    __slots__ = ("annotate", "any", "sync", "timing")
+
+    def __init__(self) -> None:
+        self.any = False
+        self.sync: frozenset[str] = frozenset()
+        self.timing: frozenset[str] = frozenset()
+        self.annotate = False
+
+    def set(self, sync: Any, timing: Any, annotate: bool) -> None:
+        self.sync, self.timing, self.annotate = frozenset(sync), frozenset(timing), annotate
+        self.any = bool(self.sync or self.timing or annotate)
+
+
+DEVICE_DEFAULTS = _DeviceDefaults()
+_NO_OPTS: dict[str, Any] = {"device_sync": None, "device_timing": None, "annotate": None}
+
+
+def _device_scope(name: str, category: Any, args: Any, sync: Any, timing: Any,
+                  annotate: Any) -> Any:
+    d = DEVICE_DEFAULTS
+    cat = getattr(category, "value", category) or "misc"
+    if sync is None:
+        sync = cat in d.sync
+    if timing is None and cat in d.timing:
+        timing = "events"
+    if annotate is None:
+        annotate = d.annotate
+    scope = Scope(name, category, dict(args) if args else None)
+    if not (sync or timing or annotate):
+        return scope
+    if not (timing or annotate or sync_needed(sync)):
+        return scope  # nothing on an accelerator to wait for: a plain scope, cost ~0
+    return DeviceScope(scope, sync, timing, annotate)
+
+
 def trace_scope(
-    name: str, category: Category | str | None = None, args: dict[str, Any] | None = None
+    name: str, category: Category | str | None = None, args: dict[str, Any] | None = None,
+    *, device_sync: bool | str | None = None, device_timing: str | None = None,
+    annotate: bool | None = None,
 ) -> Scope:
     """Trace a block: ``with trace_scope("train.step", Category.COMPUTE, {"step": 3}): ...``.
 
@@ -52,22 +93,33 @@ def trace_scope(
     stringified at export.  An exception leaving the block is recorded on the span (status
     ERROR plus an ``exception`` event) and re-raised unchanged.  The returned object is the
     span itself (``set_attribute``, ``add_event`` work on it).
+
+    Device options (:mod:`rltrace.device`): ``device_sync`` waits for the GPU/TPU at entry and
+    exit so the span covers device time; ``device_timing="events"`` measures it with CUDA
+    events without stalling; ``annotate`` adds NVTX / JAX profiler annotations.  ``None``
+    follows the config's per-category defaults.
     """
     if not STATE.enabled:
         return NOOP  # type: ignore[return-value]
     if type(name) is not str:
         _check_name(name, "trace_scope")
+    if device_sync or device_timing or annotate or DEVICE_DEFAULTS.any:
+        return _device_scope(name, category, args, device_sync, device_timing, annotate)
     return Scope(name, category, dict(args) if args else None)
 
 
 def atrace_scope(
-    name: str, category: Category | str | None = None, args: dict[str, Any] | None = None
+    name: str, category: Category | str | None = None, args: dict[str, Any] | None = None,
+    *, device_sync: bool | str | None = None, device_timing: str | None = None,
+    annotate: bool | None = None,
 ) -> Scope:
     """Async form of :func:`trace_scope`: ``async with atrace_scope("rollout"): ...``."""
     if not STATE.enabled:
         return NOOP  # type: ignore[return-value]
     if type(name) is not str:
         _check_name(name, "atrace_scope")
+    if device_sync or device_timing or annotate or DEVICE_DEFAULTS.any:
+        return _device_scope(name, category, args, device_sync, device_timing, annotate)
     return Scope(name, category, dict(args) if args else None)
 
 
@@ -173,6 +225,46 @@ async def _traced_async_generator(agen: Any, name: str, category: Any) -> Any:
             scope.finish(recorder.now_ns(), error)
 
 
+def _decorate_device(fn: Callable[..., Any], name: str, category: Any, opts: dict[str, Any]
+                     ) -> Callable[..., Any]:
+    """Wrapper for ``trace_perf`` with device options: JAX syncs on the function's outputs."""
+    if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
+        raise TypeError(f"rltrace.trace_perf: device options are not supported on generator "
+                        f"function {fn.__qualname__}; wrap the consuming loop in trace_scope")
+
+    def scope() -> Any:
+        return _device_scope(name, category, None, opts["device_sync"], opts["device_timing"],
+                             opts["annotate"])
+
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def async_wrapper(*a: Any, **k: Any) -> Any:
+            if not STATE.enabled:
+                return await fn(*a, **k)
+            ds = scope()
+            with ds:
+                out = await fn(*a, **k)
+                if type(ds) is not Scope:
+                    ds.outputs = out
+                return out
+
+        return async_wrapper
+
+    @functools.wraps(fn)
+    def wrapper(*a: Any, **k: Any) -> Any:
+        if not STATE.enabled:
+            return fn(*a, **k)
+        ds = scope()
+        with ds:
+            out = fn(*a, **k)
+            if type(ds) is not Scope:
+                ds.outputs = out
+            return out
+
+    return wrapper
+
+
 def _decorate(fn: Callable[..., Any], name: str, category: Any) -> Callable[..., Any]:
     if inspect.isasyncgenfunction(fn):
 
@@ -196,19 +288,27 @@ def _decorate(fn: Callable[..., Any], name: str, category: Any) -> Callable[...,
         return gen_wrapper
     if inspect.iscoroutinefunction(fn):
 
+        device = _decorate_device(fn, name, category, _NO_OPTS)
+
         @functools.wraps(fn)
         async def async_wrapper(*a: Any, **k: Any) -> Any:
             if not STATE.enabled:
                 return await fn(*a, **k)
+            if DEVICE_DEFAULTS.any:  # config-wide device options for this category
+                return await device(*a, **k)
             with Scope(name, category):
                 return await fn(*a, **k)
 
         return async_wrapper
 
+    device = _decorate_device(fn, name, category, _NO_OPTS)
+
     @functools.wraps(fn)
     def wrapper(*a: Any, **k: Any) -> Any:
         if not STATE.enabled:
             return fn(*a, **k)
+        if DEVICE_DEFAULTS.any:
+            return device(*a, **k)
         with Scope(name, category):
             return fn(*a, **k)
 
@@ -221,13 +321,17 @@ def trace_perf(name: F) -> F: ...
 def trace_perf(name: str | None = None, category: Category | str | None = None) -> Callable[[F], F]: ...
 
 
-def trace_perf(name: Any = None, category: Category | str | None = None) -> Any:
+def trace_perf(name: Any = None, category: Category | str | None = None, *,
+               device_sync: bool | str | None = None, device_timing: str | None = None,
+               annotate: bool | None = None) -> Any:
     """Decorator tracing every call of a sync, async, generator or async-generator function.
 
     ``@trace_perf("fsdp_engine.train_batch", category="compute")``; with no name the
     function's qualified name is used (``@trace_perf`` and ``@trace_perf()`` both work).
     The wrapper is chosen once, at decoration time; whether tracing is on is checked per call,
     so functions decorated before :func:`rltrace.configure` are traced once it runs.
+    Device options as for :func:`trace_scope`; with ``device_sync`` a JAX function's outputs
+    are what is waited on (``jax.block_until_ready``).
     """
     if callable(name) and category is None:
         fn = name
@@ -235,9 +339,13 @@ def trace_perf(name: Any = None, category: Category | str | None = None) -> Any:
     if name is not None and type(name) is not str:
         _check_name(name, "trace_perf")
 
+    opts = {"device_sync": device_sync, "device_timing": device_timing, "annotate": annotate}
+
     def deco(fn: F) -> F:
         if not callable(fn):
             raise TypeError(f"rltrace.trace_perf must decorate a function, got {type(fn).__name__}")
+        if device_sync or device_timing or annotate:
+            return _decorate_device(fn, name or fn.__qualname__, category, opts)  # type: ignore[return-value]
         return _decorate(fn, name or fn.__qualname__, category)  # type: ignore[return-value]
 
     return deco

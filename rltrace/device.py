@@ -1,0 +1,311 @@
+"""Device-aware timing for PyTorch (CUDA) and JAX: sync, CUDA events, profiler annotations.
+
+GPU and TPU work is asynchronous: a scope that ends when the host returns measures dispatch,
+not compute.  Options on ``trace_scope`` / ``atrace_scope`` / ``trace_perf`` / session phases:
+
+* ``device_sync=True`` (or ``"torch"`` / ``"jax"``) waits for the device at entry (before the
+  span starts, so earlier queued work is not counted) and at exit (before it ends, so its own
+  work is): ``torch.cuda.synchronize()`` when CUDA is initialised; for JAX,
+  ``jax.block_until_ready`` on the decorated function's outputs, else on every live array
+  (JAX dispatches asynchronously on every backend, the CPU included).  With neither framework
+  busy it is a no-op.  The span gets ``rl.device.sync`` (what was used) and
+  ``rl.device.sync_wait_s`` (time spent waiting, entry + exit), so the cost of syncing shows.
+* ``device_timing="events"`` records CUDA events at start/end on the current stream without
+  stalling the host; the exporter thread resolves them later and sets ``rl.device.time_s``
+  (bounded number outstanding; unresolved ones at shutdown are synchronised or counted).
+* ``annotate=True`` also emits the span as an NVTX range (Nsight Systems) and as a
+  ``jax.profiler.TraceAnnotation`` (XLA/TensorBoard profiler traces).
+
+Config-wide defaults per category: ``device: {sync_categories: [comm], timing_categories:
+[compute], annotate: false}``.  torch and jax are imported lazily: processes without them work,
+and asking for a framework that is missing raises a clear error.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections import deque
+from typing import Any
+
+from .recorder import Scope, attach, detach, internal_error, now_ns, push
+
+__all__ = ["DeviceScope", "device_sync", "profile_steps", "resolve_pending_events"]
+
+ATTR_SYNC = "rl.device.sync"
+ATTR_SYNC_WAIT = "rl.device.sync_wait_s"
+ATTR_DEVICE_TIME = "rl.device.time_s"
+ATTR_TIMING = "rl.device.timing"
+
+#: CUDA event pairs awaiting resolution: (scope, start_event, end_event)
+_PENDING: deque[tuple[Scope, Any, Any]] = deque()
+MAX_PENDING = 4096
+_LOCK = threading.Lock()
+STATS = {"resolved": 0, "unresolved": 0}
+
+
+def _torch_cuda() -> Any:
+    """torch, when it has initialised CUDA in this process (else no CUDA work can be queued)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        if torch.cuda.is_initialized():
+            return torch
+    except Exception:
+        return None
+    return None
+
+
+def sync_needed(mode: Any) -> bool:
+    """Whether ``device_sync(mode)`` could have anything to wait for (cheap check)."""
+    if mode is True:
+        return "jax" in sys.modules or _torch_cuda() is not None
+    return bool(mode)
+
+
+def _require(framework: str) -> Any:
+    try:
+        return __import__(framework)
+    except ImportError:
+        raise ImportError(
+            f"rltrace: device option asks for {framework!r}, which is not installed; "
+            f"pip install 'rltrace[{framework}]' or use device_sync=True (auto)"
+        ) from None
+
+
+def device_sync(mode: Any = True, outputs: Any = None) -> tuple[str, int]:
+    """Wait for outstanding device work; returns (what was synchronised, wait in ns).
+
+    ``mode``: True = every framework in use; ``"torch"`` / ``"jax"`` = that one (an error if
+    it is not installed).  ``outputs``: arrays (any pytree) to wait on instead of every live
+    JAX array.
+    """
+    t0 = now_ns()
+    used = []
+    if mode in (True, "torch"):
+        torch = _torch_cuda() if mode is True else _require("torch")
+        if torch is not None and (mode is True or torch.cuda.is_available()):
+            torch.cuda.synchronize()
+            used.append("torch.cuda")
+    if mode in (True, "jax"):
+        jax = sys.modules.get("jax") if mode is True else _require("jax")
+        if jax is not None:
+            if outputs is not None:
+                jax.block_until_ready(outputs)
+            else:
+                jax.block_until_ready(jax.live_arrays())
+            used.append("jax")
+    return ("+".join(used) or "none"), now_ns() - t0
+
+
+class _Annotation:
+    """NVTX range + JAX TraceAnnotation for one span (whichever frameworks are present)."""
+
+    __slots__ = ("jax_ann", "nvtx")
+
+    def __init__(self, name: str) -> None:
+        self.nvtx = None
+        self.jax_ann = None
+        torch = _torch_cuda()
+        if torch is not None:
+            try:
+                torch.cuda.nvtx.range_push(name)
+                self.nvtx = torch
+            except Exception as exc:
+                internal_error("nvtx range", exc)
+        jax = sys.modules.get("jax")
+        if jax is not None:
+            try:
+                self.jax_ann = jax.profiler.TraceAnnotation(name)
+                self.jax_ann.__enter__()
+            except Exception as exc:
+                internal_error("jax annotation", exc)
+                self.jax_ann = None
+
+    def close(self) -> None:
+        if self.jax_ann is not None:
+            self.jax_ann.__exit__(None, None, None)
+        if self.nvtx is not None:
+            self.nvtx.cuda.nvtx.range_pop()
+
+
+class DeviceScope:
+    """A scope with device options; entering yields the span (an rltrace ``Scope``)."""
+
+    __slots__ = ("_ann", "_ev", "_token", "_wait", "annotate", "outputs", "scope", "sync",
+                 "timing")
+
+    def __init__(self, scope: Scope, sync: Any = None, timing: str | None = None,
+                 annotate: bool = False) -> None:
+        if timing not in (None, "events"):
+            raise ValueError(f"rltrace: device_timing must be None or 'events', got {timing!r}")
+        if sync not in (None, False, True, "torch", "jax"):
+            raise ValueError(f"rltrace: device_sync must be True, False, 'torch' or 'jax', got {sync!r}")
+        self.scope = scope
+        self.sync = sync
+        self.timing = timing
+        self.annotate = annotate
+        self.outputs: Any = None
+        self._ann: _Annotation | None = None
+        self._ev: Any = None
+        self._wait = 0
+        self._token: Any = None
+
+    def __enter__(self) -> Scope:
+        kind = None
+        if self.sync:
+            kind, self._wait = device_sync(self.sync)
+        if self.annotate:
+            self._ann = _Annotation(self.scope.name)
+        scope = self.scope
+        scope.begin_detached(share_lane=True)
+        self._token = attach(scope)
+        attrs = scope.extras().setdefault("attrs", {})
+        if kind is not None:
+            attrs[ATTR_SYNC] = kind
+        if self.timing == "events":
+            torch = _torch_cuda()
+            if torch is not None:
+                ev = torch.cuda.Event(enable_timing=True)
+                ev.record()
+                self._ev = ev
+            else:
+                attrs[ATTR_TIMING] = "unavailable (no CUDA device in use)"
+        return scope
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        scope = self.scope
+        end_ev = None
+        try:
+            if self._ev is not None:
+                end_ev = _torch_cuda().cuda.Event(enable_timing=True)
+                end_ev.record()
+            if self.sync:
+                kind, wait = device_sync(self.sync, self.outputs)
+                attrs = scope.extra["attrs"]  # type: ignore[index]
+                attrs[ATTR_SYNC] = kind
+                attrs[ATTR_SYNC_WAIT] = (self._wait + wait) / 1e9
+        except Exception as err:
+            internal_error("device sync", err)
+        end = now_ns()
+        detach(self._token)
+        if self._ann is not None:
+            self._ann.close()
+        if end_ev is not None:
+            _hold(scope, self._ev, end_ev, end, exc)
+        else:
+            scope.finish(end, exc)
+        return False
+
+    async def __aenter__(self) -> Scope:
+        return self.__enter__()
+
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        return self.__exit__(exc_type, exc, tb)
+
+
+def _hold(scope: Scope, start_ev: Any, end_ev: Any, end: int, exc: BaseException | None) -> None:
+    """Close the span now but export it once its CUDA events have completed."""
+    scope.finish(end, exc, hold=True)
+    with _LOCK:
+        if len(_PENDING) >= MAX_PENDING:
+            STATS["unresolved"] += 1
+            scope.extra["attrs"][ATTR_TIMING] = "dropped (too many outstanding events)"  # type: ignore[index]
+            push(scope)
+            return
+        _PENDING.append((scope, start_ev, end_ev))
+
+
+def resolve_pending_events(wait: bool = False) -> int:
+    """Export held spans whose CUDA events completed (all of them, synchronising, if ``wait``).
+
+    Called by the exporter thread every cycle and with ``wait=True`` at shutdown.
+    """
+    done = 0
+    with _LOCK:
+        items = list(_PENDING)
+        _PENDING.clear()
+    keep = []
+    for scope, ev0, ev1 in items:
+        try:
+            if wait:
+                ev1.synchronize()
+            if wait or ev1.query():
+                scope.extra["attrs"][ATTR_DEVICE_TIME] = ev0.elapsed_time(ev1) / 1000.0  # type: ignore[index]
+                STATS["resolved"] += 1
+                push(scope)
+                done += 1
+            else:
+                keep.append((scope, ev0, ev1))
+        except Exception as exc:
+            STATS["unresolved"] += 1
+            scope.extra["attrs"][ATTR_TIMING] = f"unresolved: {exc!r}"  # type: ignore[index]
+            push(scope)
+    if keep:
+        with _LOCK:
+            _PENDING.extendleft(reversed(keep))
+    return done
+
+
+def pending_count() -> int:
+    return len(_PENDING)
+
+
+# ---- torch.profiler over chosen steps -----------------------------------------------------------
+
+
+class profile_steps:
+    """Run ``torch.profiler`` over chosen training steps (AReaL's ``profile_steps``).
+
+    ``with prof.step(global_step): ...`` profiles that step when it is in ``steps`` and writes
+    its Chrome trace to ``{log_dir}/torch_profiler/step{n}-r{rank}.json``.  ``rltrace convert``
+    on the log dir merges those files with rltrace's own on one epoch clock (Kineto's
+    ``baseTimeNanoseconds``), as a separate process per rank named ``torch.profiler``.
+    """
+
+    def __init__(self, steps: Any, *, activities: Any = None, record_shapes: bool = False,
+                 out_dir: str | None = None) -> None:
+        self.steps = set(steps or ())
+        self.activities = activities
+        self.record_shapes = record_shapes
+        self.out_dir = out_dir
+        self.written: list[str] = []
+
+    def step(self, n: int) -> Any:
+        """A context manager for step ``n`` (profiling only if ``n`` was chosen)."""
+        import contextlib
+
+        if n not in self.steps:
+            return contextlib.nullcontext()
+        return self._profiled(n)
+
+    def _profiled(self, n: int) -> Any:
+        import contextlib
+        from pathlib import Path
+
+        torch = _require("torch")
+        from torch.profiler import ProfilerActivity, profile
+
+        from .pipeline import get_pipeline
+
+        p = get_pipeline()
+        out = Path(self.out_dir) if self.out_dir else (
+            p.log_dir / "torch_profiler" if p is not None else Path("torch_profiler"))
+        rank = p.rank if p is not None else 0
+        acts = self.activities
+        if acts is None:
+            acts = [ProfilerActivity.CPU]
+            if torch.cuda.is_available():
+                acts.append(ProfilerActivity.CUDA)
+
+        @contextlib.contextmanager
+        def run() -> Any:
+            with profile(activities=acts, record_shapes=self.record_shapes) as prof:
+                yield prof
+            out.mkdir(parents=True, exist_ok=True)
+            path = out / f"step{n}-r{rank}.json"
+            prof.export_chrome_trace(str(path))
+            self.written.append(str(path))
+
+        return run()

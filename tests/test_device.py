@@ -1,0 +1,268 @@
+"""Device-aware timing: JAX async dispatch on the CPU, torch, annotations, torch.profiler merge.
+
+GPU-only behaviour (torch.cuda.synchronize, CUDA events without host stalls, NVTX) is tested in
+the CUDA section at the end, which skips with its reason when no CUDA device is present.
+"""
+
+from __future__ import annotations
+
+import gzip
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import perfetto_check
+
+import rltrace
+from rltrace.convert import convert
+from rltrace.testing import capture_spans, read_jsonl
+
+jax = pytest.importorskip("jax", reason="jax is not installed (pip install jax)")
+jnp = pytest.importorskip("jax.numpy", reason="jax is not installed (pip install jax)")
+
+
+def _dur(span: object) -> float:
+    return (span.end_time - span.start_time) / 1e9  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="module")
+def matmul() -> tuple[object, float]:
+    """A matrix big enough that its product takes a while; and that product's compute time."""
+    a = jnp.ones((2500, 2500), dtype=jnp.float32)
+    (a @ a).block_until_ready()  # compile once
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        (a @ a).block_until_ready()
+        times.append(time.perf_counter() - t0)
+    return a, sorted(times)[1]
+
+
+def test_without_sync_a_jax_scope_measures_dispatch_and_with_sync_it_covers_the_compute(
+    tmp_path: Path, matmul: tuple[object, float]
+) -> None:
+    a, compute = matmul
+    with capture_spans(tmp_path) as cap:
+        with rltrace.trace_scope("dispatch.only"):
+            y = a @ a  # type: ignore[operator]
+        y.block_until_ready()
+        with rltrace.trace_scope("synced", device_sync=True):
+            y = a @ a  # type: ignore[operator]
+        nosync, synced = cap.one("dispatch.only"), cap.one("synced")
+    assert _dur(nosync) < compute / 4, (_dur(nosync), compute)
+    assert _dur(synced) >= compute / 2, (_dur(synced), compute)
+    assert synced.attributes["rl.device.sync"] == "jax"
+    assert synced.attributes["rl.device.sync_wait_s"] > 0
+    assert "rl.device.sync" not in nosync.attributes
+
+
+def test_trace_perf_device_sync_waits_on_the_functions_outputs(
+    tmp_path: Path, matmul: tuple[object, float]
+) -> None:
+    a, compute = matmul
+
+    @rltrace.trace_perf("jax.step", device_sync=True)
+    def step(x: object) -> object:
+        return x @ x  # type: ignore[operator]
+
+    @rltrace.trace_perf("jax.step.nosync")
+    def step_nosync(x: object) -> object:
+        return x @ x  # type: ignore[operator]
+
+    with capture_spans(tmp_path) as cap:
+        step_nosync(a).block_until_ready()  # type: ignore[attr-defined]
+        out = step(a)
+        assert out.shape == (2500, 2500)  # type: ignore[attr-defined]
+        synced, nosync = cap.one("jax.step"), cap.one("jax.step.nosync")
+    assert _dur(synced) >= compute / 2 and _dur(nosync) < compute / 4
+
+
+def test_session_phase_device_sync_covers_the_compute(tmp_path: Path, matmul: tuple[object, float]) -> None:
+    a, compute = matmul
+    with capture_spans(tmp_path, session_tracer={"enabled": True}) as cap:
+        sid = rltrace.register_session()
+        with rltrace.trace_session_phase("reward", session_id=sid, device_sync=True):
+            _ = a @ a  # type: ignore[operator]
+        rltrace.trace_session_event("mark_finalized", session_id=sid, status="accepted")
+        phase = cap.one("reward")
+    assert _dur(phase) >= compute / 2 and phase.attributes["rl.device.sync"] == "jax"
+
+
+def test_config_defaults_per_category_turn_sync_on_for_that_category_only(
+    tmp_path: Path, matmul: tuple[object, float]
+) -> None:
+    a, compute = matmul
+    with capture_spans(tmp_path, device={"sync_categories": ["comm"]}) as cap:
+        with rltrace.trace_scope("allreduce", rltrace.Category.COMM):
+            _ = a @ a  # type: ignore[operator]
+        with rltrace.trace_scope("forward", rltrace.Category.COMPUTE):
+            y = a @ a  # type: ignore[operator]
+        y.block_until_ready()
+
+        @rltrace.trace_perf("bcast", category="comm")
+        def bcast() -> object:
+            return a @ a  # type: ignore[operator]
+
+        bcast()
+        comm, compute_span, deco = cap.one("allreduce"), cap.one("forward"), cap.one("bcast")
+    assert comm.attributes["rl.device.sync"] == "jax" and _dur(comm) >= compute / 2
+    assert deco.attributes["rl.device.sync"] == "jax" and _dur(deco) >= compute / 2
+    assert "rl.device.sync" not in compute_span.attributes and _dur(compute_span) < compute / 4
+
+
+def test_annotate_puts_rltrace_names_into_a_jax_profiler_trace(tmp_path: Path) -> None:
+    a = jnp.ones((128, 128))
+    with capture_spans(tmp_path / "logs"):
+        with jax.profiler.trace(str(tmp_path / "jaxprof"), create_perfetto_trace=True):
+            with rltrace.trace_scope("rltrace.annotated.block", annotate=True):
+                (a @ a).block_until_ready()
+    traces = list((tmp_path / "jaxprof").rglob("*.trace.json.gz"))
+    assert traces, list((tmp_path / "jaxprof").rglob("*"))
+    assert any(b"rltrace.annotated.block" in gzip.decompress(t.read_bytes()) for t in traces)
+
+
+def test_device_timing_events_without_cuda_is_reported_not_silent(tmp_path: Path) -> None:
+    with capture_spans(tmp_path) as cap:
+        with rltrace.trace_scope("evt", device_timing="events"):
+            pass
+        span = cap.one("evt")
+        with pytest.raises(ValueError, match="device_timing"):
+            rltrace.trace_scope("bad", device_timing="cupti")
+    assert "unavailable" in span.attributes["rl.device.timing"]
+
+
+NO_ACCEL = """
+import sys, time, rltrace
+import torch  # CPU build: torch ops are synchronous, nothing to wait for
+from rltrace.device import device_sync
+rltrace.configure(fileroot=sys.argv[1], flush_at_exit=False)
+with rltrace.trace_scope("cpu.only", device_sync=True):
+    torch.ones(10).sum()
+assert device_sync(True)[0] == "none"
+rltrace.shutdown()
+assert "jax" not in sys.modules
+"""
+
+MISSING = """
+import sys
+sys.modules["torch"] = None  # torch is not installed in this process
+sys.modules["jax"] = None
+import rltrace
+rltrace.configure(fileroot=sys.argv[1], flush_at_exit=False)
+with rltrace.trace_scope("auto", device_sync=True):
+    pass
+try:
+    with rltrace.trace_scope("wants.torch", device_sync="torch"):
+        pass
+except ImportError as exc:
+    print("ERROR:", exc)
+rltrace.shutdown()
+"""
+
+
+def test_without_an_accelerator_device_sync_is_a_no_op(tmp_path: Path) -> None:
+    pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+    proc = subprocess.run([sys.executable, "-c", NO_ACCEL, str(tmp_path)], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    (ev,) = [e for e in read_jsonl(next(tmp_path.rglob("traces-r0.jsonl"))) if e.get("ph") == "X"]
+    assert ev["name"] == "cpu.only"
+    assert "rl.device.sync" not in ev["args"]  # nothing was waited for: a plain span
+
+
+def test_missing_frameworks_are_handled_and_named(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-c", MISSING, str(tmp_path)], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "ERROR:" in proc.stdout and "pip install 'rltrace[torch]'" in proc.stdout
+    names = [e["name"] for e in read_jsonl(next(tmp_path.rglob("traces-r0.jsonl"))) if e.get("ph") == "X"]
+    assert "auto" in names
+
+
+@pytest.mark.perfetto
+def test_torch_profiler_steps_merge_on_one_clock_and_the_wrapping_span_encloses_the_op(
+    tmp_path: Path,
+) -> None:
+    torch = pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+    rltrace.configure(fileroot=str(tmp_path), flush_at_exit=False)
+    prof = rltrace.profile_steps([1])
+    for step in range(3):
+        with rltrace.step(step), prof.step(step):
+            with rltrace.trace_scope("matmul.wrap"):
+                a = torch.randn(300, 300)
+                a @ a
+    rltrace.shutdown()
+    assert len(prof.written) == 1 and prof.written[0].endswith("step1-r0.json")
+    out = tmp_path / "merged.json"
+    res = convert([tmp_path], out)
+    assert any(f.name == "step1-r0.json" for f in res.files)
+    sql = ("select s.name, s.ts, s.dur from slice s where s.name in ('matmul.wrap', 'aten::mm') "
+           "order by s.ts")
+    report = perfetto_check(out, sql, "select name from process order by name")
+    assert report["ok"] and report["import_errors"] == []
+    rows = report["queries"][sql]
+    (mm,) = [r for r in rows if r["name"] == "aten::mm"]
+    wraps = [r for r in rows if r["name"] == "matmul.wrap"]
+    enclosing = [w for w in wraps if w["ts"] <= mm["ts"] and mm["ts"] + mm["dur"] <= w["ts"] + w["dur"]]
+    assert len(enclosing) == 1  # step 1's span, on the same epoch clock
+    names = [r["name"] for r in report["queries"]["select name from process order by name"]]
+    assert any(n and "torch.profiler" in n for n in names)
+
+
+# ---- CUDA (skipped on machines without a CUDA device) ------------------------------------------
+
+_torch = pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+cuda = pytest.mark.skipif(not _torch.cuda.is_available(),
+                          reason="no CUDA device on this machine (run on a GPU host)")
+
+
+@cuda
+def test_cuda_sync_makes_the_span_cover_the_kernels(tmp_path: Path) -> None:
+    x = _torch.randn(8192, 8192, device="cuda")
+    _torch.cuda.synchronize()
+    start, end = _torch.cuda.Event(enable_timing=True), _torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        x @ x
+    end.record()
+    end.synchronize()
+    gpu_s = start.elapsed_time(end) / 1000
+    with capture_spans(tmp_path) as cap:
+        with rltrace.trace_scope("gpu.nosync"):
+            for _ in range(5):
+                x @ x
+        _torch.cuda.synchronize()
+        with rltrace.trace_scope("gpu.sync", device_sync=True):
+            for _ in range(5):
+                x @ x
+        nosync, synced = cap.one("gpu.nosync"), cap.one("gpu.sync")
+    assert synced.attributes["rl.device.sync"].startswith("torch.cuda")
+    assert _dur(synced) >= gpu_s / 2 and _dur(nosync) < gpu_s / 2
+
+
+@cuda
+def test_cuda_events_time_the_gpu_without_stalling_the_host(tmp_path: Path) -> None:
+    x = _torch.randn(8192, 8192, device="cuda")
+    _torch.cuda.synchronize()
+    with capture_spans(tmp_path) as cap:
+        t0 = time.perf_counter()
+        with rltrace.trace_scope("gpu.events", device_timing="events"):
+            for _ in range(5):
+                x @ x
+        host_s = time.perf_counter() - t0
+        _torch.cuda.synchronize()
+        span = cap.one("gpu.events")
+    assert span.attributes["rl.device.time_s"] > host_s  # the host did not wait for the kernels
+
+
+@cuda
+def test_nvtx_ranges_are_pushed_and_popped(tmp_path: Path) -> None:
+    with capture_spans(tmp_path) as cap:
+        with rltrace.trace_scope("nvtx.block", annotate=True):
+            _torch.ones(4, device="cuda").sum()
+        assert cap.one("nvtx.block")
+    # an unbalanced push/pop would make this pop fail with a CUDA/NVTX error
+    _torch.cuda.nvtx.range_push("probe")
+    assert _torch.cuda.nvtx.range_pop() >= 0
