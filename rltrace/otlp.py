@@ -36,16 +36,12 @@ def otlp_protocol(cfg: OTLPConfig) -> str:
     return proto
 
 
-def make_span_exporter(cfg: OTLPConfig) -> SpanExporter | None:
-    """Build an OTLP span exporter, or None when no endpoint is configured.
+def _exporter_kwargs(cfg: OTLPConfig, proto: str) -> dict[str, Any]:
+    """Keyword arguments shared by the span and metric exporters of one protocol.
 
     Values left unset in rltrace's config are left to the exporter, which reads the standard
     ``OTEL_EXPORTER_OTLP_*`` variables (headers, compression, timeout, certificate) itself.
     """
-    endpoint = otlp_endpoint(cfg)
-    if not endpoint:
-        return None
-    proto = otlp_protocol(cfg)
     kwargs: dict[str, Any] = {}
     if cfg.headers:
         kwargs["headers"] = dict(cfg.headers)
@@ -54,8 +50,6 @@ def make_span_exporter(cfg: OTLPConfig) -> SpanExporter | None:
     if cfg.compression:
         kwargs["compression"] = _compression(cfg.compression, proto)
     if proto == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-
         if cfg.insecure is not None:
             kwargs["insecure"] = cfg.insecure
         if cfg.certificate_file:
@@ -63,17 +57,53 @@ def make_span_exporter(cfg: OTLPConfig) -> SpanExporter | None:
 
             with open(cfg.certificate_file, "rb") as fh:
                 kwargs["credentials"] = grpc.ssl_channel_credentials(fh.read())
-        return OTLPSpanExporter(endpoint=endpoint if cfg.endpoint else None, **kwargs)
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
-        OTLPSpanExporter as HTTPExporter,
+    elif cfg.certificate_file:
+        kwargs["certificate_file"] = cfg.certificate_file
+    return kwargs
+
+
+def _http_endpoint(cfg: OTLPConfig, path: str) -> dict[str, Any]:
+    if not cfg.endpoint:
+        return {}  # the exporter derives it from OTEL_EXPORTER_OTLP_[TRACES_|METRICS_]ENDPOINT
+    ep = cfg.endpoint.rstrip("/")
+    return {"endpoint": ep if ep.endswith(path) else ep + path}
+
+
+def make_span_exporter(cfg: OTLPConfig) -> SpanExporter | None:
+    """Build an OTLP span exporter, or None when no endpoint is configured."""
+    if not otlp_endpoint(cfg):
+        return None
+    proto = otlp_protocol(cfg)
+    kwargs = _exporter_kwargs(cfg, proto)
+    if proto == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        return OTLPSpanExporter(endpoint=cfg.endpoint or None, **kwargs)
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HTTPExporter
+
+    return HTTPExporter(**_http_endpoint(cfg, "/v1/traces"), **kwargs)
+
+
+def make_metric_exporter(cfg: OTLPConfig) -> Any:
+    """An OTLP metric exporter for the same endpoint, or None when none is configured.
+
+    None as well when ``otlp.metrics`` is false or ``OTEL_METRICS_EXPORTER=none``.
+    """
+    if not cfg.metrics or os.environ.get("OTEL_METRICS_EXPORTER", "").strip().lower() == "none":
+        return None
+    if not (cfg.endpoint or _env("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")):
+        return None
+    proto = otlp_protocol(cfg)
+    kwargs = _exporter_kwargs(cfg, proto)
+    if proto == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+
+        return OTLPMetricExporter(endpoint=cfg.endpoint or None, **kwargs)
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
+        OTLPMetricExporter as HTTPMetricExporter,
     )
 
-    if cfg.certificate_file:
-        kwargs["certificate_file"] = cfg.certificate_file
-    if cfg.endpoint:
-        ep = cfg.endpoint.rstrip("/")
-        kwargs["endpoint"] = ep if ep.endswith("/v1/traces") else ep + "/v1/traces"
-    return HTTPExporter(**kwargs)
+    return HTTPMetricExporter(**_http_endpoint(cfg, "/v1/metrics"), **kwargs)
 
 
 def _compression(name: str, proto: str) -> Any:
@@ -93,35 +123,3 @@ def _compression(name: str, proto: str) -> Any:
             f"rltrace config key 'otlp.compression' must be one of {sorted(table)}, got {name!r}"
         )
     return table[name]
-
-
-def make_metric_exporter(cfg: OTLPConfig) -> Any:
-    """An OTLP metric exporter for the same endpoint, or None when none is configured.
-
-    None as well when ``otlp.metrics`` is false or ``OTEL_METRICS_EXPORTER=none``.
-    """
-    if not cfg.metrics or os.environ.get("OTEL_METRICS_EXPORTER", "").strip().lower() == "none":
-        return None
-    endpoint = cfg.endpoint or _env("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
-    if not endpoint:
-        return None
-    proto = otlp_protocol(cfg)
-    kwargs: dict[str, Any] = {}
-    if cfg.headers:
-        kwargs["headers"] = dict(cfg.headers)
-    if cfg.timeout_s is not None:
-        kwargs["timeout"] = cfg.timeout_s
-    if proto == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-
-        if cfg.insecure is not None:
-            kwargs["insecure"] = cfg.insecure
-        return OTLPMetricExporter(endpoint=cfg.endpoint or None, **kwargs)
-    from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
-        OTLPMetricExporter as HTTPMetricExporter,
-    )
-
-    if cfg.endpoint:
-        ep = cfg.endpoint.rstrip("/")
-        kwargs["endpoint"] = ep if ep.endswith("/v1/metrics") else ep + "/v1/metrics"
-    return HTTPMetricExporter(**kwargs)

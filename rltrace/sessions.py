@@ -168,10 +168,17 @@ def register_task(task_id: Any = None) -> Any:
         task_id = next(_task_ids)
     if FLAGS.enabled:
         with _LOCK:
-            if task_id not in _TASKS:
-                task = _TASKS[task_id] = _Task(task_id)
-                _remember("task", task_id, task.scope)
+            _task_locked(task_id)
     return task_id
+
+
+def _task_locked(task_id: Any) -> _Task:
+    """The open task ``task_id``, registered now if needed (caller holds ``_LOCK``)."""
+    task = _TASKS.get(task_id)
+    if task is None:
+        task = _TASKS[task_id] = _Task(task_id)
+        _remember("task", task_id, task.scope)
+    return task
 
 
 def set_task_id(task_id: Any) -> None:
@@ -195,12 +202,7 @@ def register_session(task_id: Any = None) -> Any:
     if task_id is None:
         task_id = _TASK_CV.get()
     with _LOCK:
-        if task_id is None:
-            task_id = next(_task_ids)
-        task = _TASKS.get(task_id)
-        if task is None:
-            task = _TASKS[task_id] = _Task(task_id)
-            _remember("task", task_id, task.scope)
+        task = _task_locked(next(_task_ids) if task_id is None else task_id)
         task.open.add(session_id)
         sess = _SESSIONS[session_id] = _Session(session_id, task)
         _remember("session", session_id, sess.scope)
