@@ -126,7 +126,8 @@ class TracerConfig:
     set_global_provider: bool = True
     #: flush and close everything at interpreter exit
     flush_at_exit: bool = True
-    #: print the run summary (per-scope count/total/p50/p99, counters) at shutdown
+    #: collect the run summary (per-scope count/total/p50/p99, counters; ``rltrace.summary()``)
+    #: and print it at shutdown
     print_summary: bool = False
     #: forked children (dataloader workers): ``trace`` into their own ``-p{pid}`` files, or
     #: ``disable`` tracing in them

@@ -96,8 +96,10 @@ class Pipeline:
                 rank=rank, meter=meter,
             )
             self.record_processors.append(self.session_processor)
-        self.summary = ScopeSummary()
-        self.record_processors.append(self.summary)
+        self.summary: ScopeSummary | None = None
+        if cfg.print_summary:  # collected only when asked for (it costs the exporter thread)
+            self.summary = ScopeSummary()
+            self.record_processors.append(self.summary)
         self._counters_seen: dict[str, float] = {}
         self.user_record_processors = list(_USER_RECORD_PROCESSORS)
         self.record_processors.extend(self.user_record_processors)
@@ -315,7 +317,7 @@ class Pipeline:
         if meters is not None:
             meters.join(timeout + 1.0)
         self._report_otlp_loss(final=True)
-        if self.cfg.print_summary:
+        if self.summary is not None:
             print(self.summary.render(), flush=True)
 
     @staticmethod
@@ -653,6 +655,8 @@ def summary() -> str:
     p = _PIPELINE
     if p is None:
         return "rltrace is not configured"
+    if p.summary is None:
+        return "the run summary is not collected: configure rltrace with print_summary=True"
     p.flush()
     return p.summary.render()
 

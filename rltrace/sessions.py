@@ -243,7 +243,8 @@ class PhaseScope:
                  "session", "session_id", "spec", "start_payload", "turn")
 
     def __init__(self, spec: PhaseSpec, start_payload: dict[str, Any] | None,
-                 end_payload: dict[str, Any] | None, turn: int | None, session_id: Any) -> None:
+                 end_payload: dict[str, Any] | None, turn: int | None, session_id: Any,
+                 device_sync: Any = None) -> None:
         self.spec = spec
         self.start_payload = start_payload
         self.end_payload = end_payload
@@ -252,7 +253,7 @@ class PhaseScope:
         self.scope: Scope | None = None
         self.closed = False
         self._token: Any = None
-        self.device_sync: Any = None
+        self.device_sync = device_sync
         self._sync_wait = 0
 
     @property
@@ -372,10 +373,6 @@ def _session_for(session_id: Any, api: str) -> _Session | None:
     return sess
 
 
-def _copy(payload: dict[str, Any] | None) -> dict[str, Any] | None:
-    return dict(payload) if payload else None
-
-
 def trace_session_phase(
     phase: str, start_payload: dict[str, Any] | None = None,
     end_payload: dict[str, Any] | None = None, *, turn: int | None = None,
@@ -390,9 +387,8 @@ def trace_session_phase(
     :class:`~rltrace.phases.UnknownPhaseError` for an unregistered phase.  ``device_sync``
     waits for the GPU/TPU at both ends (see :mod:`rltrace.device`).
     """
-    ps = PhaseScope(get_phase(phase), _copy(start_payload), _copy(end_payload), turn, session_id)
-    ps.device_sync = device_sync
-    return ps
+    return PhaseScope(get_phase(phase), dict(start_payload) if start_payload else None,
+                      dict(end_payload) if end_payload else None, turn, session_id, device_sync)
 
 
 def atrace_session_phase(

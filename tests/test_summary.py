@@ -68,7 +68,7 @@ def test_counter_tracks_load_in_perfetto(tmp_path: Path) -> None:
 
 
 def test_summary_reports_count_total_and_quantiles_per_scope(tmp_path: Path) -> None:
-    rltrace.configure(fileroot=str(tmp_path), flush_at_exit=False)
+    rltrace.configure(fileroot=str(tmp_path), flush_at_exit=False, print_summary=True)
     p = rltrace.pipeline.get_pipeline()
     assert p is not None
     with deterministic(rltrace.testing.IncrementingClock(step_ns=1000)):
@@ -82,6 +82,12 @@ def test_summary_reports_count_total_and_quantiles_per_scope(tmp_path: Path) -> 
     assert row["p50_s"] == pytest.approx(1e-6) and row["p99_s"] == pytest.approx(1e-6)
     text = rltrace.summary()
     assert "fixed" in text and "count" in text
+
+
+def test_summary_is_not_collected_unless_asked_for(tmp_path: Path) -> None:
+    rltrace.configure(fileroot=str(tmp_path), flush_at_exit=False)
+    assert rltrace.pipeline.get_pipeline().summary is None
+    assert "print_summary=True" in rltrace.summary()
 
 
 def test_print_summary_prints_at_shutdown(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

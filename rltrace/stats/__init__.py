@@ -111,5 +111,3 @@ def reset() -> None:
     """Drop everything the default tracker holds."""
     DEFAULT.reset()
 
-
-enable_span_timings()

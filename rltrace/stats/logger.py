@@ -23,6 +23,7 @@ from typing import IO, Any
 from .. import pipeline
 from ..config import TracerConfig, log_dir, redacted
 from ..ranks import detect_rank
+from .bridge import enable_span_timings, span_timings
 from .sinks import CommitInfo, ConsoleSink, JsonlSink, Sink
 from .wandb_sink import WandBConfig
 
@@ -171,6 +172,8 @@ class StatsLogger:
         if rank is None:
             rank = p.rank if p is not None else detect_rank()[0]
         self.rank = rank
+        if span_timings() is None:  # timings from spans feed the commits from now on
+            enable_span_timings()
         self._last_step: int | None = None
         self._warned: set[str] = set()
         self.sinks: list[Sink] = []
