@@ -54,11 +54,13 @@ class _DeviceDefaults:
         self.annotate = False
 
     def set(self, sync: Any, timing: Any, annotate: bool) -> None:
+        global _DEVICE_ANY
         self.sync, self.timing, self.annotate = frozenset(sync), frozenset(timing), annotate
-        self.any = bool(self.sync or self.timing or annotate)
+        self.any = _DEVICE_ANY = bool(self.sync or self.timing or annotate)
 
 
 DEVICE_DEFAULTS = _DeviceDefaults()
+_DEVICE_ANY = False  # DEVICE_DEFAULTS.any as a plain global: one cheap check on the hot path
 _NO_OPTS: dict[str, Any] = {"device_sync": None, "device_timing": None, "annotate": None}
 
 
@@ -103,7 +105,7 @@ def trace_scope(
         return NOOP  # type: ignore[return-value]
     if type(name) is not str:
         _check_name(name, "trace_scope")
-    if device_sync or device_timing or annotate or DEVICE_DEFAULTS.any:
+    if _DEVICE_ANY or device_sync or device_timing or annotate:
         return _device_scope(name, category, args, device_sync, device_timing, annotate)
     return Scope(name, category, dict(args) if args else None)
 
@@ -118,7 +120,7 @@ def atrace_scope(
         return NOOP  # type: ignore[return-value]
     if type(name) is not str:
         _check_name(name, "atrace_scope")
-    if device_sync or device_timing or annotate or DEVICE_DEFAULTS.any:
+    if _DEVICE_ANY or device_sync or device_timing or annotate:
         return _device_scope(name, category, args, device_sync, device_timing, annotate)
     return Scope(name, category, dict(args) if args else None)
 
