@@ -215,7 +215,11 @@ class Scope(Span):
             task = None if loop is None else _current_task(loop)
             if parent is None:
                 self.parent = None
-                self.lane = _acquire_lane(thread)
+                pool = _LANES.get(thread)
+                if pool is not None and pool[0]:  # inlined _acquire_lane: the common case
+                    self.lane = heappop(pool[0])
+                else:
+                    self.lane = _acquire_lane(thread)
                 self.owns_lane = True
             elif type(parent) is Scope:
                 self.parent = parent
@@ -254,8 +258,10 @@ class Scope(Span):
                     self.end_ns = end
                     if exc is not None:
                         self._set_error(exc)
-                    if self.owns_lane:
-                        _release_lane(self.thread, self.lane)
+                    if self.owns_lane:  # inlined _release_lane
+                        pool = _LANES.get(self.thread)
+                        if pool is not None:
+                            heappush(pool[0], self.lane)
                     state = STATE
                     buf = state.buffer
                     n = len(buf)
