@@ -2,7 +2,8 @@
 
 Prints one JSON object.  All figures come from this one process and run, so the ratios are
 comparable: medians over the repeats, and under ``best_of_repeats`` each measure's least
-disturbed repeat (on a shared 2-core machine noise only ever adds time).  Run: ``python benchmarks/bench_spans.py [--spans N] [--repeats R]``.
+disturbed repeat (on a shared 2-core machine noise only ever adds time).
+Run: ``python benchmarks/bench_spans.py [--spans N] [--repeats R]``.
 
 * ``raw_otel_span_ns``: ``with tracer.start_as_current_span(...)`` through an SDK
   ``TracerProvider`` with a ``BatchSpanProcessor`` and an exporter that discards.
