@@ -261,6 +261,13 @@ class ChromeTraceExporter(SpanExporter):
         with self._lock:
             return self.file.append(b"")
 
+    #: a failed export is held by the file and retried, not lost (see ``stats``)
+    holds_on_failure = True
+
+    def stats(self) -> dict[str, int]:
+        """Bytes held back by a disk fault, and lines dropped past the in-memory cap."""
+        return {"held_bytes": self.file.pending_bytes, "lost": self.file.lost_lines}
+
     def reset_after_fork(self, path: str | os.PathLike[str] | None = None) -> None:
         """In a forked child: fresh lock, names written again, optionally a per-process file."""
         self._lock = threading.Lock()

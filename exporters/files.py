@@ -56,8 +56,10 @@ class LineFile:
         self._pending_bytes = 0
         self._partial = False
         self._warned = False
+        self._warned_lost = False
         self.written_bytes = 0
         self.lost_bytes = 0
+        self.lost_lines = 0
         self.reopened = 0
 
     def _deleted(self) -> bool:
@@ -105,6 +107,12 @@ class LineFile:
                 dropped = self._pending.popleft()
                 self._pending_bytes -= len(dropped)
                 self.lost_bytes += len(dropped)
+                self.lost_lines += dropped.count(b"\n")
+                if not self._warned_lost:
+                    self._warned_lost = True
+                    logger.warning("rltrace: %s is still unwritable and %d MiB are held in memory; "
+                                   "dropping the oldest lines (counted in rltrace.diagnostics())",
+                                   self.path, self.pending_cap >> 20)
             return False
 
     def _recreate(self) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from .files import LineFile
-from .values import json_default
+from .values import json_default, json_safe
 
 
 class SessionRecordWriter:
@@ -41,7 +41,12 @@ class SessionRecordWriter:
 
     def add(self, record: dict[str, Any]) -> None:
         """Buffer one record; append the buffer once it holds ``flush_threshold`` records."""
-        line = orjson.dumps(record, default=json_default, option=orjson.OPT_NON_STR_KEYS) + b"\n"
+        try:
+            line = orjson.dumps(record, default=json_default, option=orjson.OPT_NON_STR_KEYS)
+        except (TypeError, orjson.JSONEncodeError):  # e.g. a lone surrogate: keep the record
+            line = orjson.dumps(json_safe(record), default=json_default,
+                                option=orjson.OPT_NON_STR_KEYS)
+        line += b"\n"
         with self._lock:
             self._buf.append(line)
             if len(self._buf) >= self.flush_threshold:

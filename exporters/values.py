@@ -20,10 +20,14 @@ _I64 = 1 << 63
 
 
 def text(value: Any) -> str:
+    """``str(value)``, never raising, valid UTF-8 (lone surrogates escaped), size-capped."""
     try:
         s = value if type(value) is str else str(value)
     except Exception:
         s = f"<unprintable {type(value).__name__}>"
+    if type(s) is not str:
+        s = f"<unprintable {type(value).__name__}>"
+    s = utf8(s)
     return s if len(s) <= MAX_STRING else s[:MAX_STRING] + f"...<{len(s) - MAX_STRING} more chars>"
 
 
@@ -42,11 +46,20 @@ def _array_like(value: Any) -> Any:
         return text(value)
 
 
+def utf8(s: str) -> str:
+    """``s`` unchanged if it encodes as UTF-8; otherwise lone surrogates escaped (``\\udcff``)."""
+    try:
+        s.encode("utf-8")
+        return s
+    except UnicodeEncodeError:
+        return s.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def attr_value(value: Any) -> Any:
     """Convert ``value`` into an OTel attribute value (str, bool, int, float or a sequence)."""
     t = type(value)
     if t is str:
-        return value if len(value) <= MAX_STRING else text(value)
+        return utf8(value) if len(value) <= MAX_STRING else text(value)
     if t is bool or t is float:
         return value
     if t is int:
@@ -97,7 +110,7 @@ def flatten_into(out: dict[str, Any], prefix: str, mapping: Mapping[Any, Any], d
 def json_safe(value: Any, depth: int = 0) -> Any:
     """A JSON-encodable copy of ``value`` (nested mappings kept, keys made strings)."""
     if isinstance(value, Mapping) and depth < MAX_DEPTH:
-        return {(k if type(k) is str else text(k)): json_safe(v, depth + 1) for k, v in value.items()}
+        return {text(k): json_safe(v, depth + 1) for k, v in value.items()}
     if isinstance(value, (list, tuple)) and depth < MAX_DEPTH:
         return [json_safe(v, depth + 1) for v in value[:MAX_SEQUENCE]]
     return attr_value(value)

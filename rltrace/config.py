@@ -61,8 +61,8 @@ class OTLPConfig:
     endpoint: str | None = None
     #: ``grpc`` or ``http/protobuf``; ``None`` follows ``OTEL_EXPORTER_OTLP_PROTOCOL`` (default grpc)
     protocol: str | None = None
-    #: extra headers (e.g. auth); never written to ``config.yaml`` or logs
-    headers: dict[str, str] = field(default_factory=dict)
+    #: extra headers (e.g. auth); never written to ``config.yaml``, logs or reprs
+    headers: dict[str, str] = field(default_factory=dict, repr=False)
     #: ``gzip``/``none``; ``None`` follows the OTel variables
     compression: str | None = None
     timeout_s: float | None = None

@@ -128,6 +128,7 @@ class Pipeline:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._closed = False
         self._dropped_reported = 0
         self._lost_reported = 0
         self._lost_warned_at = 0.0
@@ -203,8 +204,12 @@ class Pipeline:
             return
         try:
             try:
+                if self._closed:
+                    return  # a closed pipeline must not take records meant for its successor
                 self._cycle()
                 if everything:
+                    for q in self.queued:  # lines a disk fault held back are retried now
+                        q.force_flush()
                     for rp in self.record_processors:
                         flush = getattr(rp, "force_flush", None)
                         if flush is not None:
@@ -316,6 +321,7 @@ class Pipeline:
                 internal_error("processor shutdown", exc)
         if meters is not None:
             meters.join(timeout + 1.0)
+        self._closed = True
         self._report_otlp_loss(final=True)
         if self.summary is not None:
             print(self.summary.render(), flush=True)

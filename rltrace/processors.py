@@ -33,6 +33,7 @@ class QueuedExportProcessor(SpanProcessor):
         self._lock = threading.Lock()
         self.exported = 0
         self.failed = 0
+        self.held = 0
         self._closed = False
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
@@ -55,14 +56,22 @@ class QueuedExportProcessor(SpanProcessor):
                     logger.warning("rltrace: %s failed: %r", type(self.exporter).__name__, exc)
                     result = SpanExportResult.FAILURE
                 if result is SpanExportResult.SUCCESS:
-                    self.exported += n
+                    self.exported += n + self.held
+                    self.held = 0
+                elif getattr(self.exporter, "holds_on_failure", False):
+                    self.held += n  # kept by the exporter and retried, not lost
                 else:
                     self.failed += n
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         self.drain()
         flush = getattr(self.exporter, "force_flush", None)
-        return bool(flush(timeout_millis)) if flush is not None else True
+        ok = bool(flush(timeout_millis)) if flush is not None else True
+        if ok and self.held:  # what a disk fault held back has now been written
+            with self._lock:
+                self.exported += self.held
+                self.held = 0
+        return ok
 
     def shutdown(self) -> None:
         self.drain()
@@ -78,7 +87,12 @@ class QueuedExportProcessor(SpanProcessor):
         self._lock = threading.Lock()
 
     def stats(self) -> dict[str, Any]:
-        return {"exported": self.exported, "failed": self.failed, "queued": len(self._queue)}
+        out = {"exported": self.exported, "failed": self.failed, "held": self.held,
+               "queued": len(self._queue)}
+        extra = getattr(self.exporter, "stats", None)
+        if extra is not None:
+            out.update(extra())
+        return out
 
 
 class BoundedBatchProcessor(SpanProcessor):

@@ -104,14 +104,14 @@ STATE = RecorderState()
 def push(item: Any, keep: bool = False) -> None:
     """Queue a finished span for export; count it as dropped when the buffer is full.
 
-    ``keep`` queues it even past the cap: used for task/session spans, which carry the session
-    records (one per session, so the overshoot is bounded by the sessions finalized between two
-    exporter cycles) — a session is never lost to a full queue, only some of its phase spans.
+    ``keep`` queues it past the cap, up to twice the cap: used for task/session spans, which
+    carry the session records, so a full queue drops phase spans first; only a sustained
+    overload beyond twice the cap drops (and counts) sessions too.  Memory stays bounded.
     """
     state = STATE
     buf = state.buffer
     n = len(buf)
-    if n < state.cap or keep:
+    if n < state.cap or (keep and n < 2 * state.cap):
         buf.append(item)
         if n == state.wake_at:
             state.wake()

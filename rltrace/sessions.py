@@ -30,6 +30,8 @@ from typing import Any, TypeVar
 
 from opentelemetry.trace.status import Status, StatusCode
 
+from rltrace.exporters.values import text
+
 from . import recorder
 from .phases import PhaseSpec, get_phase
 from .recorder import Scope, attach, detach
@@ -432,7 +434,9 @@ def trace_session(phase: str) -> Callable[[F], F]:
 # ---- finalization ------------------------------------------------------------------------------
 
 
-def _finalize(sess: _Session, status: str, reason: str | None) -> None:
+def _finalize(sess: _Session, status: str, reason: Any) -> None:
+    if reason is not None and type(reason) is not str:
+        reason = text(reason)  # never raises: an unprintable reason must not lose the session
     with _LOCK:
         if _SESSIONS.pop(sess.session_id, None) is None:
             return

@@ -119,10 +119,6 @@ def test_unwritable_log_dir_warns_once_per_file_and_writes_the_held_lines_once_i
     assert rltrace.diagnostics()["sessions"]["failed"] == 0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: Pipeline.flush() force-flushes the record processors (the session writer retries its held "
-    "lines) but not the queued exporters, so Chrome lines held by a disk fault are retried only when "
-    "the next span arrives (or at shutdown); a flush() after the disk recovers leaves them in memory"))
 def test_flush_after_the_disk_recovers_writes_the_held_chrome_lines_without_a_new_span(
     tmp_path: Path,
 ) -> None:
@@ -138,10 +134,6 @@ def test_flush_after_the_disk_recovers_writes_the_held_chrome_lines_without_a_ne
     assert all(names[f"during.{i}"] == 1 for i in range(20))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: the Chrome exporter's diagnostics count spans held by a disk fault as 'failed' for good, even "
-    "after they were written (the session writer moves them back to 'written'); lines dropped past the "
-    "in-memory cap are only in LineFile.lost_bytes, never reported by diagnostics() or a warning"))
 def test_diagnostics_after_a_disk_fault_count_only_what_was_really_lost(tmp_path: Path) -> None:
     p = _configure(tmp_path)
     assert p.chrome is not None and p.chrome_path is not None

@@ -357,10 +357,6 @@ def test_random_api_sequences_with_misuse_get_clear_errors_or_counted_warnings_a
         shutil.rmtree(root, ignore_errors=True)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "BUG: _finalize pops the session from the registry before converting reason with str(); a reason "
-    "whose __str__ raises propagates out of mark_finalized and the session is gone: no record, its "
-    "task span never ends, and retrying says 'unknown or already finalized'"))
 def test_a_reason_that_cannot_be_converted_to_text_never_loses_the_session(tmp_path: Path) -> None:
     rltrace.configure(fileroot=str(tmp_path), flush_at_exit=False, session_tracer={"enabled": True})
     p = pipeline.get_pipeline()
@@ -379,11 +375,6 @@ def test_a_reason_that_cannot_be_converted_to_text_never_loses_the_session(tmp_p
     assert records[0]["status"] == "failed" and records[0]["phase_counts"] == {"generate": 1}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: a string holding a lone surrogate (os.fsdecode of a non-UTF-8 file name, surrogateescape-decoded "
-    "bytes) in span args makes orjson raise in the Chrome encoder; the json_safe fallback keeps the string, "
-    "so the whole batch is lost (AReaL defect 1); in a finalize reason it raises in SessionRecordWriter.add "
-    "(no fallback) and the session record is lost"))
 def test_a_lone_surrogate_in_args_or_reason_loses_neither_the_batch_nor_the_session(tmp_path: Path) -> None:
     rltrace.configure(fileroot=str(tmp_path), flush_at_exit=False, flush_interval_s=3600,
                       session_tracer={"enabled": True})
