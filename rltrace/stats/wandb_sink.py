@@ -81,6 +81,25 @@ def _plain_config(cfg: Any) -> Any:
     return {"value": repr(cfg)}
 
 
+_SECRET_KEY = re.compile(r"(api[_-]?key|token|secret|password|passwd|credential|headers)$", re.I)
+
+
+def redact_secrets(value: Any) -> Any:
+    """A copy of a (nested) config with secret-looking keys' values replaced by ``<redacted>``.
+
+    Keys ending in api_key / token / secret / password / credential / headers (e.g. AReaL's
+    ``stats_logger.wandb.wandb_api_key``, rltrace's ``otlp.headers``) never reach W&B.
+    """
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = dataclasses.asdict(value)
+    if isinstance(value, Mapping):
+        return {k: ("<redacted>" if isinstance(k, str) and _SECRET_KEY.search(k) and v
+                    else redact_secrets(v)) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [redact_secrets(v) for v in value]
+    return value
+
+
 _BAD_ID = re.compile(r"[^A-Za-z0-9_.\-]")
 
 
@@ -96,7 +115,7 @@ class WandBSink:
 
         if cfg.wandb_base_url:
             os.environ["WANDB_BASE_URL"] = cfg.wandb_base_url
-        if cfg.wandb_api_key:
+        if cfg.wandb_api_key and cfg.mode == "online":  # offline runs need no key: never hand it out
             os.environ["WANDB_API_KEY"] = cfg.wandb_api_key
         if cfg.mode == "online" and (cfg.wandb_api_key or cfg.wandb_base_url):
             wandb.login()
@@ -106,6 +125,7 @@ class WandBSink:
         Path(directory).mkdir(parents=True, exist_ok=True)
         config = dict(_plain_config(exp_config))
         config.update(cfg.config or {})
+        config = redact_secrets(config)
         if tracer_config is not None:
             config.setdefault("rltrace", dict(tracer_config))
         config["version_info"] = version_info()
