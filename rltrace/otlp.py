@@ -59,7 +59,28 @@ def _exporter_kwargs(cfg: OTLPConfig, proto: str) -> dict[str, Any]:
                 kwargs["credentials"] = grpc.ssl_channel_credentials(fh.read())
     elif cfg.certificate_file:
         kwargs["certificate_file"] = cfg.certificate_file
+        kwargs["session"] = _pinned_verify_session(cfg.certificate_file)
     return kwargs
+
+
+def _pinned_verify_session(certificate_file: str) -> Any:
+    """A ``requests`` session that verifies against ``certificate_file`` whatever the environment.
+
+    requests lets ``REQUESTS_CA_BUNDLE`` / ``CURL_CA_BUNDLE`` (set on many clusters and by conda)
+    replace a session's ``verify``; the configured certificate must win.
+    """
+    import requests
+
+    class PinnedVerifySession(requests.Session):
+        def merge_environment_settings(self, url: Any, proxies: Any, stream: Any, verify: Any,
+                                       cert: Any) -> Any:
+            settings = super().merge_environment_settings(url, proxies, stream, verify, cert)
+            settings["verify"] = certificate_file
+            return settings
+
+    session = PinnedVerifySession()
+    session.verify = certificate_file
+    return session
 
 
 def _http_endpoint(cfg: OTLPConfig, path: str) -> dict[str, Any]:

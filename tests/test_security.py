@@ -204,10 +204,6 @@ def test_otlp_http_over_https_verifies_the_server_with_certificate_file_and_send
     _https_session_run(tmp_path, backend, cert)
 
 
-@pytest.mark.xfail(strict=True, raises=TimeoutError, reason=(
-    "BUG: with REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE set (common on clusters, conda), requests replaces the "
-    "OTLP/HTTP exporter session's verify=certificate_file with that bundle (requests' trust_env merge), so "
-    "otlp.certificate_file is silently ignored and every HTTPS export fails verification"))
 def test_otlp_http_certificate_file_wins_over_a_requests_ca_bundle_in_the_environment(
     tmp_path: Path, tls_backend: tuple[TLSOTLPBackend, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
