@@ -229,7 +229,7 @@ class ChromeTraceExporter(SpanExporter):
     def __init__(self, path: str | os.PathLike[str], **encoder_kwargs: Any) -> None:
         self.encoder = ChromeEncoder(**encoder_kwargs)
         self.file = LineFile(path, on_reopen=self._header_again)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # reentrant: a SIGTERM flush may interrupt a write
         self.lines_written = 0
 
     @property
@@ -270,7 +270,7 @@ class ChromeTraceExporter(SpanExporter):
 
     def reset_after_fork(self, path: str | os.PathLike[str] | None = None) -> None:
         """In a forked child: fresh lock, names written again, optionally a per-process file."""
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self.encoder.reset()
         self.file.after_fork(path)
 

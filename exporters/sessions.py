@@ -29,7 +29,7 @@ class SessionRecordWriter:
         self.file = LineFile(path)
         self.flush_threshold = max(1, flush_threshold)
         self._buf: list[bytes] = []
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         #: records on disk
         self.written = 0
         #: records a disk fault is holding back (in memory, retried with the next write)
@@ -68,7 +68,7 @@ class SessionRecordWriter:
             self.failed += n  # held in memory by the file and retried with the next write
 
     def reset_after_fork(self, path: str | os.PathLike[str] | None = None) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._buf = []
         self.file.after_fork(path)
 

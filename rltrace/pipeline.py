@@ -16,7 +16,6 @@ import logging
 import os
 import signal
 import socket
-import sys
 import threading
 import time
 from collections import deque
@@ -124,7 +123,7 @@ class Pipeline:
         for p in self.user_processors:
             self.processor.add_span_processor(p)
         self._refresh_direct()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -335,7 +334,7 @@ class Pipeline:
 
     def after_fork_in_child(self) -> bool:
         """Re-arm in a forked child; returns False when ``fork_mode`` disables tracing there."""
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = None
@@ -451,6 +450,7 @@ def configure(
             _ATEXIT = True
         if cfg.handle_sigterm:
             _install_sigterm_handler()
+        _hook_multiprocessing()
         os.environ[PARENT_CONFIG_ENV] = json.dumps(_child_config(cfg, rk, world))
         return cfg
 
@@ -481,7 +481,35 @@ def configure_child(**overrides: Any) -> TracerConfig:
             f"({PARENT_CONFIG_ENV}); call rltrace.configure() in the parent before starting the "
             "child, or call rltrace.configure(...) in the child instead"
         )
+    sessions.offset_ids(os.getpid())
     return configure(json.loads(raw), **overrides)
+
+
+class _AfterForkToken:
+    """Weak-referenceable key for multiprocessing's after-fork registry."""
+
+
+_MP_TOKEN = _AfterForkToken()
+_MP_HOOKED = False
+
+
+def _hook_multiprocessing() -> None:
+    """Flush in multiprocessing children before they leave through ``os._exit``.
+
+    ``Process._bootstrap`` clears the finalizers a child inherits and then runs the
+    after-fork hooks, so the exit flush is registered from such a hook.
+    """
+    global _MP_HOOKED
+    if _MP_HOOKED:
+        return
+    from multiprocessing import util
+
+    def in_child(_: Any) -> None:
+        if _PIPELINE is not None:
+            util.Finalize(None, shutdown, exitpriority=100)
+
+    util.register_after_fork(_MP_TOKEN, in_child)
+    _MP_HOOKED = True
 
 
 _SIGTERM_INSTALLED = False
@@ -497,18 +525,33 @@ def _install_sigterm_handler() -> None:
     except (ValueError, OSError):
         return
 
-    def on_sigterm(signum: int, frame: Any) -> None:
+    done = threading.Event()
+    started: list[bool] = []  # a plain flag: the handler must take no lock the main thread holds
+
+    def flush_then_signal() -> None:
         try:
             shutdown(timeout=5.0)
         except Exception as exc:  # pragma: no cover - defensive
             internal_error("SIGTERM flush", exc)
+        finally:
+            done.set()
+            if not callable(previous) and previous != signal.SIG_IGN:
+                os.kill(os.getpid(), signal.SIGTERM)  # back to the main thread, now flushed
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        # The flush runs on its own thread: the interrupted main thread may hold a lock the
+        # flush needs, and must be free to release it (a flush here could deadlock).
+        if done.is_set():
+            if not callable(previous) and previous != signal.SIG_IGN:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGTERM)
+            return
+        if not started:
+            started.append(True)
+            threading.Thread(target=flush_then_signal, name="rltrace-sigterm-flush",
+                             daemon=False).start()
         if callable(previous):
             previous(signum, frame)
-        elif previous == signal.SIG_IGN:
-            return
-        else:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
 
     try:
         signal.signal(signal.SIGTERM, on_sigterm)
@@ -706,12 +749,6 @@ def _after_fork_child() -> None:
         return
     if p.after_fork_in_child():
         STATE.wake = p.wake
-        mp = sys.modules.get("multiprocessing")
-        if mp is not None:  # multiprocessing children leave through os._exit: flush before
-            try:
-                mp.util.Finalize(None, shutdown, exitpriority=100)
-            except Exception as exc:
-                internal_error("fork finalizer", exc)
     else:
         STATE.enabled = False
         sessions.FLAGS.enabled = False

@@ -30,7 +30,7 @@ class QueuedExportProcessor(SpanProcessor):
         self.exporter = exporter
         self.max_batch = max_batch
         self._queue: deque[ReadableSpan] = deque()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # reentrant: the SIGTERM flush may interrupt a drain
         self.exported = 0
         self.failed = 0
         self.held = 0
@@ -84,7 +84,7 @@ class QueuedExportProcessor(SpanProcessor):
         (The exporter is reset by its owner, which knows where the child should write.)
         """
         self._queue = deque()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
 
     def stats(self) -> dict[str, Any]:
         out = {"exported": self.exported, "failed": self.failed, "held": self.held,

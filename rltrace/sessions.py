@@ -92,7 +92,7 @@ class _Flags:
 FLAGS = _Flags()
 _task_ids = itertools.count()
 _session_ids = itertools.count()
-_LOCK = threading.Lock()
+_LOCK = threading.RLock()  # reentrant: the SIGTERM flush may interrupt a holder
 #: misuse that does not raise (unknown/finalized ids, phases outside a session): counted
 MISUSE: dict[str, int] = {}
 
@@ -154,6 +154,14 @@ def _remember(kind: str, key: Any, scope: Scope) -> None:
             _RECENT.popitem(last=False)
         except KeyError:
             pass
+
+
+def offset_ids(pid: int) -> None:
+    """Start this process's task/session ids at ``pid << 32``: children sharing a rank (forked
+    dataloader workers, spawned helpers) never reuse their parent's ids."""
+    global _task_ids, _session_ids
+    _task_ids = itertools.count(pid << 32)
+    _session_ids = itertools.count(pid << 32)
 
 
 def open_counts() -> dict[str, int]:
@@ -679,7 +687,8 @@ def close_all(status: str = "pending", reason: str = "open at shutdown") -> int:
 
 def _reset_after_fork() -> None:
     global _LOCK
-    _LOCK = threading.Lock()
+    _LOCK = threading.RLock()
+    offset_ids(os.getpid())
     _TASKS.clear()  # open tasks/sessions belong to the parent, which finalizes them
     _SESSIONS.clear()
     _RECENT.clear()

@@ -137,11 +137,6 @@ def test_signal_to_a_running_process_flushes_ended_spans_and_closes_open_session
     _check_everything_ended_is_on_disk(info)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: the SIGTERM handler runs shutdown() on the interrupted main thread; when the signal lands "
-    "while that thread holds one of rltrace's non-reentrant locks (sessions._LOCK in register_session/"
-    "finalize, QueuedExportProcessor._lock or the pipeline lock inside flush) the handler deadlocks "
-    "on it and the process never terminates"))
 def test_sigterm_while_rltrace_code_runs_on_the_main_thread_still_terminates_promptly(
     tmp_path: Path,
 ) -> None:

@@ -98,11 +98,6 @@ def test_multiprocessing_fork_child_writes_its_own_pid_files_without_the_parents
     assert {e["pid"] for e in merged if e.get("name", "").startswith("child.")} == {pid_of["child.worker.0"]}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: pipeline._after_fork_child registers multiprocessing.util.Finalize(shutdown) at fork time, but "
-    "multiprocessing's Process._bootstrap clears util._finalizer_registry right after the fork, so a "
-    "fork child (Process, Pool worker, dataloader worker) that exits normally never flushes: its "
-    "spans and sessions recorded since the last background cycle are lost"))
 @pytest.mark.parametrize("mode", ["process_noflush", "pool"])
 def test_multiprocessing_fork_children_flush_at_exit_without_an_explicit_flush(
     tmp_path: Path, mode: str
@@ -162,10 +157,6 @@ def test_spawn_child_configure_child_writes_under_the_parents_log_dir_with_its_r
     assert res.processes == 2 and len(res.files) == 2
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: session (and task) ids are per-process counters: a spawned child restarts them at 0 and a "
-    "forked child continues the parent's counter while the parent does too, so records of one rank "
-    "in one log dir share session ids (the records carry no pid to tell them apart)"))
 def test_session_ids_of_a_child_never_collide_with_the_parents_under_the_same_rank(tmp_path: Path) -> None:
     info = _run(tmp_path, "spawn")
     keys = Counter((r["rank"], r["session_id"]) for f in Path(info["log_dir"]).rglob("sessions-*.jsonl")
