@@ -143,8 +143,12 @@ class _Session:
 _TASKS: dict[Any, _Task] = {}
 _SESSIONS: dict[Any, _Session] = {}
 #: recently registered task/session spans, for links from the step that consumes them
-_RECENT: OrderedDict[tuple[str, Any], Scope] = OrderedDict()  # O(1) oldest-first eviction
-RECENT_CAP = 16_384
+#: (task spans are kept; a session is linked through its task's span, in the same trace, so
+#: only its task id is kept: few live objects for the garbage collector to walk)
+_RECENT: OrderedDict[tuple[str, Any], Any] = OrderedDict()  # O(1) oldest-first eviction
+RECENT_CAP = 4_096
+_RECENT_SESSIONS: OrderedDict[Any, Any] = OrderedDict()  # session id -> task id
+RECENT_SESSIONS_CAP = 16_384
 
 
 def _remember(kind: str, key: Any, scope: Scope) -> None:
@@ -152,6 +156,15 @@ def _remember(kind: str, key: Any, scope: Scope) -> None:
     if len(_RECENT) > RECENT_CAP:
         try:
             _RECENT.popitem(last=False)
+        except KeyError:
+            pass
+
+
+def _remember_session(session_id: Any, task_id: Any) -> None:
+    _RECENT_SESSIONS[session_id] = task_id
+    if len(_RECENT_SESSIONS) > RECENT_SESSIONS_CAP:
+        try:
+            _RECENT_SESSIONS.popitem(last=False)
         except KeyError:
             pass
 
@@ -214,8 +227,8 @@ def register_session(task_id: Any = None) -> Any:
     with _LOCK:
         task = _task_locked(next(_task_ids) if task_id is None else task_id)
         task.open.add(session_id)
-        sess = _SESSIONS[session_id] = _Session(session_id, task)
-        _remember("session", session_id, sess.scope)
+        _SESSIONS[session_id] = _Session(session_id, task)
+        _remember_session(session_id, task.task_id)
     return session_id
 
 
@@ -646,8 +659,9 @@ def link_consumed(task_ids: Any = (), session_ids: Any = (), span: Any = None) -
     """Link the current scope (e.g. the train step) to the tasks/sessions it consumed.
 
     Each task is its own trace; the links let a trace UI jump from a train step to the rollouts
-    that fed it (and back).  Ids must be among the ~16k most recently registered; returns how
-    many links were added.
+    that fed it (and back).  A finished session is linked through its task's span (same trace).
+    Ids must be among the ~4k most recent tasks / ~16k most recent sessions; returns how many
+    links were added.
     """
     from .recorder import current_scope
 
@@ -660,7 +674,12 @@ def link_consumed(task_ids: Any = (), session_ids: Any = (), span: Any = None) -
     added = 0
     for kind, ids in (("task", task_ids), ("session", session_ids)):
         for key in ([ids] if isinstance(ids, (int, str)) else ids):
-            scope = _RECENT.get((kind, key))
+            if kind == "session":
+                sess = _SESSIONS.get(key)
+                scope = sess.scope if sess is not None else (
+                    _RECENT.get(("task", _RECENT_SESSIONS[key])) if key in _RECENT_SESSIONS else None)
+            else:
+                scope = _RECENT.get((kind, key))
             if scope is None:
                 _misuse("unknown_link", f"link_consumed: {kind} {key!r} is unknown or too old "
                                         "to link; ignored")
@@ -692,6 +711,7 @@ def _reset_after_fork() -> None:
     _TASKS.clear()  # open tasks/sessions belong to the parent, which finalizes them
     _SESSIONS.clear()
     _RECENT.clear()
+    _RECENT_SESSIONS.clear()
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)

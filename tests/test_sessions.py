@@ -781,3 +781,19 @@ def test_lifecycle_calls_record_nothing_when_session_tracer_is_off(tmp_path: Pat
     assert not [s for s in spans if s.name in ("rl.task", "rl.session") or "rl.phase" in s.attributes]
     assert not (log_dir / "session_tracer").exists()
     assert diag["misuse"] == {} and "sessions" not in diag
+
+
+def test_link_consumed_links_a_step_to_tasks_and_finished_sessions_through_their_task(
+    tmp_path: Path,
+) -> None:
+    with capture_spans(tmp_path, session_tracer={"enabled": True}) as cap:
+        task = rltrace.register_task()
+        sid = rltrace.register_session(task)
+        rltrace.trace_session_event("mark_finalized", session_id=sid, status="accepted")
+        with rltrace.step(3):
+            assert rltrace.link_consumed(task_ids=[task], session_ids=[sid]) == 2
+            assert rltrace.link_consumed(session_ids=["never-registered"]) == 0
+        step, task_span = cap.one("train.step"), cap.one("rl.task")
+    targets = [(lk.context.trace_id, lk.context.span_id) for lk in step.links]
+    assert targets == [(task_span.context.trace_id, task_span.context.span_id)] * 2
+    assert step.links[1].attributes["rl.session.id"] == sid
