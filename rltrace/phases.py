@@ -60,7 +60,7 @@ def register_phase(
     Raises ``ValueError`` for an invalid name, or for re-registering a name with a different
     spec (built-in phases cannot be changed).
     """
-    if type(name) is not str or not _NAME_RE.match(name):
+    if type(name) is not str or not _NAME_RE.fullmatch(name):
         raise ValueError(
             f"rltrace.register_phase: phase name must be an identifier like 'validation', got {name!r}"
         )
