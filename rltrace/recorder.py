@@ -202,8 +202,7 @@ class Scope(Span):
         self.args = args
         self.end_ns = 0
         self.extra: dict[str, Any] | None = None
-        self._token: Any = None
-        self._sc: SpanContext | None = None
+        # ``_token`` and ``_sc`` stay unset until needed (two stores fewer on the hot path)
 
     # -- lifecycle (the hot path: kept inline on purpose) ----------------------------------
     def __enter__(self) -> Scope:
@@ -246,7 +245,7 @@ class Scope(Span):
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
         end = now_ns()
         try:
-            token = self._token
+            token = self._token  # unset only if __enter__ failed: the except below logs it
             if token is not None:
                 self._token = None
                 try:
@@ -348,16 +347,17 @@ class Scope(Span):
 
     # -- opentelemetry.trace.Span ---------------------------------------------------------
     def get_span_context(self) -> SpanContext:
-        sc = self._sc
-        if sc is None:
-            parent = self.parent if hasattr(self, "parent") else None
-            trace_id = parent.get_span_context().trace_id if parent is not None else 0
-            with _ID_LOCK:  # ids are drawn once, whichever thread asks first
-                sc = self._sc
-                if sc is None:
-                    sc = self._sc = SpanContext(
-                        trace_id or rand_bits(128) or 1, rand_bits(64) or 1, False, _SAMPLED
-                    )
+        sc = getattr(self, "_sc", None)
+        if sc is not None:
+            return sc
+        parent = self.parent if hasattr(self, "parent") else None
+        trace_id = parent.get_span_context().trace_id if parent is not None else 0
+        with _ID_LOCK:  # ids are drawn once, whichever thread asks first
+            sc = getattr(self, "_sc", None)
+            if sc is None:
+                sc = self._sc = SpanContext(
+                    trace_id or rand_bits(128) or 1, rand_bits(64) or 1, False, _SAMPLED
+                )
         return sc
 
     def is_recording(self) -> bool:

@@ -563,6 +563,11 @@ def trace_session_event(
                 task = _TASKS.get(task_id)
                 targets = [_SESSIONS[s] for s in task.open if s in _SESSIONS] if task else []
             return [_phase_event(s, spec, start, dict(payload)) for s in targets]
+        handle = payload.get("handle")
+        if not start and isinstance(handle, PhaseScope):
+            payload.pop("handle")
+            handle.end(payload)  # exactly that execution; idempotent once it is closed
+            return handle
         sess = _session_for(session_id, method)
         return None if sess is None else _phase_event(sess, spec, start, payload)
     raise ValueError(
