@@ -15,6 +15,7 @@ from typing import Any, TypeVar, overload
 from . import recorder
 from .device import DeviceScope, sync_needed
 from .recorder import NOOP, STATE, Scope, attach, detach, internal_error
+from .resumptions import adrive, drive
 
 __all__ = ["Category", "atrace_scope", "instant", "trace_perf", "trace_scope"]
 
@@ -146,85 +147,44 @@ def instant(
 # ---- decorator -------------------------------------------------------------------------------
 
 
+class _GeneratorSpan:
+    """The span of a traced generator: begun at its first resumption, current only while the
+    generator body runs (the consumer's scopes between resumptions are not its children), on a
+    lane of its own in the Chrome timeline, ended when the generator is done."""
+
+    __slots__ = ("begun", "scope", "token")
+
+    def __init__(self, name: str, category: Any) -> None:
+        self.scope = Scope(name, category, None)
+        self.begun = False
+        self.token: Any = None
+
+    def around(self) -> _GeneratorSpan:
+        return self
+
+    def __enter__(self) -> None:
+        if not self.begun:
+            self.scope.begin_detached()
+            self.begun = True
+        self.token = attach(self.scope)
+
+    def __exit__(self, *exc: Any) -> bool:
+        detach(self.token)
+        return False
+
+    def finish(self, error: BaseException | None) -> None:
+        if self.begun:
+            self.scope.finish(recorder.now_ns(), error)
+
+
 def _traced_generator(gen: Any, name: str, category: Any) -> Any:
-    # The span covers the whole iteration (first resume to exhaustion/close); its context is
-    # attached only while the generator body runs, so the consumer's own scopes between
-    # resumptions are not its children.  It gets its own lane in the Chrome timeline.
-    scope = Scope(name, category, None)
-    begun = False
-    error: BaseException | None = None
-    value: Any = None
-    pending: BaseException | None = None
-    try:
-        while True:
-            if not begun:
-                scope.begin_detached()
-                begun = True
-            token = attach(scope)
-            try:
-                if pending is not None:
-                    exc, pending = pending, None
-                    item = gen.throw(exc)
-                else:
-                    item = gen.send(value)
-            except StopIteration as stop:
-                return stop.value
-            finally:
-                detach(token)
-            try:
-                value = yield item
-            except GeneratorExit:
-                gen.close()
-                raise
-            except BaseException as exc:
-                pending = exc
-    except GeneratorExit:
-        raise
-    except BaseException as exc:
-        error = exc
-        raise
-    finally:
-        if begun:
-            scope.finish(recorder.now_ns(), error)
+    span = _GeneratorSpan(name, category)
+    return drive(gen, span.around, span.finish)
 
 
-async def _traced_async_generator(agen: Any, name: str, category: Any) -> Any:
-    scope = Scope(name, category, None)
-    begun = False
-    error: BaseException | None = None
-    value: Any = None
-    pending: BaseException | None = None
-    try:
-        while True:
-            if not begun:
-                scope.begin_detached()
-                begun = True
-            token = attach(scope)
-            try:
-                if pending is not None:
-                    exc, pending = pending, None
-                    item = await agen.athrow(exc)
-                else:
-                    item = await agen.asend(value)
-            except StopAsyncIteration:
-                return
-            finally:
-                detach(token)
-            try:
-                value = yield item
-            except GeneratorExit:
-                await agen.aclose()
-                raise
-            except BaseException as exc:
-                pending = exc
-    except GeneratorExit:
-        raise
-    except BaseException as exc:
-        error = exc
-        raise
-    finally:
-        if begun:
-            scope.finish(recorder.now_ns(), error)
+def _traced_async_generator(agen: Any, name: str, category: Any) -> Any:
+    span = _GeneratorSpan(name, category)
+    return adrive(agen, span.around, span.finish)
 
 
 def _decorate_device(fn: Callable[..., Any], name: str, category: Any, opts: dict[str, Any]

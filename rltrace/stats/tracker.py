@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
+from ..resumptions import adrive, drive
 from .distributed import resolve_reducer
 from .reduce import DENOMINATOR, Aggregate, ReduceType, allreduce, finalize, merge_into
 from .values import Deferred, is_bool_mask, mask_count, partial, scalar_value
@@ -57,51 +58,6 @@ class _Scope:
         return _decorate(fn, self.tracker, self.name)
 
 
-def _scoped_generator(gen: Any, tracker: StatsTracker, name: str) -> Any:
-    # the scope is open only while the generator body runs, never in the consumer's code
-    value: Any = None
-    pending: BaseException | None = None
-    while True:
-        with _Scope(tracker, name):
-            try:
-                if pending is not None:
-                    exc, pending = pending, None
-                    item = gen.throw(exc)
-                else:
-                    item = gen.send(value)
-            except StopIteration as stop:
-                return stop.value
-        try:
-            value = yield item
-        except GeneratorExit:
-            gen.close()
-            raise
-        except BaseException as exc:
-            pending = exc
-
-
-async def _scoped_async_generator(agen: Any, tracker: StatsTracker, name: str) -> Any:
-    value: Any = None
-    pending: BaseException | None = None
-    while True:
-        with _Scope(tracker, name):
-            try:
-                if pending is not None:
-                    exc, pending = pending, None
-                    item = await agen.athrow(exc)
-                else:
-                    item = await agen.asend(value)
-            except StopAsyncIteration:
-                return
-        try:
-            value = yield item
-        except GeneratorExit:
-            await agen.aclose()
-            raise
-        except BaseException as exc:
-            pending = exc
-
-
 def _decorate(fn: Any, tracker: StatsTracker, name: str) -> Any:
     if not callable(fn):
         raise TypeError(f"stats.scope_func_wrapper must decorate a function, got {type(fn).__name__}")
@@ -109,14 +65,15 @@ def _decorate(fn: Any, tracker: StatsTracker, name: str) -> Any:
 
         @functools.wraps(fn)
         def agen_wrapper(*a: Any, **k: Any) -> Any:
-            return _scoped_async_generator(fn(*a, **k), tracker, name)
+            # the scope is open only while the generator body runs, never in the consumer's code
+            return adrive(fn(*a, **k), lambda: _Scope(tracker, name))
 
         return agen_wrapper
     if inspect.isgeneratorfunction(fn):
 
         @functools.wraps(fn)
         def gen_wrapper(*a: Any, **k: Any) -> Any:
-            return _scoped_generator(fn(*a, **k), tracker, name)
+            return drive(fn(*a, **k), lambda: _Scope(tracker, name))
 
         return gen_wrapper
     if inspect.iscoroutinefunction(fn):
