@@ -148,7 +148,7 @@ _SESSIONS: dict[Any, _Session] = {}
 _RECENT: OrderedDict[tuple[str, Any], Any] = OrderedDict()  # O(1) oldest-first eviction
 RECENT_CAP = 4_096
 _RECENT_SESSIONS: OrderedDict[Any, Any] = OrderedDict()  # session id -> task id
-RECENT_SESSIONS_CAP = 16_384
+RECENT_SESSIONS_CAP = 4_096
 
 
 def _remember(kind: str, key: Any, scope: Scope) -> None:
@@ -665,7 +665,7 @@ def link_consumed(task_ids: Any = (), session_ids: Any = (), span: Any = None) -
 
     Each task is its own trace; the links let a trace UI jump from a train step to the rollouts
     that fed it (and back).  A finished session is linked through its task's span (same trace).
-    Ids must be among the ~4k most recent tasks / ~16k most recent sessions; returns how many
+    Ids must be among the ~4k most recent tasks / ~4k most recent sessions; returns how many
     links were added.
     """
     from .recorder import current_scope
