@@ -135,11 +135,22 @@ def capture_spans(log_root: str | Path | None = None, **config: Any) -> Iterator
             pipeline.remove_span_processor(cap.processor)
 
 
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """Parse a JSON-lines file written by rltrace (every line must be valid)."""
+def read_jsonl(path: str | Path, *, strict: bool = False) -> list[dict[str, Any]]:
+    """Parse a JSON-lines file written by rltrace; a bad line raises naming ``file:line``.
+
+    ``strict`` also rejects blank lines (rltrace never writes one).
+    """
     import orjson
 
-    return [orjson.loads(line) for line in Path(path).read_bytes().splitlines() if line.strip()]
+    out = []
+    for n, raw in enumerate(Path(path).read_bytes().splitlines(), 1):
+        if not strict and not raw.strip():
+            continue
+        try:
+            out.append(orjson.loads(raw))
+        except orjson.JSONDecodeError as exc:
+            raise AssertionError(f"{path}:{n} is not valid JSON: {raw[:200]!r}") from exc
+    return out
 
 
 try:

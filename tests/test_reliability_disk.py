@@ -8,6 +8,7 @@ within the cap is lost and every line on disk parses.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -20,11 +21,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 
 import rltrace
 from rltrace import pipeline
+from rltrace.testing import read_jsonl
 
 HELPER = Path(__file__).parent / "helpers" / "exit_workload.py"
 
@@ -57,14 +58,8 @@ def _step(tag: str, n: int = 20, pad: int = 100) -> Any:
     return sid
 
 
-def _lines(path: Path) -> list[dict[str, Any]]:
-    out = []
-    for n, raw in enumerate(path.read_bytes().splitlines(), 1):
-        try:
-            out.append(orjson.loads(raw))
-        except orjson.JSONDecodeError as exc:
-            raise AssertionError(f"{path}:{n} is not valid JSON: {raw[:200]!r}") from exc
-    return out
+#: every line of a JSONL file; each one (blank ones too) must parse
+_lines = functools.partial(read_jsonl, strict=True)
 
 
 def _names(path: Path) -> Counter[str]:

@@ -8,6 +8,7 @@ SIGTERM, SIGINT or SIGKILL.  The test counts what is on disk afterwards.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import queue
@@ -21,6 +22,8 @@ from typing import Any
 
 import orjson
 import pytest
+
+from rltrace.testing import read_jsonl
 
 HELPER = Path(__file__).parent / "helpers" / "exit_workload.py"
 SPANS, DONE, OPEN = 300, 40, 3
@@ -75,15 +78,8 @@ def _wait_ready(proc: subprocess.Popen[str], timeout: float = 60.0) -> dict[str,
             return info
 
 
-def _lines(path: Path) -> list[dict[str, Any]]:
-    """Every line of a JSONL file; each one must parse."""
-    out = []
-    for n, raw in enumerate(path.read_bytes().splitlines(), 1):
-        try:
-            out.append(orjson.loads(raw))
-        except orjson.JSONDecodeError as exc:
-            raise AssertionError(f"{path}:{n} is not valid JSON: {raw[:200]!r}") from exc
-    return out
+#: every line of a JSONL file; each one (blank ones too) must parse
+_lines = functools.partial(read_jsonl, strict=True)
 
 
 def _check_everything_ended_is_on_disk(info: dict[str, Any]) -> None:

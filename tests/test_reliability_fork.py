@@ -9,6 +9,7 @@ process itself would copy unrelated threads and sockets into the children).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -21,6 +22,7 @@ import orjson
 import pytest
 
 from rltrace.convert import convert
+from rltrace.testing import read_jsonl
 
 HELPER = Path(__file__).parent / "helpers" / "fork_workload.py"
 PARENT_SPANS = 40
@@ -35,14 +37,8 @@ def _run(tmp_path: Path, mode: str, timeout: float = 120) -> dict[str, Any]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _lines(path: Path) -> list[dict[str, Any]]:
-    out = []
-    for n, raw in enumerate(path.read_bytes().splitlines(), 1):
-        try:
-            out.append(orjson.loads(raw))
-        except orjson.JSONDecodeError as exc:
-            raise AssertionError(f"{path}:{n} is not valid JSON: {raw[:200]!r}") from exc
-    return out
+#: every line of a JSONL file; each one (blank ones too) must parse
+_lines = functools.partial(read_jsonl, strict=True)
 
 
 def _span_names(path: Path) -> Counter[str]:

@@ -12,6 +12,7 @@ and every line of every file parses.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -22,13 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import rltrace
 from rltrace import UnknownPhaseError, pipeline
+from rltrace.testing import read_jsonl
 
 PHASES = ("generate", "toolcall", "reward")
 STATUSES = ("accepted", "rejected", "failed", "dropped")
@@ -293,14 +294,8 @@ def _open_tasks() -> list[tuple[Any, set[Any]]]:
     return [(t.task_id, set(t.open)) for t in sessions._TASKS.values()]
 
 
-def _lines(path: Path) -> list[dict[str, Any]]:
-    out = []
-    for n, raw in enumerate(path.read_bytes().splitlines(), 1):
-        try:
-            out.append(orjson.loads(raw))
-        except orjson.JSONDecodeError as exc:
-            raise AssertionError(f"{path}:{n} is not valid JSON: {raw[:200]!r}") from exc
-    return out
+#: every line of a JSONL file; each one (blank ones too) must parse
+_lines = functools.partial(read_jsonl, strict=True)
 
 
 @settings(max_examples=300, deadline=None, database=None,
