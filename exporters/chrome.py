@@ -165,14 +165,19 @@ class ChromeEncoder:
             extra = rec.extra
             start = rec.start_ns
             us = start // 1000
-            if extra is None:
+            if extra is None and not rec.slot_attrs:
                 d = rec.end_ns - us * 1000
                 out.append(_X % (pid, tid, us, d // 1000, d % 1000, name, cat,
                                  _dumps(args) if args else b"{}"))
                 continue
             args = dict(args) if args else {}
-            if extra.get("attrs"):
-                args.update(extra["attrs"])
+            own = rec.record_attrs()
+            if own:
+                args.update(own)
+            if extra is None:
+                d = rec.end_ns - us * 1000
+                out.append(_X % (pid, tid, us, d // 1000, d % 1000, name, cat, _dumps(args)))
+                continue
             error = extra.get("error")
             if error is not None:
                 args["error"] = f"{error[0]}: {error[1]}"

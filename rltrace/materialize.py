@@ -59,12 +59,13 @@ class SpanBuilder:
         events: list[Event] = []
         links: list[Link] = []
         status = _UNSET
+        own = rec.record_attrs()
+        if own:
+            flatten_into(attrs, "", own)
         extra = rec.extra
         if extra is not None:
             if extra.get("instant"):
                 attrs[ATTR_INSTANT] = True
-            if extra.get("attrs"):
-                flatten_into(attrs, "", extra["attrs"])
             for name, ts, ev_args, ev_cat in extra.get("events", ()):
                 ev_attrs: dict[str, Any] = {}
                 if ev_cat is not None:

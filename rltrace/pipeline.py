@@ -251,7 +251,7 @@ class Pipeline:
             try:
                 for rp in record_procs:
                     rp.on_record(rec)
-                on_end(build(rec) if type(rec) is Scope else rec)
+                on_end(build(rec) if isinstance(rec, Scope) else rec)
             except Exception as exc:
                 self.errors += 1
                 internal_error("span export", exc)

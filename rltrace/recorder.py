@@ -34,6 +34,8 @@ from opentelemetry.trace import (
 from opentelemetry.trace.propagation import _SPAN_KEY
 from opentelemetry.trace.status import Status, StatusCode
 
+from .semconv import ATTR_STEP
+
 logger = logging.getLogger("rltrace")
 
 # ---- clock and ids (rltrace.testing swaps these for deterministic ones) --------------------
@@ -193,6 +195,9 @@ class Scope(Span):
         "task",
         "thread",
     )
+    #: the record keeps attributes in slots of its own (sessions, tasks, phases) and builds
+    #: them in :meth:`record_attrs`; a plain scope's are all in ``extra``
+    slot_attrs = False
 
     def __init__(
         self, name: str, category: Any = None, args: dict[str, Any] | None = None
@@ -220,7 +225,7 @@ class Scope(Span):
                 else:
                     self.lane = _acquire_lane(thread)
                 self.owns_lane = True
-            elif type(parent) is Scope:
+            elif type(parent) is Scope or isinstance(parent, Scope):
                 self.parent = parent
                 if parent.thread == thread and parent.task is task:
                     self.lane = parent.lane
@@ -290,17 +295,27 @@ class Scope(Span):
         """
         if from_context:
             parent = _ctx_get().get(_SPAN_KEY)
-        if parent is not None and type(parent) is not Scope and not parent.get_span_context().is_valid:
-            parent = None
+        if parent is not None and not isinstance(parent, Scope):
+            if not parent.get_span_context().is_valid:
+                parent = None
+            share_lane = False
+        self._start_under(parent, share_lane)
+
+    def _start_under(self, parent: Scope | None, share_lane: bool) -> None:
+        """:meth:`begin_detached` under a known rltrace ``parent`` (or none): the session path."""
         self.parent = parent
         thread = self.thread = _get_ident()
         loop = _get_running_loop()
         task = self.task = None if loop is None else _current_task(loop)
-        if share_lane and type(parent) is Scope and parent.thread == thread and parent.task is task:
+        if share_lane and parent is not None and parent.thread == thread and parent.task is task:
             self.lane = parent.lane
             self.owns_lane = False
         else:
-            self.lane = _acquire_lane(thread)
+            pool = _LANES.get(thread)
+            if pool is not None and pool[0]:  # inlined _acquire_lane: the common case
+                self.lane = heappop(pool[0])
+            else:
+                self.lane = _acquire_lane(thread)
             self.owns_lane = True
         self.start_ns = now_ns()
 
@@ -337,6 +352,24 @@ class Scope(Span):
         except Exception:
             stack = ""
         self.extras()["error"] = (name, str(exc), stack)
+
+    def record_attrs(self) -> dict[str, Any] | None:
+        """The record's own attributes (set by rltrace or through ``set_attribute``), if any.
+
+        Session, task and phase records keep their fields in slots on the hot path and build
+        this dict here, on the exporter thread, once they are finished.
+        """
+        extra = self.extra
+        return extra.get("attrs") if extra is not None else None
+
+    def own_step(self) -> Any:
+        """The ``rl.step`` this record itself carries (not inherited), or None."""
+        extra = self.extra
+        if extra is not None:
+            attrs = extra.get("attrs")
+            if attrs is not None:
+                return attrs.get(ATTR_STEP)
+        return None
 
     def extras(self) -> dict[str, Any]:
         """The record's rarely used fields, created on first use."""
@@ -440,7 +473,7 @@ def detach(token: Any) -> None:
 def current_scope() -> Scope | None:
     """The innermost open rltrace scope in this context, if any."""
     span = _ctx_get().get(_SPAN_KEY)
-    return span if type(span) is Scope else None
+    return span if isinstance(span, Scope) else None
 
 
 def current_span() -> Any:
@@ -452,7 +485,7 @@ def record_instant(name: str, category: Any, args: dict[str, Any] | None) -> Non
     """Attach an instant to the current span, or queue it as a zero-length span if none."""
     ts = now_ns()
     span = _ctx_get().get(_SPAN_KEY)
-    if type(span) is Scope and span.end_ns == 0:
+    if isinstance(span, Scope) and span.end_ns == 0:
         span._event(name, ts, args, category)
         return
     if span is not None and span.is_recording():

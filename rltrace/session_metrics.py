@@ -88,10 +88,9 @@ class SessionMetricsProcessor(SpanProcessor):
     # -- rltrace records ---------------------------------------------------------------------
     def on_record(self, rec: Any) -> None:
         """Fast path for rltrace's recorded scopes (no ``ReadableSpan`` needed)."""
-        extra = rec.extra
-        if extra is None:
-            return
-        attrs = extra.get("attrs")
+        if rec.extra is None and not rec.slot_attrs:
+            return  # a plain scope without attributes: the common case
+        attrs = rec.record_attrs()
         if attrs and ATTR_SESSION in attrs:
             self._observe(rec.name, attrs, rec.start_ns, rec.end_ns,
                           lambda: rec.get_span_context().trace_id, attrs)

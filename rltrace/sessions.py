@@ -23,7 +23,6 @@ import itertools
 import logging
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any, TypeVar
@@ -34,7 +33,7 @@ from rltrace.exporters.values import text
 
 from . import recorder
 from .phases import PhaseSpec, get_phase
-from .recorder import Scope, attach, detach
+from .recorder import _SPAN_KEY, Context, Scope, _ctx_get, _ctx_set, _dict_set, attach, detach
 from .semconv import (
     ATTR_INTERRUPTED,
     ATTR_PHASE,
@@ -105,68 +104,111 @@ def _misuse(kind: str, message: str) -> None:
                        message)
 
 
-class _Task:
-    __slots__ = ("open", "scope", "task_id")
+class TaskScope(Scope):
+    """A task's span record (``rl.task``); its fields stay in slots until export."""
+
+    slot_attrs = True
+    __slots__ = ("open", "step", "task_id")
 
     def __init__(self, task_id: Any) -> None:
+        self.name = TASK_SPAN
+        self.category = "scheduler"
+        self.args = None
+        self.end_ns = 0
+        self.extra = None
         self.task_id = task_id
-        self.open: set[Any] = set()
-        scope = self.scope = Scope(TASK_SPAN, "scheduler")
-        attrs: dict[str, Any] = {ATTR_TASK: task_id}
-        step = _STEP_CV.get()
-        if step is not None:
-            attrs[ATTR_STEP] = step
-        scope.extra = {"attrs": attrs}
-        scope.begin_detached(None, from_context=False)
+        self.open: set[Any] | None = set()  # ids of its open sessions; None once it ended
+        self.step = _STEP_CV.get()
+        self._start_under(None, False)
+
+    def record_attrs(self) -> dict[str, Any]:
+        attrs: dict[str, Any] = {ATTR_TASK: self.task_id}
+        if self.step is not None:
+            attrs[ATTR_STEP] = self.step
+        return _merged(self, attrs)
+
+    def own_step(self) -> Any:
+        return self.step
 
 
-class _Session:
-    __slots__ = ("open_phases", "scope", "session_id", "task", "turn")
+class SessionScope(Scope):
+    """A session's span record (``rl.session``) and its live state while it is open."""
 
-    def __init__(self, session_id: Any, task: _Task) -> None:
+    slot_attrs = True
+    __slots__ = ("open_phases", "reason", "session_id", "status", "step", "task_rec", "turn")
+
+    def __init__(self, session_id: Any, task: TaskScope) -> None:
+        self.name = SESSION_SPAN
+        self.category = "scheduler"
+        self.args = None
+        self.end_ns = 0
+        self.extra = None
         self.session_id = session_id
-        self.task = task
+        self.task_rec = task
         self.turn = -1
         self.open_phases: list[PhaseScope] = []
-        scope = self.scope = Scope(SESSION_SPAN, "scheduler")
-        attrs: dict[str, Any] = {ATTR_TASK: task.task_id, ATTR_SESSION: session_id,
-                                 ATTR_STATUS: "pending"}
+        self.status = "pending"
+        self.reason: str | None = None
         step = _STEP_CV.get()
-        if step is None:
-            step = task.scope.extra["attrs"].get(ATTR_STEP)  # type: ignore[index]
-        if step is not None:
-            attrs[ATTR_STEP] = step
-        scope.extra = {"attrs": attrs}
-        scope.begin_detached(task.scope, from_context=False)
+        self.step = task.step if step is None else step
+        self._start_under(task, False)
+
+    def record_attrs(self) -> dict[str, Any]:
+        attrs: dict[str, Any] = {ATTR_TASK: self.task_rec.task_id, ATTR_SESSION: self.session_id}
+        extra = self.extra
+        if extra is not None and extra.get("attrs"):
+            attrs.update(extra["attrs"])
+        attrs[ATTR_STATUS] = self.status
+        if self.reason is not None:
+            attrs[ATTR_REASON] = self.reason
+        if self.step is not None:
+            attrs.setdefault(ATTR_STEP, self.step)
+        return _cache(self, attrs)
+
+    def own_step(self) -> Any:
+        return self.step
 
 
-_TASKS: dict[Any, _Task] = {}
-_SESSIONS: dict[Any, _Session] = {}
-#: recently registered task/session spans, for links from the step that consumes them
-#: (task spans are kept; a session is linked through its task's span, in the same trace, so
-#: only its task id is kept: few live objects for the garbage collector to walk)
-_RECENT: OrderedDict[tuple[str, Any], Any] = OrderedDict()  # O(1) oldest-first eviction
+def _merged(rec: Scope, attrs: dict[str, Any]) -> dict[str, Any]:
+    """``attrs`` plus what was set through ``set_attribute`` (which wins), cached once built."""
+    extra = rec.extra
+    if extra is not None and extra.get("attrs"):
+        if extra.get("built"):
+            return extra["attrs"]  # type: ignore[no-any-return]
+        attrs.update(extra["attrs"])
+    return _cache(rec, attrs)
+
+
+def _cache(rec: Scope, attrs: dict[str, Any]) -> dict[str, Any]:
+    # built once the record is finished: processors add to it (the session figures) and every
+    # later reader (Chrome, ReadableSpan) sees the same dict
+    if rec.end_ns:
+        extra = rec.extras()
+        extra["attrs"] = attrs
+        extra["built"] = True
+    return attrs
+
+
+# ---- the registries ---------------------------------------------------------------------------
+
+_TASKS: dict[Any, TaskScope] = {}
+_SESSIONS: dict[Any, SessionScope] = {}
+#: recently registered tasks, for links from the step that consumes them: two generations of
+#: ``RECENT_CAP // 2`` entries (task id -> task span; session id -> its task's span, in the same
+#: trace), so an insert is one dict store and old entries go a generation at a time
 RECENT_CAP = 4_096
-_RECENT_SESSIONS: OrderedDict[Any, Any] = OrderedDict()  # session id -> task id
-RECENT_SESSIONS_CAP = 4_096
+_RECENT_TASKS: list[dict[Any, TaskScope]] = [{}, {}]
+_RECENT_SESSIONS: list[dict[Any, TaskScope]] = [{}, {}]
 
 
-def _remember(kind: str, key: Any, scope: Scope) -> None:
-    _RECENT[(kind, key)] = scope
-    if len(_RECENT) > RECENT_CAP:
-        try:
-            _RECENT.popitem(last=False)
-        except KeyError:
-            pass
+def _rotate(gens: list[dict[Any, TaskScope]]) -> None:
+    gens[1] = gens[0]
+    gens[0] = {}
 
 
-def _remember_session(session_id: Any, task_id: Any) -> None:
-    _RECENT_SESSIONS[session_id] = task_id
-    if len(_RECENT_SESSIONS) > RECENT_SESSIONS_CAP:
-        try:
-            _RECENT_SESSIONS.popitem(last=False)
-        except KeyError:
-            pass
+def _recent(gens: list[dict[Any, TaskScope]], key: Any) -> TaskScope | None:
+    found = gens[0].get(key)
+    return found if found is not None else gens[1].get(key)
 
 
 def offset_ids(pid: int) -> None:
@@ -195,12 +237,15 @@ def register_task(task_id: Any = None) -> Any:
     return task_id
 
 
-def _task_locked(task_id: Any) -> _Task:
+def _task_locked(task_id: Any) -> TaskScope:
     """The open task ``task_id``, registered now if needed (caller holds ``_LOCK``)."""
     task = _TASKS.get(task_id)
     if task is None:
-        task = _TASKS[task_id] = _Task(task_id)
-        _remember("task", task_id, task.scope)
+        task = _TASKS[task_id] = TaskScope(task_id)
+        recent = _RECENT_TASKS[0]
+        recent[task_id] = task
+        if len(recent) >= RECENT_CAP // 2:
+            _rotate(_RECENT_TASKS)
     return task
 
 
@@ -226,9 +271,12 @@ def register_session(task_id: Any = None) -> Any:
         task_id = _TASK_CV.get()
     with _LOCK:
         task = _task_locked(next(_task_ids) if task_id is None else task_id)
-        task.open.add(session_id)
-        _SESSIONS[session_id] = _Session(session_id, task)
-        _remember_session(session_id, task.task_id)
+        task.open.add(session_id)  # type: ignore[union-attr]  # open while in _TASKS
+        _SESSIONS[session_id] = SessionScope(session_id, task)
+        recent = _RECENT_SESSIONS[0]
+        recent[session_id] = task
+        if len(recent) >= RECENT_CAP // 2:
+            _rotate(_RECENT_SESSIONS)
     return session_id
 
 
@@ -253,35 +301,46 @@ def _payload_attrs(attrs: dict[str, Any], prefix: str, payload: dict[str, Any], 
             attrs[genai] = v
 
 
-class PhaseScope:
-    """One execution of a phase in one session.
+class PhaseScope(Scope):
+    """One execution of a phase in one session, and its span record.
 
     Used as a context manager (sync and async) by ``trace_session_phase`` /
     ``atrace_session_phase`` / ``@trace_session``, and returned as a handle by
     ``mark_<phase>_start``.  Each execution is its own object, so overlapping executions of
-    one phase pair correctly.
+    one phase pair correctly.  While open it is the current OTel span (``with`` form), so
+    spans other instrumentation starts inside it (an HTTP call to the inference server)
+    become its children.
     """
 
-    __slots__ = ("_sync_wait", "_token", "closed", "device_sync", "end_payload", "scope",
-                 "session", "session_id", "spec", "start_payload", "turn")
+    slot_attrs = True
+    __slots__ = ("_sync_wait", "device_sync", "end_payload", "session_id", "spec",
+                 "start_payload", "turn")
 
     def __init__(self, spec: PhaseSpec, start_payload: dict[str, Any] | None,
                  end_payload: dict[str, Any] | None, turn: int | None, session_id: Any,
                  device_sync: Any = None) -> None:
+        self.name = spec.name
+        self.category = spec.category
+        self.args = None
+        self.end_ns = 0
+        self.extra = None
+        self.parent = None  # its session, once started
         self.spec = spec
         self.start_payload = start_payload
         self.end_payload = end_payload
         self.turn = turn
         self.session_id = session_id
-        self.scope: Scope | None = None
-        self.closed = False
-        self._token: Any = None
         self.device_sync = device_sync
-        self._sync_wait = 0
 
     @property
     def phase(self) -> str:
+        """The phase name."""
         return self.spec.name
+
+    @property
+    def closed(self) -> bool:
+        """Whether this execution has ended."""
+        return self.end_ns != 0
 
     def set_end_payload(self, **payload: Any) -> None:
         """Add key/values recorded when the phase ends (``rl.end.<key>``)."""
@@ -289,60 +348,68 @@ class PhaseScope:
             self.end_payload = {}
         self.end_payload.update(payload)
 
-    def set_attribute(self, key: str, value: Any) -> None:
-        """Set an attribute on the phase span (e.g. ``gen_ai.usage.output_tokens``)."""
-        if self.scope is not None:
-            self.scope.extra["attrs"][key] = value  # type: ignore[index]
-
-    def _start(self, session: _Session, share_lane: bool) -> None:
+    def record_attrs(self) -> dict[str, Any]:
         spec = self.spec
-        turn = self.turn
-        if turn is None:
-            if spec.starts_turn:
-                session.turn += 1
-            turn = session.turn if session.turn > 0 else 0
-        elif turn > session.turn:
-            session.turn = turn
-        sid = session.session_id
-        attrs: dict[str, Any] = {ATTR_PHASE: spec.name, ATTR_TURN: turn, ATTR_SESSION: sid,
-                                 ATTR_TASK: session.task.task_id}
+        sess = self.parent
+        sid = self.session_id
+        attrs: dict[str, Any] = {
+            ATTR_PHASE: spec.name, ATTR_TURN: self.turn, ATTR_SESSION: sid,
+            ATTR_TASK: sess.task_rec.task_id if isinstance(sess, SessionScope) else None,
+        }
         if spec.genai_operation is not None:
             attrs["gen_ai.operation.name"] = spec.genai_operation
             attrs["gen_ai.conversation.id"] = str(sid)
         if self.start_payload:
             _payload_attrs(attrs, "rl.start.", self.start_payload, spec)
-        scope = self.scope = Scope(spec.name, spec.category)
-        scope.extra = {"attrs": attrs}
-        scope.begin_detached(session.scope, from_context=False, share_lane=share_lane)
-        self.session = session
-        session.open_phases.append(self)  # list.append is atomic; finalize copies under _LOCK
+        if self.end_payload:
+            _payload_attrs(attrs, "rl.end.", self.end_payload, spec)
+        return _merged(self, attrs)
 
-    def end(self, payload: dict[str, Any] | None = None, exc: BaseException | None = None,
+    def _start(self, session: SessionScope, share_lane: bool) -> None:
+        turn = self.turn
+        if turn is None:
+            if self.spec.starts_turn:
+                session.turn += 1
+            turn = session.turn
+            self.turn = turn if turn > 0 else 0
+        elif turn > session.turn:
+            session.turn = turn
+        self.session_id = session.session_id
+        self._start_under(session, share_lane)
+        ops = session.open_phases
+        ops.append(self)  # atomic; whoever removes it from the list closes it
+        if _SESSIONS.get(session.session_id) is not session:  # finalized meanwhile (a race)
+            self._close_if_open(ops, recorder.now_ns(), None, True)
+
+    def end(self, payload: Any = None, exc: BaseException | None = None,
             interrupted: bool = False, end_ns: int | None = None) -> None:
-        """Close this execution (idempotent; a second call does nothing)."""
+        """Close this execution, adding ``payload`` as ``rl.end.*`` attributes (idempotent)."""
         end = end_ns if end_ns is not None else recorder.now_ns()
-        with _LOCK:
-            if self.closed or self.scope is None:
-                return
-            self.closed = True
-            try:
-                self.session.open_phases.remove(self)
-            except ValueError:
-                pass
-        scope = self.scope
-        attrs = scope.extra["attrs"]  # type: ignore[index]
+        if type(payload) is int:  # the OTel ``Span.end(end_time)`` form
+            end, payload = payload, None
+        sess = self.parent
+        if sess is None or self.end_ns:
+            return  # never started (no session), or already closed
         if payload:
-            _payload_attrs(attrs, "rl.end.", payload, self.spec)
+            self.set_end_payload(**{str(k): v for k, v in payload.items()})
+        self._close_if_open(sess.open_phases, end, exc, interrupted)
+
+    def _close_if_open(self, ops: list[PhaseScope], end: int, exc: BaseException | None,
+                       interrupted: bool) -> None:
+        try:
+            ops.remove(self)  # atomic: exactly one closer wins (user, finalize, other thread)
+        except ValueError:
+            return
         if interrupted or exc is not None:
-            attrs[ATTR_INTERRUPTED] = True
-        scope.finish(end, exc)
+            self.set_attribute(ATTR_INTERRUPTED, True)
+        self.finish(end, exc)
 
     def __enter__(self) -> PhaseScope:
         if FLAGS.enabled:
             sid = self.session_id
             if sid is None:
                 sid = _SESSION_CV.get()
-            sess = _SESSIONS.get(sid) if sid is not None else None
+            sess = _SESSIONS.get(sid)
             if sess is None:
                 _no_session(sid, f"trace_session_phase({self.spec.name!r})")
             else:
@@ -351,20 +418,24 @@ class PhaseScope:
 
                     _, self._sync_wait = device_sync(self.device_sync)
                 self._start(sess, True)
-                self._token = attach(self.scope)
+                ctx = Context(_ctx_get())
+                _dict_set(ctx, _SPAN_KEY, self)
+                self._token = _ctx_set(ctx)
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
-        if self.scope is not None:
+        sess = self.parent
+        if sess is not None:
+            end = recorder.now_ns()
             if self.device_sync:
                 from .device import ATTR_SYNC, ATTR_SYNC_WAIT, device_sync
 
                 kind, wait = device_sync(self.device_sync)
-                attrs = self.scope.extra["attrs"]  # type: ignore[index]
-                attrs[ATTR_SYNC] = kind
-                attrs[ATTR_SYNC_WAIT] = (self._sync_wait + wait) / 1e9
+                self.set_attribute(ATTR_SYNC, kind)
+                self.set_attribute(ATTR_SYNC_WAIT, (self._sync_wait + wait) / 1e9)
+                end = recorder.now_ns()
             detach(self._token)
-            self.end(self.end_payload, exc)
+            self._close_if_open(sess.open_phases, end, exc, False)
         return False
 
     async def __aenter__(self) -> PhaseScope:
@@ -388,7 +459,7 @@ def _no_session(sid: Any, api: str) -> None:
                                    "the phase is not recorded")
 
 
-def _session_for(session_id: Any, api: str) -> _Session | None:
+def _session_for(session_id: Any, api: str) -> SessionScope | None:
     sid = session_id if session_id is not None else _SESSION_CV.get()
     sess = _SESSIONS.get(sid) if sid is not None else None
     if sess is None:
@@ -455,31 +526,42 @@ def trace_session(phase: str) -> Callable[[F], F]:
 # ---- finalization ------------------------------------------------------------------------------
 
 
-def _finalize(sess: _Session, status: str, reason: Any) -> None:
+def _finalize(sess: SessionScope, status: str, reason: Any) -> None:
     if reason is not None and type(reason) is not str:
         reason = text(reason)  # never raises: an unprintable reason must not lose the session
     with _LOCK:
         if _SESSIONS.pop(sess.session_id, None) is None:
             return
-        open_phases = list(sess.open_phases)
-        task = sess.task
-        task.open.discard(sess.session_id)
-        task_done = not task.open and _TASKS.get(task.task_id) is task
-        if task_done:
-            del _TASKS[task.task_id]
+        task = sess.task_rec
+        task_done = _session_left(task, sess.session_id)
     end = recorder.now_ns()
-    for handle in open_phases:
-        handle.end(None, None, interrupted=True, end_ns=end)
-    scope = sess.scope
-    attrs = scope.extra["attrs"]  # type: ignore[index]
-    attrs[ATTR_STATUS] = status
-    if reason is not None:
-        attrs[ATTR_REASON] = str(reason)
+    ops = sess.open_phases
+    while ops:  # close what is still open; a phase ending concurrently is closed once
+        try:
+            handle = ops[-1]
+        except IndexError:
+            break
+        handle._close_if_open(ops, end, None, True)
+    sess.status = status
+    sess.reason = reason
     if status == "failed":
-        scope.extras()["status"] = Status(StatusCode.ERROR, str(reason) if reason else "failed")
-    scope.finish(end, keep=True)
+        sess.extras()["status"] = Status(StatusCode.ERROR, reason or "failed")
+    sess.finish(end, keep=True)
     if task_done:
-        task.scope.finish(end, keep=True)
+        task.finish(end, keep=True)
+
+
+def _session_left(task: TaskScope, session_id: Any) -> bool:
+    """Drop a finalized session from its task; True when that ended the task (holds ``_LOCK``)."""
+    open_ = task.open
+    if open_ is None:
+        return False
+    open_.discard(session_id)
+    if open_ or _TASKS.get(task.task_id) is not task:
+        return False
+    del _TASKS[task.task_id]
+    task.open = None
+    return True
 
 
 def finalize_session(session_id: Any, status: str, reason: str | None = None) -> None:
@@ -496,7 +578,7 @@ def finalize_task(task_id: Any, status: str, reason: str | None = None) -> None:
     """Finalize every open session of a task, then end the task span."""
     with _LOCK:
         task = _TASKS.get(task_id)
-        sessions = [_SESSIONS[s] for s in task.open if s in _SESSIONS] if task else []
+        sessions = [_SESSIONS[s] for s in task.open or () if s in _SESSIONS] if task else []
     if task is None:
         _misuse("unknown_task", f"mark_finalized: task {task_id!r} is unknown or already "
                                 "finished; ignored")
@@ -507,8 +589,9 @@ def finalize_task(task_id: Any, status: str, reason: str | None = None) -> None:
         done = _TASKS.get(task_id) is task
         if done:
             del _TASKS[task_id]
+            task.open = None
     if done:
-        task.scope.finish(recorder.now_ns(), keep=True)
+        task.finish(recorder.now_ns(), keep=True)
 
 
 def _check_status(status: Any) -> str:
@@ -561,7 +644,7 @@ def trace_session_event(
         if session_id is None and task_id is not None:
             with _LOCK:
                 task = _TASKS.get(task_id)
-                targets = [_SESSIONS[s] for s in task.open if s in _SESSIONS] if task else []
+                targets = [_SESSIONS[s] for s in task.open or () if s in _SESSIONS] if task else []
             return [_phase_event(s, spec, start, dict(payload)) for s in targets]
         handle = payload.get("handle")
         if not start and isinstance(handle, PhaseScope):
@@ -577,7 +660,7 @@ def trace_session_event(
     )
 
 
-def _phase_event(sess: _Session, spec: PhaseSpec, start: bool, payload: dict[str, Any]) -> Any:
+def _phase_event(sess: SessionScope, spec: PhaseSpec, start: bool, payload: dict[str, Any]) -> Any:
     if start:
         turn = payload.pop("turn", None)
         handle = PhaseScope(spec, payload or None, None, turn, sess.session_id)
@@ -585,8 +668,7 @@ def _phase_event(sess: _Session, spec: PhaseSpec, start: bool, payload: dict[str
         return handle
     handle = payload.pop("handle", None)
     if handle is None:
-        with _LOCK:
-            handle = next((h for h in sess.open_phases if h.spec is spec), None)
+        handle = next((h for h in list(sess.open_phases) if h.spec is spec), None)
     if handle is None:
         _misuse("phase_not_started", f"mark_{spec.name}_end: no open {spec.name!r} phase in "
                                      f"session {sess.session_id!r}; ignored")
@@ -651,7 +733,7 @@ def session_context() -> Callable[[F], F]:
 def _enter_session(sid: Any) -> tuple[Any, Any]:
     tok = _SESSION_CV.set(sid)
     sess = _SESSIONS.get(sid)
-    return tok, attach(sess.scope) if sess is not None else None
+    return tok, attach(sess) if sess is not None else None
 
 
 def _fail(sid: Any, exc: BaseException) -> None:
@@ -665,7 +747,7 @@ def link_consumed(task_ids: Any = (), session_ids: Any = (), span: Any = None) -
 
     Each task is its own trace; the links let a trace UI jump from a train step to the rollouts
     that fed it (and back).  A finished session is linked through its task's span (same trace).
-    Ids must be among the ~4k most recent tasks / ~4k most recent sessions; returns how many
+    Ids must be among the 2,048 to 4,096 most recent tasks / sessions (``RECENT_CAP``); returns how many
     links were added.
     """
     from .recorder import current_scope
@@ -679,12 +761,11 @@ def link_consumed(task_ids: Any = (), session_ids: Any = (), span: Any = None) -
     added = 0
     for kind, ids in (("task", task_ids), ("session", session_ids)):
         for key in ([ids] if isinstance(ids, (int, str)) else ids):
+            scope: Scope | None
             if kind == "session":
-                sess = _SESSIONS.get(key)
-                scope = sess.scope if sess is not None else (
-                    _RECENT.get(("task", _RECENT_SESSIONS[key])) if key in _RECENT_SESSIONS else None)
+                scope = _SESSIONS.get(key) or _recent(_RECENT_SESSIONS, key)
             else:
-                scope = _RECENT.get((kind, key))
+                scope = _recent(_RECENT_TASKS, key)
             if scope is None:
                 _misuse("unknown_link", f"link_consumed: {kind} {key!r} is unknown or too old "
                                         "to link; ignored")
@@ -703,9 +784,11 @@ def close_all(status: str = "pending", reason: str = "open at shutdown") -> int:
     with _LOCK:
         tasks = list(_TASKS.values())
         _TASKS.clear()
+        for task in tasks:
+            task.open = None
     end = recorder.now_ns()
     for task in tasks:
-        task.scope.finish(end, keep=True)
+        task.finish(end, keep=True)
     return len(sessions)
 
 
@@ -715,8 +798,8 @@ def _reset_after_fork() -> None:
     offset_ids(os.getpid())
     _TASKS.clear()  # open tasks/sessions belong to the parent, which finalizes them
     _SESSIONS.clear()
-    _RECENT.clear()
-    _RECENT_SESSIONS.clear()
+    for gens in (_RECENT_TASKS, _RECENT_SESSIONS):
+        gens[:] = [{}, {}]
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)

@@ -71,12 +71,10 @@ def step_of(rec: Scope) -> int | None:
     """The step a record belongs to: its own ``rl.step`` or its nearest ancestor's."""
     node: Any = rec
     for _ in range(_MAX_DEPTH):
-        if node is None or type(node) is not Scope:
+        if node is None or not isinstance(node, Scope):
             return None
-        extra = node.extra
-        if extra is not None:
-            attrs = extra.get("attrs")
-            if attrs is not None and ATTR_STEP in attrs:
-                return attrs[ATTR_STEP]
+        step = node.own_step()
+        if step is not None:
+            return step
         node = node.parent
     return None

@@ -153,10 +153,10 @@ def test_100k_sessions_from_32_threads_of_asyncio_tasks_are_each_recorded_once_w
         assert all(item["end_ts"] is not None for items in r["phases"].values() for item in items)
     _no_state_left(p)
     gc.collect()  # memory bounded: no per-session object survives (bar the bounded link cache)
-    kinds = {Scope, PhaseScope, sessions._Session, sessions._Task}
+    kinds = {Scope, PhaseScope, sessions.SessionScope, sessions.TaskScope}
     alive = Counter(type(o).__name__ for o in gc.get_objects() if type(o) in kinds)
-    assert alive["Scope"] <= sessions.RECENT_CAP + 100, alive
-    assert alive["PhaseScope"] + alive["_Session"] + alive["_Task"] < 100, alive
+    assert alive["TaskScope"] <= sessions.RECENT_CAP + 100, alive
+    assert alive["PhaseScope"] + alive["SessionScope"] + alive["Scope"] < 100, alive
     assert elapsed < 120
 
 

@@ -9,6 +9,7 @@ asyncio tasks and threads, training steps, and the disabled mode.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import re
 import threading
 import time
@@ -716,7 +717,12 @@ def test_sessions_registered_inside_a_step_carry_it_in_records_and_spans(tmp_pat
 
 
 def _exercise_lifecycle_api() -> dict[str, Any]:
-    """Run every lifecycle call; return what they returned."""
+    """Run every lifecycle call in a context of its own (the ids it sets must not leak into
+    later tests); return what they returned."""
+    return contextvars.copy_context().run(_lifecycle_calls)
+
+
+def _lifecycle_calls() -> dict[str, Any]:
     out: dict[str, Any] = {}
 
     @trace_session("reward")

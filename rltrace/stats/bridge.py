@@ -56,15 +56,15 @@ class SpanTimings:
     # -- record processor ---------------------------------------------------------------------
     def on_record(self, rec: Any) -> None:
         """Add one finished scope (called on rltrace's exporter thread, one cycle at a time)."""
-        if type(rec) is not Scope:
+        if not isinstance(rec, Scope):
             return
         name = rec.name
         extra = rec.extra
         step: Any = _UNSET
-        if extra is not None:
-            if extra.get("instant"):
+        if extra is not None or rec.slot_attrs:
+            if extra is not None and extra.get("instant"):
                 return
-            attrs = extra.get("attrs")
+            attrs = rec.record_attrs()
             if attrs:
                 if ATTR_SESSION in attrs or name == TASK_SPAN:
                     if not self.sessions or name == TASK_SPAN:
@@ -85,7 +85,7 @@ class SpanTimings:
             if parent is self._cached_parent:
                 step = self._cached_step
             else:
-                step = step_of(parent) if type(parent) is Scope else None
+                step = step_of(parent) if isinstance(parent, Scope) else None
                 self._cached_parent, self._cached_step = parent, step
         all_sums = self._sums
         sums = all_sums.get(step)
