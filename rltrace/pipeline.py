@@ -661,8 +661,9 @@ def add_record_processor(processor: Any) -> None:
     Record processors run on the exporter thread before any ``ReadableSpan`` is built, so they
     cost the least (rltrace's own session metrics and stats bridge are record processors).  A
     record has ``name``, ``category``, ``args``, ``start_ns``, ``end_ns``, ``thread``, ``lane``
-    and ``extra`` (``extra["attrs"]`` holds ``rl.*`` attributes of tasks, sessions and phases);
-    :func:`rltrace.steps.step_of` gives its training step.  Kept across reconfiguration; an
+    and ``extra``; ``record_attrs()`` gives its attributes (the ``rl.*`` attributes of tasks,
+    sessions and phases, and any set through ``set_attribute``) and
+    :func:`rltrace.steps.step_of` its training step.  Kept across reconfiguration; an
     optional ``force_flush()`` runs on every explicit flush.
     """
     with _LOCK:

@@ -73,8 +73,7 @@ class SessionMetricsProcessor(SpanProcessor):
             return
         attrs = span.attributes or {}
         if ATTR_SESSION in attrs:
-            self._observe(span.name, attrs, span.start_time or 0, span.end_time or 0,
-                          lambda: span.context.trace_id, None)
+            self._observe(span.name, attrs, span.start_time or 0, span.end_time or 0, span, None)
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         if self.writer is not None:
@@ -92,8 +91,7 @@ class SessionMetricsProcessor(SpanProcessor):
             return  # a plain scope without attributes: the common case
         attrs = rec.record_attrs()
         if attrs and ATTR_SESSION in attrs:
-            self._observe(rec.name, attrs, rec.start_ns, rec.end_ns,
-                          lambda: rec.get_span_context().trace_id, attrs)
+            self._observe(rec.name, attrs, rec.start_ns, rec.end_ns, rec, attrs)
 
     def reset_after_fork(self) -> None:
         """In a forked child: the parent's partial sessions are the parent's."""
@@ -104,10 +102,11 @@ class SessionMetricsProcessor(SpanProcessor):
         return len(self._acc)
 
     def _observe(self, name: str, attrs: Mapping[str, Any], start: int, end: int,
-                 trace_id: Callable[[], int], writable: dict[str, Any] | None) -> None:
+                 span: Any, writable: dict[str, Any] | None) -> None:
         sid = attrs[ATTR_SESSION]
         if name == SESSION_SPAN:
-            record = self._record(attrs, start, end, trace_id(), self._acc.pop(sid, {}))
+            trace_id = span.get_span_context().trace_id  # drawn only for session spans
+            record = self._record(attrs, start, end, trace_id, self._acc.pop(sid, {}))
             if writable is not None:
                 writable["rl.session.total_s"] = record["total_s"]
                 writable["rl.session.turns"] = record["turns"]

@@ -33,7 +33,17 @@ from rltrace.exporters.values import text
 
 from . import recorder
 from .phases import PhaseSpec, get_phase
-from .recorder import _SPAN_KEY, Context, Scope, _ctx_get, _ctx_set, _dict_set, attach, detach
+from .recorder import (
+    _SPAN_KEY,
+    Context,
+    Scope,
+    _ctx_get,
+    _ctx_reset,
+    _ctx_set,
+    _dict_set,
+    attach,
+    detach,
+)
 from .semconv import (
     ATTR_INTERRUPTED,
     ATTR_PHASE,
@@ -67,6 +77,7 @@ logger = logging.getLogger("rltrace")
 F = TypeVar("F", bound=Callable[..., Any])
 
 FINAL_STATUSES = ("accepted", "rejected", "failed", "dropped")
+_FINAL_SET = frozenset(FINAL_STATUSES)
 STATUSES = ("pending", *FINAL_STATUSES)
 
 
@@ -122,6 +133,9 @@ class TaskScope(Scope):
         self._start_under(None, False)
 
     def record_attrs(self) -> dict[str, Any]:
+        built = _built(self)
+        if built is not None:
+            return built
         attrs: dict[str, Any] = {ATTR_TASK: self.task_id}
         if self.step is not None:
             attrs[ATTR_STEP] = self.step
@@ -147,20 +161,24 @@ class SessionScope(Scope):
         self.task_rec = task
         self.turn = -1
         self.open_phases: list[PhaseScope] = []
-        self.status = "pending"
-        self.reason: str | None = None
+        # ``status`` and ``reason`` are set when it is finalized (the only way it ends)
         step = _STEP_CV.get()
         self.step = task.step if step is None else step
         self._start_under(task, False)
 
     def record_attrs(self) -> dict[str, Any]:
+        built = _built(self)
+        if built is not None:
+            return built
         attrs: dict[str, Any] = {ATTR_TASK: self.task_rec.task_id, ATTR_SESSION: self.session_id}
         extra = self.extra
         if extra is not None and extra.get("attrs"):
             attrs.update(extra["attrs"])
-        attrs[ATTR_STATUS] = self.status
-        if self.reason is not None:
-            attrs[ATTR_REASON] = self.reason
+        # unset only if the span was ended through the OTel API instead of being finalized
+        attrs[ATTR_STATUS] = getattr(self, "status", "pending")
+        reason = getattr(self, "reason", None)
+        if reason is not None:
+            attrs[ATTR_REASON] = reason
         if self.step is not None:
             attrs.setdefault(ATTR_STEP, self.step)
         return _cache(self, attrs)
@@ -169,12 +187,16 @@ class SessionScope(Scope):
         return self.step
 
 
+def _built(rec: Scope) -> dict[str, Any] | None:
+    """The attributes :meth:`record_attrs` built earlier for this finished record, if any."""
+    extra = rec.extra
+    return extra["attrs"] if extra is not None and "built" in extra else None  # type: ignore[no-any-return]
+
+
 def _merged(rec: Scope, attrs: dict[str, Any]) -> dict[str, Any]:
-    """``attrs`` plus what was set through ``set_attribute`` (which wins), cached once built."""
+    """``attrs`` plus what was set through ``set_attribute`` (which wins), cached."""
     extra = rec.extra
     if extra is not None and extra.get("attrs"):
-        if extra.get("built"):
-            return extra["attrs"]  # type: ignore[no-any-return]
         attrs.update(extra["attrs"])
     return _cache(rec, attrs)
 
@@ -197,6 +219,7 @@ _SESSIONS: dict[Any, SessionScope] = {}
 #: ``RECENT_CAP // 2`` entries (task id -> task span; session id -> its task's span, in the same
 #: trace), so an insert is one dict store and old entries go a generation at a time
 RECENT_CAP = 4_096
+_RECENT_GEN = RECENT_CAP // 2
 _RECENT_TASKS: list[dict[Any, TaskScope]] = [{}, {}]
 _RECENT_SESSIONS: list[dict[Any, TaskScope]] = [{}, {}]
 
@@ -244,7 +267,7 @@ def _task_locked(task_id: Any) -> TaskScope:
         task = _TASKS[task_id] = TaskScope(task_id)
         recent = _RECENT_TASKS[0]
         recent[task_id] = task
-        if len(recent) >= RECENT_CAP // 2:
+        if len(recent) >= _RECENT_GEN:
             _rotate(_RECENT_TASKS)
     return task
 
@@ -270,12 +293,16 @@ def register_session(task_id: Any = None) -> Any:
     if task_id is None:
         task_id = _TASK_CV.get()
     with _LOCK:
-        task = _task_locked(next(_task_ids) if task_id is None else task_id)
+        if task_id is None:
+            task_id = next(_task_ids)
+        task = _TASKS.get(task_id)
+        if task is None:
+            task = _task_locked(task_id)
         task.open.add(session_id)  # type: ignore[union-attr]  # open while in _TASKS
         _SESSIONS[session_id] = SessionScope(session_id, task)
         recent = _RECENT_SESSIONS[0]
         recent[session_id] = task
-        if len(recent) >= RECENT_CAP // 2:
+        if len(recent) >= _RECENT_GEN:
             _rotate(_RECENT_SESSIONS)
     return session_id
 
@@ -349,6 +376,9 @@ class PhaseScope(Scope):
         self.end_payload.update(payload)
 
     def record_attrs(self) -> dict[str, Any]:
+        built = _built(self)
+        if built is not None:
+            return built
         spec = self.spec
         sess = self.parent
         sid = self.session_id
@@ -434,8 +464,17 @@ class PhaseScope(Scope):
                 self.set_attribute(ATTR_SYNC, kind)
                 self.set_attribute(ATTR_SYNC_WAIT, (self._sync_wait + wait) / 1e9)
                 end = recorder.now_ns()
-            detach(self._token)
-            self._close_if_open(sess.open_phases, end, exc, False)
+            try:
+                _ctx_reset(self._token)
+            except (ValueError, RuntimeError):
+                pass  # exited in another context: nothing to undo here
+            try:
+                sess.open_phases.remove(self)  # as in _close_if_open: one closer wins
+            except ValueError:
+                return False
+            if exc is not None:
+                self.set_attribute(ATTR_INTERRUPTED, True)
+            self.finish(end, exc)
         return False
 
     async def __aenter__(self) -> PhaseScope:
@@ -617,7 +656,9 @@ def trace_session_event(
     sets the turn).  Unknown methods and phases raise ``ValueError`` naming the fix.
     """
     if method == "mark_finalized":
-        status = _check_status(payload.pop("status", None))
+        status = payload.pop("status", None)
+        if status not in _FINAL_SET:
+            _check_status(status)
         reason = payload.pop("reason", None)
         if payload:
             raise TypeError(f"rltrace mark_finalized: unexpected arguments {sorted(payload)}; "
@@ -629,7 +670,11 @@ def trace_session_event(
             if session_id is None:
                 task_id = _TASK_CV.get()
         if session_id is not None:
-            finalize_session(session_id, status, reason)
+            sess = _SESSIONS.get(session_id)
+            if sess is not None:
+                _finalize(sess, status, reason)
+            else:
+                finalize_session(session_id, status, reason)  # counts the misuse
         elif task_id is not None:
             finalize_task(task_id, status, reason)
         else:
