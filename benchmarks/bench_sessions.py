@@ -1,8 +1,9 @@
 """Session benchmark: µs per full session (register, generate, reward, finalize).
 
 Prints one JSON object.  Session tracing on, Chrome exporter on.  Tasks hold ``--group``
-sessions each (GRPO's group size; AReaL's n_samples), so the task span's cost is shared as in
-a real run; ``--group 1`` gives one task per session.  ``session_hot_path_us`` is the time on
+sessions each (GRPO's group size; AReaL's n_samples), registered together and then run and
+finalized one by one, so the task span's cost is shared as in a real run; ``--group 1`` gives
+one task per session.  ``session_hot_path_us`` is the time on
 the caller's thread; ``session_amortized_us`` adds the exporter cycle that derives the session
 record, writes ``sessions-r0.jsonl`` and the Chrome file.
 Run: ``python benchmarks/bench_sessions.py [--sessions N] [--repeats R] [--group G]``.
@@ -38,9 +39,11 @@ def run(n: int, root: str, chrome: bool, group: int) -> tuple[float, float]:
         k = min(BATCH, n - done)
         t0 = time.perf_counter_ns()
         for i in range(k):
-            if i % group == 0:
+            j = i % group
+            if j == 0:  # a task's samples are registered together, then run (AReaL's n_samples)
                 task = register_task()
-            sid = register_session(task)
+                sids = [register_session(task) for _ in range(min(group, k - i))]
+            sid = sids[j]
             with phase("generate", session_id=sid):
                 pass
             with phase("reward", session_id=sid):

@@ -213,6 +213,9 @@ def _cache(rec: Scope, attrs: dict[str, Any]) -> dict[str, Any]:
 
 # ---- the registries ---------------------------------------------------------------------------
 
+#: a finalized session's ``open_phases``: appending fails, so a phase racing its session's
+#: finalize on another thread is closed at once (see ``PhaseScope._start``)
+_NO_PHASES: Any = ()
 _TASKS: dict[Any, TaskScope] = {}
 _SESSIONS: dict[Any, SessionScope] = {}
 #: recently registered tasks, for links from the step that consumes them: two generations of
@@ -340,12 +343,12 @@ class PhaseScope(Scope):
     """
 
     slot_attrs = True
-    __slots__ = ("_sync_wait", "device_sync", "end_payload", "session_id", "spec",
-                 "start_payload", "turn")
+    #: device-synced phases are :class:`SyncedPhaseScope`s (two slots more)
+    device_sync: Any = None
+    __slots__ = ("end_payload", "session_id", "spec", "start_payload", "turn")
 
     def __init__(self, spec: PhaseSpec, start_payload: dict[str, Any] | None,
-                 end_payload: dict[str, Any] | None, turn: int | None, session_id: Any,
-                 device_sync: Any = None) -> None:
+                 end_payload: dict[str, Any] | None, turn: int | None, session_id: Any) -> None:
         self.name = spec.name
         self.category = spec.category
         self.args = None
@@ -357,7 +360,6 @@ class PhaseScope(Scope):
         self.end_payload = end_payload
         self.turn = turn
         self.session_id = session_id
-        self.device_sync = device_sync
 
     @property
     def phase(self) -> str:
@@ -407,7 +409,12 @@ class PhaseScope(Scope):
         self.session_id = session.session_id
         self._start_under(session, share_lane)
         ops = session.open_phases
-        ops.append(self)  # atomic; whoever removes it from the list closes it
+        try:
+            ops.append(self)  # atomic; whoever removes it from the list closes it
+        except AttributeError:  # finalized meanwhile (a race): recorded, and interrupted
+            self.set_attribute(ATTR_INTERRUPTED, True)
+            self.finish(recorder.now_ns())
+            return
         if _SESSIONS.get(session.session_id) is not session:  # finalized meanwhile (a race)
             self._close_if_open(ops, recorder.now_ns(), None, True)
 
@@ -428,13 +435,16 @@ class PhaseScope(Scope):
                        interrupted: bool) -> None:
         try:
             ops.remove(self)  # atomic: exactly one closer wins (user, finalize, other thread)
-        except ValueError:
+        except (ValueError, AttributeError):  # closed already (or its session finalized)
             return
         if interrupted or exc is not None:
             self.set_attribute(ATTR_INTERRUPTED, True)
         self.finish(end, exc)
 
     def __enter__(self) -> PhaseScope:
+        if self.parent is not None:  # a started handle (``mark_<phase>_start``) used in ``with``
+            self._token = None
+            return self
         if FLAGS.enabled:
             sid = self.session_id
             if sid is None:
@@ -464,13 +474,15 @@ class PhaseScope(Scope):
                 self.set_attribute(ATTR_SYNC, kind)
                 self.set_attribute(ATTR_SYNC_WAIT, (self._sync_wait + wait) / 1e9)
                 end = recorder.now_ns()
+            token = self._token
+            self._token = None  # a kept token would keep a context alive with the record
             try:
-                _ctx_reset(self._token)
-            except (ValueError, RuntimeError):
-                pass  # exited in another context: nothing to undo here
+                _ctx_reset(token)
+            except (ValueError, RuntimeError, TypeError):
+                pass  # exited in another context (or never attached): nothing to undo here
             try:
                 sess.open_phases.remove(self)  # as in _close_if_open: one closer wins
-            except ValueError:
+            except (ValueError, AttributeError):
                 return False
             if exc is not None:
                 self.set_attribute(ATTR_INTERRUPTED, True)
@@ -482,6 +494,19 @@ class PhaseScope(Scope):
 
     async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
         return self.__exit__(exc_type, exc, tb)
+
+
+class SyncedPhaseScope(PhaseScope):
+    """A phase execution that waits for the GPU/TPU at both ends (``device_sync=``)."""
+
+    __slots__ = ("_sync_wait", "device_sync")
+
+    def __init__(self, spec: PhaseSpec, start_payload: dict[str, Any] | None,
+                 end_payload: dict[str, Any] | None, turn: int | None, session_id: Any,
+                 device_sync: Any) -> None:
+        super().__init__(spec, start_payload, end_payload, turn, session_id)
+        self.device_sync = device_sync
+        self._sync_wait = 0
 
 
 #: ``mark_<phase>_start`` returns one of these
@@ -520,8 +545,12 @@ def trace_session_phase(
     :class:`~rltrace.phases.UnknownPhaseError` for an unregistered phase.  ``device_sync``
     waits for the GPU/TPU at both ends (see :mod:`rltrace.device`).
     """
-    return PhaseScope(get_phase(phase), dict(start_payload) if start_payload else None,
-                      dict(end_payload) if end_payload else None, turn, session_id, device_sync)
+    spec = get_phase(phase)
+    start = dict(start_payload) if start_payload else None
+    end = dict(end_payload) if end_payload else None
+    if device_sync:
+        return SyncedPhaseScope(spec, start, end, turn, session_id, device_sync)
+    return PhaseScope(spec, start, end, turn, session_id)
 
 
 def atrace_session_phase(
@@ -581,6 +610,7 @@ def _finalize(sess: SessionScope, status: str, reason: Any) -> None:
         except IndexError:
             break
         handle._close_if_open(ops, end, None, True)
+    sess.open_phases = _NO_PHASES  # the list goes: one object fewer per queued record
     sess.status = status
     sess.reason = reason
     if status == "failed":
