@@ -370,6 +370,7 @@ class Pipeline:
         if sp is not None:
             out["sessions"] = {"finalized": sp.sessions, "written": sp.writer.written,
                                "failed": sp.writer.failed, "orphaned": sp.orphaned,
+                               "late_phases": sp.late_phases,
                                **sessions.open_counts()}
         out["misuse"] = dict(sessions.MISUSE)
         return out

@@ -49,6 +49,11 @@ class SessionMetricsProcessor(SpanProcessor):
         #: sessions whose phases were held but whose session span never came (e.g. dropped
         #: under overload); evicted oldest-first beyond ``max_open`` so memory stays bounded
         self.orphaned = 0
+        #: phase executions that ended after their session's record was written (a phase
+        #: racing its session's finalize on another thread): counted, not held
+        self.late_phases = 0
+        # recently finished session ids, two generations of max_open // 2 (bounded)
+        self._done: list[set[Any]] = [set(), set()]
         self._acc: OrderedDict[Any, dict[str, list[tuple[int, int, Any, bool]]]] = OrderedDict()
         self.listeners: list[Callable[[dict[str, Any]], None]] = []
         self._metrics = None
@@ -96,6 +101,7 @@ class SessionMetricsProcessor(SpanProcessor):
     def reset_after_fork(self) -> None:
         """In a forked child: the parent's partial sessions are the parent's."""
         self._acc = OrderedDict()
+        self._done = [set(), set()]
 
     def open_sessions(self) -> int:
         """Sessions with phases seen but no session span yet."""
@@ -113,6 +119,10 @@ class SessionMetricsProcessor(SpanProcessor):
                 for p in record["phase_counts"]:
                     writable[f"rl.session.{p}_s"] = record[f"{p}_s"]
             self.sessions += 1
+            done = self._done[0]
+            done.add(sid)
+            if len(done) >= self.max_open // 2:
+                self._done = [set(), done]
             if self.writer is not None:
                 self.writer.add(record)
             for listener in self.listeners:
@@ -123,6 +133,9 @@ class SessionMetricsProcessor(SpanProcessor):
             acc = self._acc
             phases = acc.get(sid)
             if phases is None:
+                if sid in self._done[0] or sid in self._done[1]:
+                    self.late_phases += 1
+                    return
                 phases = acc[sid] = {}
                 if len(acc) > self.max_open:
                     acc.popitem(last=False)

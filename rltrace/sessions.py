@@ -442,8 +442,12 @@ class PhaseScope(Scope):
         self.finish(end, exc)
 
     def __enter__(self) -> PhaseScope:
-        if self.parent is not None:  # a started handle (``mark_<phase>_start``) used in ``with``
+        if self.parent is not None:  # started before: a handle used in ``with``, or reused
             self._token = None
+            if self.end_ns:
+                _misuse("phase_reused", f"trace_session_phase({self.spec.name!r}) object entered "
+                                        "again after it ended; it records one execution: call "
+                                        "trace_session_phase(...) for each")
             return self
         if FLAGS.enabled:
             sid = self.session_id

@@ -12,6 +12,7 @@ import asyncio
 import gc
 import os
 import random
+import sys
 import threading
 import time
 from collections import Counter
@@ -211,6 +212,74 @@ def test_finalize_by_task_racing_finalize_by_session_across_threads_records_each
                          for line in p.chrome_path.read_bytes().splitlines()
                          if b'"name":"rl.task"' in line and b'"ph":"X"' in line)
     assert task_spans == Counter({task: 1 for task, _ in tasks}), "a task span was lost or ended twice"
+    _no_state_left(p)
+
+
+def test_phases_racing_their_sessions_finalize_on_another_thread_are_recorded_or_counted(
+    tmp_path: Path,
+) -> None:
+    """One thread opens and closes phases on a session while another finalizes it: every
+    attempt is either a phase span with an end (interrupted if finalize cut it) or a counted
+    ``unknown_session`` misuse; nothing is left open and no session is recorded twice."""
+    rltrace.configure(fileroot=str(tmp_path), flush_at_exit=False, flush_interval_s=0.05,
+                      session_tracer={"enabled": True})
+    p = pipeline.get_pipeline()
+    assert p is not None and p.sessions_path is not None and p.chrome_path is not None
+    n_sessions, attempts = 600, 40
+    sids = [rltrace.register_session(rltrace.register_task()) for _ in range(n_sessions)]
+    barrier = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def run_phases() -> None:
+        try:
+            for sid in sids:
+                barrier.wait(10)
+                for k in range(attempts):
+                    if k % 4 == 3:  # the manual form too
+                        h = rltrace.trace_session_event("mark_toolcall_start", session_id=sid)
+                        if h is not None:  # None: refused (and counted), the session is gone
+                            rltrace.trace_session_event("mark_toolcall_end", session_id=sid, handle=h)
+                        continue
+                    with rltrace.trace_session_phase("generate", session_id=sid):
+                        pass
+        except BaseException as exc:
+            errors.append(exc)
+
+    def finalize() -> None:
+        try:
+            for sid in sids:
+                barrier.wait(10)
+                rltrace.trace_session_event("mark_finalized", session_id=sid, status="accepted")
+        except BaseException as exc:
+            errors.append(exc)
+
+    old_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # interleave the two threads as finely as CPython allows
+    try:
+        threads = [threading.Thread(target=run_phases), threading.Thread(target=finalize)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    finally:
+        sys.setswitchinterval(old_interval)
+    assert not errors and not any(t.is_alive() for t in threads), errors
+    rltrace.flush()
+    misuse = rltrace.diagnostics()["misuse"]
+    refused = misuse.get("unknown_session", 0)
+    events = [orjson.loads(line) for line in p.chrome_path.read_bytes().splitlines()
+              if b'"ph":"X"' in line and (b'"name":"generate"' in line or b'"name":"toolcall"' in line)]
+    per_session = Counter(e["args"]["rl.session.id"] for e in events)
+    assert sum(per_session.values()) + refused == n_sessions * attempts
+    assert all(e["dur"] >= 0 for e in events)
+    records = _records(p.sessions_path)
+    assert sorted(r["session_id"] for r in records) == sorted(sids)
+    for r in records:  # a record holds the phases that ended before it: a subset of the spans
+        n = sum(len(items) for items in r["phases"].values())
+        assert n <= per_session[r["session_id"]]
+        assert all(item["end_ts"] >= item["start_ts"] for items in r["phases"].values() for item in items)
+    late = rltrace.diagnostics()["sessions"]["late_phases"]
+    assert sum(sum(len(i) for i in r["phases"].values()) for r in records) + late == sum(per_session.values())
     _no_state_left(p)
 
 

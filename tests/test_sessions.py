@@ -803,3 +803,78 @@ def test_link_consumed_links_a_step_to_tasks_and_finished_sessions_through_their
     targets = [(lk.context.trace_id, lk.context.span_id) for lk in step.links]
     assert targets == [(task_span.context.trace_id, task_span.context.span_id)] * 2
     assert step.links[1].attributes["rl.session.id"] == sid
+
+
+# ---- attributes set through the OTel API -----------------------------------------------------------
+
+
+def test_attributes_set_on_session_and_phase_spans_reach_otel_spans_chrome_and_keep_rl_fields(
+    tmp_path: Path,
+) -> None:
+    """Task, session and phase records build their ``rl.*`` attributes at export; attributes set
+    through the OTel API (``get_current_span().set_attribute``) or a handle join them there, and
+    finalization's status wins over a user-set one."""
+    from opentelemetry import trace
+
+    with capture_spans(tmp_path, **SESSIONS_ON) as cap:
+        task = perf_tracer.register_task()
+        perf_tracer.set_task_id(task)
+
+        @session_context()
+        def sample() -> Any:
+            trace.get_current_span().set_attribute("user.session_key", "s")
+            trace.get_current_span().set_attribute("rl.session.status", "forged")
+            with trace_session_phase("generate", {"model": "m"}, turn=2) as ph:
+                trace.get_current_span().set_attribute("gen_ai.usage.output_tokens", 17)
+                ph.set_end_payload(done=True)
+            handle = trace_session_event("mark_reward_start")
+            handle.set_attribute("user.reward_key", 0.5)
+            trace_session_event("mark_reward_end", handle=handle, score=1.0)
+            return perf_tracer.get_session_id()
+
+        sid = contextvars.copy_context().run(sample)
+        trace_session_event("mark_finalized", session_id=sid, status="rejected", reason="stale")
+        spans = cap.spans()
+        records = session_records(cap)
+        chrome_path = rltrace.pipeline.get_pipeline().chrome_path  # type: ignore[union-attr]
+        rltrace.flush()
+        chrome = [e for e in read_jsonl(chrome_path) if e.get("ph") == "X"]
+
+    sess = spans_by_attr(spans, "rl.session", "rl.session.id")[sid]
+    assert sess.attributes["user.session_key"] == "s"
+    assert sess.attributes["rl.session.status"] == "rejected"
+    assert sess.attributes["rl.session.reason"] == "stale"
+    assert sess.attributes["rl.task.id"] == task
+    assert sess.attributes["rl.session.total_s"] == pytest.approx(records[sid]["total_s"])
+    (gen,) = phase_spans(spans, sid, "generate")
+    assert gen.attributes["gen_ai.usage.output_tokens"] == 17
+    assert gen.attributes["gen_ai.request.model"] == gen.attributes["rl.start.model"] == "m"
+    assert gen.attributes["rl.end.done"] is True and gen.attributes["rl.turn"] == 2
+    (rew,) = phase_spans(spans, sid, "reward")
+    assert rew.attributes["user.reward_key"] == 0.5 and rew.attributes["rl.end.score"] == 1.0
+    assert rew.attributes["rl.task.id"] == task and rew.attributes["rl.turn"] == 2
+    by_name = {e["name"]: e["args"] for e in chrome if e["args"].get("rl.session.id") == sid}
+    assert by_name["rl.session"]["user.session_key"] == "s"
+    assert by_name["rl.session"]["rl.session.status"] == "rejected"
+    assert by_name["generate"]["gen_ai.usage.output_tokens"] == 17
+    assert by_name["reward"]["user.reward_key"] == 0.5
+    assert records[sid]["status"] == "rejected" and records[sid]["turns"] == 3
+
+
+def test_a_phase_object_records_one_execution_and_reuse_is_counted(tmp_path: Path) -> None:
+    with capture_spans(tmp_path, **SESSIONS_ON) as cap:
+        sid = perf_tracer.register_session(perf_tracer.register_task())
+        gen = trace_session_phase("generate", session_id=sid)
+        with gen:
+            pass
+        with gen:  # misuse: the object already recorded its execution
+            pass
+        handle = trace_session_event("mark_reward_start", session_id=sid)
+        with handle:  # a started handle used as a context manager ends with the block
+            pass
+        assert handle.closed
+        trace_session_event("mark_finalized", session_id=sid, status="accepted")
+        records = session_records(cap)
+        misuse = rltrace.diagnostics()["misuse"]
+    assert records[sid]["phase_counts"] == {"generate": 1, "reward": 1}
+    assert misuse == {"phase_reused": 1}
