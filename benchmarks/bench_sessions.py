@@ -3,9 +3,9 @@
 Prints one JSON object.  Session tracing on, Chrome exporter on.  Tasks hold ``--group``
 sessions each (GRPO's group size; AReaL's n_samples), registered together and then run and
 finalized one by one, so the task span's cost is shared as in a real run; ``--group 1`` gives
-one task per session.  ``session_hot_path_us`` is the time on
-the caller's thread; ``session_amortized_us`` adds the exporter cycle that derives the session
-record, writes ``sessions-r0.jsonl`` and the Chrome file.
+one task per session.  ``session_hot_path_us`` is the time on the caller's thread;
+``session_amortized_us`` adds the exporter cycle that derives the session record, writes
+``sessions-r0.jsonl`` and the Chrome file.
 Run: ``python benchmarks/bench_sessions.py [--sessions N] [--repeats R] [--group G]``.
 """
 

@@ -49,8 +49,9 @@ class SessionMetricsProcessor(SpanProcessor):
         #: sessions whose phases were held but whose session span never came (e.g. dropped
         #: under overload); evicted oldest-first beyond ``max_open`` so memory stays bounded
         self.orphaned = 0
-        #: phase executions that ended after their session's record was written (a phase
-        #: racing its session's finalize on another thread): counted, not held
+        #: rltrace phase executions that ended after their session's record was written (a
+        #: phase racing its session's finalize on another thread): counted, not held.  Spans
+        #: of other instrumentation are not checked (their session ids may repeat)
         self.late_phases = 0
         # recently finished session ids, two generations of max_open // 2 (bounded)
         self._done: list[set[Any]] = [set(), set()]
@@ -119,10 +120,11 @@ class SessionMetricsProcessor(SpanProcessor):
                 for p in record["phase_counts"]:
                     writable[f"rl.session.{p}_s"] = record[f"{p}_s"]
             self.sessions += 1
-            done = self._done[0]
-            done.add(sid)
-            if len(done) >= self.max_open // 2:
-                self._done = [set(), done]
+            if writable is not None:  # an rltrace record: its session ids are never reused
+                done = self._done[0]
+                done.add(sid)
+                if len(done) >= self.max_open // 2:
+                    self._done = [set(), done]
             if self.writer is not None:
                 self.writer.add(record)
             for listener in self.listeners:
