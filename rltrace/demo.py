@@ -173,7 +173,7 @@ def _summarise(logdir: Path) -> str:
         parts = ", ".join(f"{k[:-2]} {r[k] * 1000:.0f}" for k in ("generate_s", "toolcall_s", "reward_s"))
         lines.append(f"  {r['total_s'] * 1000:7.1f} ms  rank {r['rank']} step {r.get('step')} "
                      f"task {r['task_id']} session {r['session_id']} ({r['status']}; {parts} ms; "
-                     f"{r['turns']} turns)")
+                     f"{r['turns']} turn{'' if r['turns'] == 1 else 's'})")
     return "\n".join(lines)
 
 
