@@ -419,11 +419,17 @@ class PhaseScope(Scope):
             self._close_if_open(ops, recorder.now_ns(), None, True)
 
     def end(self, payload: Any = None, exc: BaseException | None = None,
-            interrupted: bool = False, end_ns: int | None = None) -> None:
-        """Close this execution, adding ``payload`` as ``rl.end.*`` attributes (idempotent)."""
+            interrupted: bool = False, end_ns: int | None = None, *,
+            end_time: int | None = None) -> None:
+        """Close this execution, adding ``payload`` as ``rl.end.*`` attributes (idempotent).
+
+        Also OTel's ``Span.end(end_time=None)``, for instrumentation ending the current span.
+        """
+        if type(payload) is int:  # OTel's positional ``Span.end(end_time)``
+            end_time, payload = payload, None
+        if end_time is not None:
+            end_ns = end_time
         end = end_ns if end_ns is not None else recorder.now_ns()
-        if type(payload) is int:  # the OTel ``Span.end(end_time)`` form
-            end, payload = payload, None
         sess = self.parent
         if sess is None or self.end_ns:
             return  # never started (no session), or already closed

@@ -878,3 +878,25 @@ def test_a_phase_object_records_one_execution_and_reuse_is_counted(tmp_path: Pat
         misuse = rltrace.diagnostics()["misuse"]
     assert records[sid]["phase_counts"] == {"generate": 1, "reward": 1}
     assert misuse == {"phase_reused": 1}
+
+
+def test_a_phase_ended_through_the_otel_span_api_is_recorded_with_that_end_time(tmp_path: Path) -> None:
+    from opentelemetry import trace
+
+    with capture_spans(tmp_path, **SESSIONS_ON) as cap:
+        sid = perf_tracer.register_session(perf_tracer.register_task())
+        with trace_session_phase("generate", session_id=sid) as ph:
+            span = trace.get_current_span()
+            assert span is ph and span.is_recording()
+            t_end = ph.start_ns + 1_000_000
+            span.end(end_time=t_end)  # what OTel instrumentation does with the current span
+            assert not span.is_recording()
+        with trace_session_phase("reward", session_id=sid) as ph2:
+            ph2.end(ph2.start_ns + 2_000_000)  # positional, as Span.end(end_time)
+        trace_session_event("mark_finalized", session_id=sid, status="accepted")
+        records = session_records(cap)
+        spans = cap.spans()
+    (gen,) = phase_spans(spans, sid, "generate")
+    assert gen.end_time == t_end and "rl.phase.interrupted" not in gen.attributes
+    assert records[sid]["generate_s"] == pytest.approx(1e-3)
+    assert records[sid]["reward_s"] == pytest.approx(2e-3)
