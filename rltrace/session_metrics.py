@@ -35,6 +35,7 @@ from .semconv import (
 )
 
 _BUILTIN_SET = frozenset(p.name for p in BUILTIN)
+_DONE_GEN = 4_096
 
 
 class SessionMetricsProcessor(SpanProcessor):
@@ -53,7 +54,8 @@ class SessionMetricsProcessor(SpanProcessor):
         #: phase racing its session's finalize on another thread): counted, not held.  Spans
         #: of other instrumentation are not checked (their session ids may repeat)
         self.late_phases = 0
-        # recently finished session ids, two generations of max_open // 2 (bounded)
+        # recently finished session ids, two generations of _DONE_GEN: a phase racing its
+        # session's finalize arrives within an export cycle or two, so a few thousand suffice
         self._done: list[set[Any]] = [set(), set()]
         self._acc: OrderedDict[Any, dict[str, list[tuple[int, int, Any, bool]]]] = OrderedDict()
         self.listeners: list[Callable[[dict[str, Any]], None]] = []
@@ -123,7 +125,7 @@ class SessionMetricsProcessor(SpanProcessor):
             if writable is not None:  # an rltrace record: its session ids are never reused
                 done = self._done[0]
                 done.add(sid)
-                if len(done) >= self.max_open // 2:
+                if len(done) >= _DONE_GEN:
                     self._done = [set(), done]
             if self.writer is not None:
                 self.writer.add(record)
