@@ -119,7 +119,7 @@ class TaskScope(Scope):
     """A task's span record (``rl.task``); its fields stay in slots until export."""
 
     slot_attrs = True
-    __slots__ = ("open", "step", "task_id")
+    __slots__ = ("_attrs", "open", "step", "task_id")
 
     def __init__(self, task_id: Any) -> None:
         self.name = TASK_SPAN
@@ -127,19 +127,19 @@ class TaskScope(Scope):
         self.args = None
         self.end_ns = 0
         self.extra = None
+        self._attrs: dict[str, Any] | None = None
         self.task_id = task_id
         self.open: set[Any] | None = set()  # ids of its open sessions; None once it ended
         self.step = _STEP_CV.get()
         self._start_under(None, False)
 
     def record_attrs(self) -> dict[str, Any]:
-        built = _built(self)
-        if built is not None:
-            return built
+        if self._attrs is not None:
+            return self._attrs
         attrs: dict[str, Any] = {ATTR_TASK: self.task_id}
         if self.step is not None:
             attrs[ATTR_STEP] = self.step
-        return _merged(self, attrs)
+        return _with_user_attrs(self, attrs)
 
     def own_step(self) -> Any:
         return self.step
@@ -149,7 +149,8 @@ class SessionScope(Scope):
     """A session's span record (``rl.session``) and its live state while it is open."""
 
     slot_attrs = True
-    __slots__ = ("open_phases", "reason", "session_id", "status", "step", "task_rec", "turn")
+    __slots__ = ("_attrs", "open_phases", "reason", "session_id", "status", "step", "task_rec",
+                 "turn")
 
     def __init__(self, session_id: Any, task: TaskScope) -> None:
         self.name = SESSION_SPAN
@@ -157,6 +158,7 @@ class SessionScope(Scope):
         self.args = None
         self.end_ns = 0
         self.extra = None
+        self._attrs: dict[str, Any] | None = None
         self.session_id = session_id
         self.task_rec = task
         self.turn = -1
@@ -167,9 +169,8 @@ class SessionScope(Scope):
         self._start_under(task, False)
 
     def record_attrs(self) -> dict[str, Any]:
-        built = _built(self)
-        if built is not None:
-            return built
+        if self._attrs is not None:
+            return self._attrs
         attrs: dict[str, Any] = {ATTR_TASK: self.task_rec.task_id, ATTR_SESSION: self.session_id}
         extra = self.extra
         if extra is not None and extra.get("attrs"):
@@ -181,33 +182,27 @@ class SessionScope(Scope):
             attrs[ATTR_REASON] = reason
         if self.step is not None:
             attrs.setdefault(ATTR_STEP, self.step)
-        return _cache(self, attrs)
+        if self.end_ns:
+            self._attrs = attrs
+        return attrs
 
     def own_step(self) -> Any:
         return self.step
 
 
-def _built(rec: Scope) -> dict[str, Any] | None:
-    """The attributes :meth:`record_attrs` built earlier for this finished record, if any."""
+def _with_user_attrs(rec: TaskScope | PhaseScope, attrs: dict[str, Any]) -> dict[str, Any]:
+    """``attrs`` plus what was set through ``set_attribute`` (which wins).
+
+    Kept once the record is finished: processors add to it (the session figures) and every
+    later reader (Chrome, ReadableSpan) sees the same dict.
+    """
     extra = rec.extra
-    return extra["attrs"] if extra is not None and "built" in extra else None  # type: ignore[no-any-return]
-
-
-def _merged(rec: Scope, attrs: dict[str, Any]) -> dict[str, Any]:
-    """``attrs`` plus what was set through ``set_attribute`` (which wins), cached."""
-    extra = rec.extra
-    if extra is not None and extra.get("attrs"):
-        attrs.update(extra["attrs"])
-    return _cache(rec, attrs)
-
-
-def _cache(rec: Scope, attrs: dict[str, Any]) -> dict[str, Any]:
-    # built once the record is finished: processors add to it (the session figures) and every
-    # later reader (Chrome, ReadableSpan) sees the same dict
+    if extra is not None:
+        user = extra.get("attrs")
+        if user:
+            attrs.update(user)
     if rec.end_ns:
-        extra = rec.extras()
-        extra["attrs"] = attrs
-        extra["built"] = True
+        rec._attrs = attrs
     return attrs
 
 
@@ -345,7 +340,7 @@ class PhaseScope(Scope):
     slot_attrs = True
     #: device-synced phases are :class:`SyncedPhaseScope`s (two slots more)
     device_sync: Any = None
-    __slots__ = ("end_payload", "session_id", "spec", "start_payload", "turn")
+    __slots__ = ("_attrs", "end_payload", "session_id", "spec", "start_payload", "turn")
 
     def __init__(self, spec: PhaseSpec, start_payload: dict[str, Any] | None,
                  end_payload: dict[str, Any] | None, turn: int | None, session_id: Any) -> None:
@@ -354,6 +349,7 @@ class PhaseScope(Scope):
         self.args = None
         self.end_ns = 0
         self.extra = None
+        self._attrs: dict[str, Any] | None = None
         self.parent = None  # its session, once started
         self.spec = spec
         self.start_payload = start_payload
@@ -378,9 +374,8 @@ class PhaseScope(Scope):
         self.end_payload.update(payload)
 
     def record_attrs(self) -> dict[str, Any]:
-        built = _built(self)
-        if built is not None:
-            return built
+        if self._attrs is not None:
+            return self._attrs
         spec = self.spec
         sess = self.parent
         sid = self.session_id
@@ -395,7 +390,7 @@ class PhaseScope(Scope):
             _payload_attrs(attrs, "rl.start.", self.start_payload, spec)
         if self.end_payload:
             _payload_attrs(attrs, "rl.end.", self.end_payload, spec)
-        return _merged(self, attrs)
+        return _with_user_attrs(self, attrs)
 
     def _start(self, session: SessionScope, share_lane: bool) -> None:
         turn = self.turn
