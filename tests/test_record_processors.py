@@ -1,0 +1,86 @@
+"""User record processors (``rltrace.add_record_processor``): every finished rltrace record,
+on the exporter thread, before any ``ReadableSpan`` is built.
+
+A record's ``record_attrs()`` gives its attributes (task, session and phase records build their
+``rl.*`` attributes there, off the hot path) and ``rltrace.steps.step_of`` its training step.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import rltrace
+from rltrace.steps import step_of
+
+
+class Collect:
+    """A record processor keeping what it saw (name, attributes, step)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, dict[str, Any], Any]] = []
+        self.flushes = 0
+
+    def on_record(self, rec: Any) -> None:
+        self.seen.append((rec.name, dict(rec.record_attrs() or {}), step_of(rec)))
+
+    def force_flush(self) -> None:
+        self.flushes += 1
+
+    def by_name(self, name: str) -> list[dict[str, Any]]:
+        return [attrs for n, attrs, _ in self.seen if n == name]
+
+
+def test_record_processor_sees_scopes_tasks_sessions_and_phases_with_attributes_and_steps(
+    tmp_path: Path,
+) -> None:
+    proc = Collect()
+    rltrace.add_record_processor(proc)
+    try:
+        rltrace.configure(fileroot=str(tmp_path), flush_at_exit=False,
+                          session_tracer={"enabled": True})
+        with rltrace.step(3):
+            with rltrace.trace_scope("train.forward") as span:
+                span.set_attribute("user.key", 1)
+            task = rltrace.register_task()
+            sid = rltrace.register_session(task)
+        with rltrace.trace_session_phase("generate", {"model": "m"}, session_id=sid):
+            pass
+        rltrace.trace_session_event("mark_finalized", session_id=sid, status="rejected",
+                                    reason="stale")
+        rltrace.flush()
+        flushes = proc.flushes
+    finally:
+        rltrace.remove_record_processor(proc)
+    assert flushes >= 1
+    (fwd,) = proc.by_name("train.forward")
+    assert fwd["user.key"] == 1
+    assert proc.by_name("train.step") == [{"rl.step": 3}]  # the step's own span
+    (task_attrs,) = proc.by_name("rl.task")
+    assert task_attrs == {"rl.task.id": task, "rl.step": 3}
+    (sess,) = proc.by_name("rl.session")
+    assert (sess["rl.session.id"], sess["rl.task.id"], sess["rl.session.status"],
+            sess["rl.session.reason"], sess["rl.step"]) == (sid, task, "rejected", "stale", 3)
+    (gen,) = proc.by_name("generate")
+    assert (gen["rl.phase"], gen["rl.session.id"], gen["rl.task.id"], gen["rl.start.model"],
+            gen["gen_ai.request.model"]) == ("generate", sid, task, "m", "m")
+    steps = {name: step for name, _, step in proc.seen}
+    assert steps == {"train.step": 3, "train.forward": 3, "rl.task": 3, "rl.session": 3,
+                     "generate": 3}  # the phase inherits the step through its session
+
+
+def test_a_record_processor_is_kept_across_reconfigure_and_stops_when_removed(tmp_path: Path) -> None:
+    proc = Collect()
+    rltrace.add_record_processor(proc)
+    try:
+        for i in range(2):
+            rltrace.configure(fileroot=str(tmp_path / str(i)), flush_at_exit=False)
+            with rltrace.trace_scope(f"run{i}"):
+                pass
+            rltrace.flush()
+    finally:
+        rltrace.remove_record_processor(proc)
+    with rltrace.trace_scope("after.removal"):
+        pass
+    rltrace.flush()
+    assert [name for name, _, _ in proc.seen] == ["run0", "run1"]
