@@ -21,6 +21,15 @@ PERFETTO_CHECK = Path(
 )
 
 
+def clean_env(monkeypatch: pytest.MonkeyPatch, otel_prefix: str = "OTEL_EXPORTER_OTLP") -> None:
+    """Drop the caller's rank variables, ``RLTRACE_*`` settings and OTel variables starting with
+    ``otel_prefix`` for one test, so none of them leaks into what it configures."""
+    for k in list(os.environ):
+        if (k in ("RANK", "WORLD_SIZE") or k.startswith((otel_prefix, "RLTRACE_"))) and \
+                k != "RLTRACE_PERFETTO_CHECK":
+            monkeypatch.delenv(k, raising=False)
+
+
 @pytest.fixture(autouse=True)
 def _rltrace_reset() -> Any:
     """Every test starts and ends with rltrace shut down."""

@@ -7,7 +7,6 @@ files it writes (log dir, ``config.yaml``, Chrome trace) or on :func:`rltrace.ge
 from __future__ import annotations
 
 import getpass
-import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
+from conftest import clean_env
 
 import rltrace
 from rltrace.config import load_config
@@ -27,11 +27,7 @@ SECRET = "Bearer sup3r-s3cret-t0ken"
 @pytest.fixture(autouse=True)
 def _hermetic_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """Rank variables, OTLP endpoints and stray RLTRACE_* settings of the caller must not leak in."""
-    for name in ("RANK", "WORLD_SIZE", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
-        monkeypatch.delenv(name, raising=False)
-    for name in list(os.environ):
-        if name.startswith("RLTRACE_") and name != "RLTRACE_PERFETTO_CHECK":
-            monkeypatch.delenv(name)
+    clean_env(monkeypatch)
 
 
 def configure(tmp_path: Path, config: Any = None, **overrides: Any) -> rltrace.TracerConfig:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import clean_env
 
 import rltrace
 from rltrace import pipeline
@@ -32,9 +33,7 @@ HELPER = Path(__file__).parent / "helpers" / "exit_workload.py"
 
 @pytest.fixture(autouse=True)
 def _hermetic(monkeypatch: pytest.MonkeyPatch) -> None:
-    for k in list(os.environ):
-        if k.startswith(("OTEL_EXPORTER_OTLP", "RLTRACE_")) or k in ("RANK", "WORLD_SIZE"):
-            monkeypatch.delenv(k, raising=False)
+    clean_env(monkeypatch)
 
 
 def _configure(root: Path) -> pipeline.Pipeline:

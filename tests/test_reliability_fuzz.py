@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import clean_env
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -37,9 +38,7 @@ STATUSES = ("accepted", "rejected", "failed", "dropped")
 
 @pytest.fixture(autouse=True)
 def _hermetic(monkeypatch: pytest.MonkeyPatch) -> None:
-    for k in list(os.environ):
-        if k.startswith(("OTEL_EXPORTER_OTLP", "RLTRACE_")) or k in ("RANK", "WORLD_SIZE"):
-            monkeypatch.delenv(k, raising=False)
+    clean_env(monkeypatch)
 
 
 class Opaque:

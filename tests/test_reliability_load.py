@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import os
 import random
 import sys
 import threading
@@ -21,6 +20,7 @@ from typing import Any
 
 import orjson
 import pytest
+from conftest import clean_env
 
 import rltrace
 from rltrace import phases, pipeline, sessions
@@ -37,9 +37,7 @@ PHASES = ("generate", "toolcall", "reward", "verify")
 
 @pytest.fixture(autouse=True)
 def _hermetic(monkeypatch: pytest.MonkeyPatch) -> None:
-    for k in list(os.environ):
-        if k.startswith(("OTEL_EXPORTER_OTLP", "RLTRACE_")) or k in ("RANK", "WORLD_SIZE"):
-            monkeypatch.delenv(k, raising=False)
+    clean_env(monkeypatch)
     monkeypatch.setattr(phases, "_PHASES", dict(phases._PHASES))  # "verify" stays in this module
     monkeypatch.setattr(phases, "_CUSTOM", phases._CUSTOM)
     rltrace.register_phase("verify", category="compute")

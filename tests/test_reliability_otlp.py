@@ -9,7 +9,6 @@ OTLP must end up delivered or counted (exported + failed + dropped).
 from __future__ import annotations
 
 import gc
-import os
 import socket
 import statistics
 import threading
@@ -20,6 +19,7 @@ from typing import Any
 
 import grpc
 import pytest
+from conftest import clean_env
 
 import rltrace
 from rltrace import pipeline
@@ -31,9 +31,7 @@ SPANS_PER_RUN = STEPS * (MICRO + 1)  # micro_batch scopes + one train.step per s
 
 @pytest.fixture(autouse=True)
 def _clean_otel_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for k in list(os.environ):
-        if k.startswith(("OTEL_", "RLTRACE_")) or k in ("RANK", "WORLD_SIZE"):
-            monkeypatch.delenv(k, raising=False)
+    clean_env(monkeypatch, "OTEL_")
 
 
 def _configure(tmp_path: Path, endpoint: str, protocol: str, trial: str, **otlp: Any) -> pipeline.Pipeline:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import clean_env
 
 import rltrace
 from rltrace import pipeline
@@ -168,9 +169,7 @@ def tls_backend(tmp_path: Path) -> Iterator[tuple[TLSOTLPBackend, Path]]:
 
 @pytest.fixture(autouse=True)
 def _clean_otel_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for k in list(os.environ):
-        if k.startswith(("OTEL_", "RLTRACE_")) or k in ("RANK", "WORLD_SIZE"):
-            monkeypatch.delenv(k, raising=False)
+    clean_env(monkeypatch, "OTEL_")
 
 
 def _traced_session() -> None:

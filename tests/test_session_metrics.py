@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import clean_env
 from opentelemetry import trace
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
@@ -37,12 +38,7 @@ T0 = 1_700_000_000_000_000_000  # epoch ns
 @pytest.fixture(autouse=True)
 def _hermetic(monkeypatch: pytest.MonkeyPatch) -> None:
     """No caller rank/OTLP/RLTRACE_* settings; misuse counters per test."""
-    for name in ("RANK", "WORLD_SIZE", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-                 "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"):
-        monkeypatch.delenv(name, raising=False)
-    for name in list(os.environ):
-        if name.startswith("RLTRACE_") and name != "RLTRACE_PERFETTO_CHECK":
-            monkeypatch.delenv(name)
+    clean_env(monkeypatch)
     monkeypatch.setattr(sessions, "MISUSE", {})
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import clean_env
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import StatusCode
 
@@ -42,14 +43,7 @@ SESSIONS_ON = {"session_tracer": {"enabled": True}}
 @pytest.fixture(autouse=True)
 def _hermetic(monkeypatch: pytest.MonkeyPatch) -> None:
     """No caller rank/OTLP/RLTRACE_* settings; misuse counters and the phase registry per test."""
-    import os
-
-    for name in ("RANK", "WORLD_SIZE", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-                 "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"):
-        monkeypatch.delenv(name, raising=False)
-    for name in list(os.environ):
-        if name.startswith("RLTRACE_") and name != "RLTRACE_PERFETTO_CHECK":
-            monkeypatch.delenv(name)
+    clean_env(monkeypatch)
     monkeypatch.setattr(sessions, "MISUSE", {})
     monkeypatch.setattr(phases, "_PHASES", dict(phases._PHASES))
     monkeypatch.setattr(phases, "_CUSTOM", phases._CUSTOM)

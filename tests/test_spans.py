@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import clean_env
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.trace import StatusCode
@@ -32,13 +33,7 @@ _I64 = 1 << 63
 @pytest.fixture(autouse=True)
 def _hermetic_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """Rank variables, OTLP endpoints and stray RLTRACE_* settings of the caller must not leak in."""
-    import os
-
-    for name in ("RANK", "WORLD_SIZE", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
-        monkeypatch.delenv(name, raising=False)
-    for name in list(os.environ):
-        if name.startswith("RLTRACE_") and name != "RLTRACE_PERFETTO_CHECK":
-            monkeypatch.delenv(name)
+    clean_env(monkeypatch)
 
 
 # ---- helpers -----------------------------------------------------------------------------------
