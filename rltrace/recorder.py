@@ -311,11 +311,7 @@ class Scope(Span):
             self.lane = parent.lane
             self.owns_lane = False
         else:
-            pool = _LANES.get(thread)
-            if pool is not None and pool[0]:  # inlined _acquire_lane: the common case
-                self.lane = heappop(pool[0])
-            else:
-                self.lane = _acquire_lane(thread)
+            self.lane = _acquire_lane(thread)
             self.owns_lane = True
         self.start_ns = now_ns()
 

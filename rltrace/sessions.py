@@ -222,9 +222,13 @@ _RECENT_TASKS: list[dict[Any, TaskScope]] = [{}, {}]
 _RECENT_SESSIONS: list[dict[Any, TaskScope]] = [{}, {}]
 
 
-def _rotate(gens: list[dict[Any, TaskScope]]) -> None:
-    gens[1] = gens[0]
-    gens[0] = {}
+def _remember(gens: list[dict[Any, TaskScope]], key: Any, task: TaskScope) -> None:
+    """Keep ``key -> task`` among the recent links (caller holds ``_LOCK``)."""
+    recent = gens[0]
+    recent[key] = task
+    if len(recent) >= _RECENT_GEN:  # the older generation goes
+        gens[1] = recent
+        gens[0] = {}
 
 
 def _recent(gens: list[dict[Any, TaskScope]], key: Any) -> TaskScope | None:
@@ -263,10 +267,7 @@ def _task_locked(task_id: Any) -> TaskScope:
     task = _TASKS.get(task_id)
     if task is None:
         task = _TASKS[task_id] = TaskScope(task_id)
-        recent = _RECENT_TASKS[0]
-        recent[task_id] = task
-        if len(recent) >= _RECENT_GEN:
-            _rotate(_RECENT_TASKS)
+        _remember(_RECENT_TASKS, task_id, task)
     return task
 
 
@@ -291,17 +292,10 @@ def register_session(task_id: Any = None) -> Any:
     if task_id is None:
         task_id = _TASK_CV.get()
     with _LOCK:
-        if task_id is None:
-            task_id = next(_task_ids)
-        task = _TASKS.get(task_id)
-        if task is None:
-            task = _task_locked(task_id)
+        task = _task_locked(next(_task_ids) if task_id is None else task_id)
         task.open.add(session_id)  # type: ignore[union-attr]  # open while in _TASKS
         _SESSIONS[session_id] = SessionScope(session_id, task)
-        recent = _RECENT_SESSIONS[0]
-        recent[session_id] = task
-        if len(recent) >= _RECENT_GEN:
-            _rotate(_RECENT_SESSIONS)
+        _remember(_RECENT_SESSIONS, session_id, task)
     return session_id
 
 
