@@ -171,26 +171,23 @@ class SessionScope(Scope):
     def record_attrs(self) -> dict[str, Any]:
         if self._attrs is not None:
             return self._attrs
-        attrs: dict[str, Any] = {ATTR_TASK: self.task_rec.task_id, ATTR_SESSION: self.session_id}
-        extra = self.extra
-        if extra is not None and extra.get("attrs"):
-            attrs.update(extra["attrs"])
-        # unset only if the span was ended through the OTel API instead of being finalized
+        attrs = _with_user_attrs(self, {ATTR_TASK: self.task_rec.task_id,
+                                        ATTR_SESSION: self.session_id})
+        # finalize's figures win over user-set ones; ``status`` is unset only if the span was
+        # ended through the OTel API instead of being finalized
         attrs[ATTR_STATUS] = getattr(self, "status", "pending")
         reason = getattr(self, "reason", None)
         if reason is not None:
             attrs[ATTR_REASON] = reason
         if self.step is not None:
             attrs.setdefault(ATTR_STEP, self.step)
-        if self.end_ns:
-            self._attrs = attrs
         return attrs
 
     def own_step(self) -> Any:
         return self.step
 
 
-def _with_user_attrs(rec: TaskScope | PhaseScope, attrs: dict[str, Any]) -> dict[str, Any]:
+def _with_user_attrs(rec: TaskScope | SessionScope | PhaseScope, attrs: dict[str, Any]) -> dict[str, Any]:
     """``attrs`` plus what was set through ``set_attribute`` (which wins).
 
     Kept once the record is finished: processors add to it (the session figures) and every
@@ -625,7 +622,12 @@ def _session_left(task: TaskScope, session_id: Any) -> bool:
     if open_ is None:
         return False
     open_.discard(session_id)
-    if open_ or _TASKS.get(task.task_id) is not task:
+    return not open_ and _drop_task(task)
+
+
+def _drop_task(task: TaskScope) -> bool:
+    """Unregister an ended task; False when it was no longer registered (holds ``_LOCK``)."""
+    if _TASKS.get(task.task_id) is not task:
         return False
     del _TASKS[task.task_id]
     task.open = None
@@ -654,10 +656,7 @@ def finalize_task(task_id: Any, status: str, reason: str | None = None) -> None:
     for sess in sessions:
         _finalize(sess, status, reason)
     with _LOCK:
-        done = _TASKS.get(task_id) is task
-        if done:
-            del _TASKS[task_id]
-            task.open = None
+        done = _drop_task(task)
     if done:
         task.finish(recorder.now_ns(), keep=True)
 
