@@ -32,6 +32,7 @@ from rltrace.exporters.sessions import SessionRecordWriter
 
 from . import device, sessions
 from .config import ConfigError, TracerConfig, load_config, log_dir, redacted
+from .locks import FairRLock
 from .materialize import SpanBuilder
 from .otlp import make_metric_exporter, make_span_exporter
 from .processors import BoundedBatchProcessor, QueuedExportProcessor
@@ -123,7 +124,7 @@ class Pipeline:
         for p in self.user_processors:
             self.processor.add_span_processor(p)
         self._refresh_direct()
-        self._lock = threading.RLock()
+        self._lock = FairRLock()  # fair: a closing configure() never starves behind flushers
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -193,13 +194,19 @@ class Pipeline:
                 break
             self.flush(everything=False)
 
-    def flush(self, *, everything: bool = True, timeout: float | None = None) -> None:
+    def flush(self, *, everything: bool = True, timeout: float | None = None,
+              final: bool = False) -> None:
         """Export everything recorded so far (on the calling thread); never raises.
 
         ``everything`` also writes session records held below ``flush_threshold`` (explicit
-        flushes do; the background cycle leaves them to the threshold).
+        flushes do; the background cycle leaves them to the threshold).  ``final`` (from
+        :meth:`close`) marks the pipeline closed in the same critical section as its last
+        cycle, so a flush that raced a reconfigure can never take records after that cycle:
+        they belong to the next pipeline.
         """
         if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
+            if final:
+                self._closed = True
             return
         try:
             try:
@@ -215,6 +222,9 @@ class Pipeline:
                             flush()
             except Exception as exc:  # pragma: no cover - defensive
                 internal_error("exporter cycle", exc)
+            finally:
+                if final:
+                    self._closed = True
         finally:
             self._lock.release()
 
@@ -303,7 +313,7 @@ class Pipeline:
                 device.resolve_pending_events(wait=True)
             except Exception as exc:
                 internal_error("device events at shutdown", exc)
-        self.flush(timeout=timeout)
+        self.flush(timeout=timeout, final=True)
         # Network exporters get one shared deadline: metrics shut down beside the spans.
         timeout = self.cfg.otlp.timeout_s if self.cfg.otlp.timeout_s is not None else 5.0
         meters = None
@@ -320,7 +330,6 @@ class Pipeline:
                 internal_error("processor shutdown", exc)
         if meters is not None:
             meters.join(timeout + 1.0)
-        self._closed = True
         self._report_otlp_loss(final=True)
         if self.summary is not None:
             print(self.summary.render(), flush=True)
@@ -334,7 +343,7 @@ class Pipeline:
 
     def after_fork_in_child(self) -> bool:
         """Re-arm in a forked child; returns False when ``fork_mode`` disables tracing there."""
-        self._lock = threading.RLock()
+        self._lock = FairRLock()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = None

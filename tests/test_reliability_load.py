@@ -21,9 +21,11 @@ from typing import Any
 import orjson
 import pytest
 from conftest import clean_env
+from opentelemetry.sdk.metrics.export import MetricReader
 
 import rltrace
 from rltrace import phases, pipeline, sessions
+from rltrace.locks import FairRLock
 from rltrace.recorder import STATE, Scope
 from rltrace.sessions import PhaseScope
 
@@ -352,6 +354,82 @@ def test_a_flush_that_raced_configure_does_not_drop_spans_of_the_new_pipeline(tm
     log_dir = pipeline.log_dir(rltrace.get_config())  # type: ignore[arg-type]
     names = Counter(e["name"] for f in log_dir.rglob("traces-*.jsonl") for e in _records(f))
     assert names["recorded.after.reconfigure"] == 1
+
+
+class _ShutdownGate(MetricReader):
+    """A real OTel ``MetricReader`` whose ``shutdown`` waits for the test: it holds a closing
+    pipeline inside ``close()``, after its processors shut down, for as long as the test needs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def _receive_metrics(self, metrics_data: Any, timeout_millis: float = 10_000, **kw: Any) -> None:
+        return None
+
+    def shutdown(self, timeout_millis: float = 30_000, **kw: Any) -> None:
+        self.entered.set()
+        self.release.wait(30)
+
+
+def test_a_flush_racing_close_cannot_take_records_after_the_closing_pipelines_last_cycle(
+        tmp_path: Path) -> None:
+    """Before the fix a flush that read the old pipeline just before a reconfigure could run a
+    cycle after close()'s last one (``_closed`` was set only at the end of close), taking the
+    successor's records into closed writers: a reopened file written by two pipelines at once
+    (the empty line seen in CI) and records held by a closed writer."""
+    gate = _ShutdownGate()
+    old_root, new_root = tmp_path / "old", tmp_path / "new"
+    rltrace.configure(fileroot=str(old_root), flush_at_exit=False, flush_interval_s=3600,
+                      session_tracer={"enabled": True}, metric_readers=[gate])
+    stale = pipeline.get_pipeline()
+    assert stale is not None
+    swap = threading.Thread(target=rltrace.configure, kwargs=dict(
+        fileroot=str(new_root), flush_at_exit=False, flush_interval_s=3600,
+        session_tracer={"enabled": True}))
+    swap.start()
+    try:
+        assert gate.entered.wait(30), "close() never reached the metric reader's shutdown"
+        sid = rltrace.register_session()  # recorded after the old pipeline's last cycle
+        rltrace.trace_session_event("mark_finalized", session_id=sid, status="accepted")
+        stale.flush()  # what a concurrent rltrace.flush() that read the old pipeline does
+    finally:
+        gate.release.set()
+        swap.join(30)
+    assert not swap.is_alive()
+    rltrace.shutdown()
+    ids = {name: [r["session_id"] for f in root.rglob("sessions-*.jsonl") for r in _records(f)]
+           for name, root in (("old", old_root), ("new", new_root))}
+    assert ids == {"old": [], "new": [sid]}
+
+
+def test_the_pipeline_lock_goes_to_the_longest_waiter_not_back_to_a_flushing_loop() -> None:
+    """``threading.RLock`` lets a thread that releases and re-acquires at once win over a waiter
+    (a configure() starving behind flush loops, the CI hang): the pipeline's lock hands over."""
+    lock = FairRLock()
+    lock.acquire()
+    queued = threading.Event()
+    order: list[str] = []
+
+    def waiter() -> None:
+        queued.set()
+        with lock:
+            order.append("waiter")
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    assert queued.wait(10)
+    deadline = time.monotonic() + 10
+    while not lock._waiters and time.monotonic() < deadline:  # the waiter is parked in acquire()
+        time.sleep(0.001)  # polls a condition, bounded by the deadline
+    assert lock._waiters
+    lock.release()
+    assert not lock.acquire(blocking=False), "the releasing thread took the lock back"
+    t.join(10)
+    with lock:
+        order.append("looper")
+    assert order == ["waiter", "looper"]
 
 
 def test_sustained_overload_keeps_the_recorder_buffer_near_max_queue_size(tmp_path: Path) -> None:

@@ -1,0 +1,79 @@
+"""A reentrant lock granted in arrival order, for the pipeline's flush/close path.
+
+``threading.RLock`` is not fair: a thread that releases it and asks again at once (a flushing
+loop, the exporter thread under load) usually gets it back before a waiter wakes, so a
+``configure()`` or ``shutdown()`` waiting to close the pipeline can starve for as long as the
+others keep flushing.  :class:`FairRLock` hands the lock to the longest waiter on release, so
+a waiter gets it after at most the cycles queued ahead of it.  Only the flush path uses it;
+the recording hot path takes no lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import Any
+
+_get_ident = threading.get_ident
+
+
+class FairRLock:
+    """Reentrant lock with FIFO hand-off (see module docstring); the ``RLock`` interface."""
+
+    __slots__ = ("_depth", "_mutex", "_owner", "_waiters")
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._owner: int | None = None
+        self._depth = 0
+        self._waiters: deque[tuple[int, Any]] = deque()
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        """Take the lock (again, if this thread holds it); False if not granted in ``timeout``."""
+        me = _get_ident()
+        with self._mutex:
+            if self._owner == me:
+                self._depth += 1
+                return True
+            if self._owner is None and not self._waiters:
+                self._owner, self._depth = me, 1
+                return True
+            if not blocking:
+                return False
+            gate = threading.Lock()
+            gate.acquire()
+            entry = (me, gate)
+            self._waiters.append(entry)
+        if gate.acquire(timeout=timeout) if timeout is not None and timeout >= 0 else gate.acquire():
+            return True  # the releaser made this thread the owner
+        with self._mutex:
+            try:
+                self._waiters.remove(entry)
+            except ValueError:
+                return True  # handed over between the timeout and here: ours after all
+            return False
+
+    def release(self) -> None:
+        """Release one level; the last one hands the lock to the longest waiter."""
+        with self._mutex:
+            if self._owner != _get_ident():
+                raise RuntimeError("cannot release un-acquired lock")
+            self._depth -= 1
+            if self._depth:
+                return
+            if self._waiters:
+                owner, gate = self._waiters.popleft()
+                self._owner, self._depth = owner, 1
+                gate.release()
+            else:
+                self._owner = None
+
+    def held_by_me(self) -> bool:
+        """True when the calling thread holds the lock."""
+        return self._owner == _get_ident()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
