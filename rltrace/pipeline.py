@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from collections import deque
@@ -227,6 +228,8 @@ class Pipeline:
                     self._closed = True
         finally:
             self._lock.release()
+        if _PENDING_SIGNAL:
+            _resume_pending_signal()
 
     def _cycle(self) -> None:
         if device.pending_count():
@@ -387,7 +390,7 @@ class Pipeline:
 
 # ---- process-wide state ------------------------------------------------------------------------
 
-_LOCK = threading.RLock()
+_LOCK = FairRLock()
 _PIPELINE: Pipeline | None = None
 _CONFIG: TracerConfig | None = None
 _USER_PROCESSORS: list[SpanProcessor] = []
@@ -420,6 +423,15 @@ def configure(
     :class:`~rltrace.config.ConfigError` for bad input; the previous pipeline is left intact
     in that case.
     """
+    try:
+        return _configure(config, rank=rank, role=role, metric_readers=metric_readers, **overrides)
+    finally:
+        if _PENDING_SIGNAL:
+            _resume_pending_signal()
+
+
+def _configure(config: Any, *, rank: int | None, role: str | None,
+               metric_readers: list[Any] | None, **overrides: Any) -> TracerConfig:
     global _PIPELINE, _CONFIG, _GLOBAL_SET, _ATEXIT
     with _LOCK:
         cfg = load_config(config, rank=rank, role=role, **overrides)
@@ -523,10 +535,70 @@ def _hook_multiprocessing() -> None:
 
 
 _SIGTERM_INSTALLED = False
+#: a termination signal that arrived while the main thread held one of rltrace's locks; it is
+#: raised again as soon as that lock is released (see ``_resume_pending_signal``)
+_PENDING_SIGNAL: list[int] = []
+_FINAL_SWITCH_INTERVAL = 1e6  # seconds: no other thread is scheduled until this one blocks
+
+
+def _main_holds_rltrace_lock() -> bool:
+    p = _PIPELINE
+    return _LOCK.held_by_me() or (p is not None and p._lock.held_by_me())
+
+
+def _resume_pending_signal() -> None:
+    """Re-raise a deferred termination signal once the main thread left rltrace's locks."""
+    if not _PENDING_SIGNAL or threading.current_thread() is not threading.main_thread() \
+            or _main_holds_rltrace_lock():
+        return
+    signum = _PENDING_SIGNAL.pop()
+    signal.raise_signal(signum)  # handled at the next bytecode, now at a safe point
+
+
+def _drain(final: bool) -> None:
+    """Write every finished record to disk, on the calling (main) thread.
+
+    ``final``: the process ends right after this returns.  Open sessions are written as
+    pending, OTLP gets its bounded chance, and the last check that nothing is left runs with
+    the GIL held until the caller's ``os.kill``: a record another thread finishes after that
+    check cannot exist, because no other thread runs again.
+    """
+    p = _PIPELINE
+    if p is None:
+        return
+    if final and p.otlp is not None:
+        p.flush()
+        timeout = p.cfg.otlp.timeout_s if p.cfg.otlp.timeout_s is not None else 5.0
+        p.otlp.force_flush(int(timeout * 1000))
+    interval = sys.getswitchinterval()
+    closed = not (final and sessions.FLAGS.enabled)
+    with p._lock:  # fair: the exporter thread finishes the cycle it is in, then waits
+        for _ in range(1000):  # bounded: other threads may keep recording while we write
+            p.flush()
+            if final:
+                sys.setswitchinterval(_FINAL_SWITCH_INTERVAL)
+            if not STATE.buffer:
+                if closed:
+                    return  # final: the GIL stays with this thread until the process ends
+                # sessions still open now are written as pending (open phases closed); done
+                # last, so a session finalized while the records above were written keeps
+                # its own status
+                sessions.close_all()
+                closed = True
+                continue
+            sys.setswitchinterval(interval)
 
 
 def _install_sigterm_handler() -> None:
-    """Flush on SIGTERM, then let the previous disposition act (default: terminate)."""
+    """Flush on SIGTERM, then let the previous disposition act (default: terminate).
+
+    The handler runs on the main thread, so the user's main-thread code (an asyncio loop, a
+    training loop) is paused while every finished record is written; with the default
+    disposition the process is then terminated by the same signal with no other thread
+    running in between (see :func:`_drain`), so nothing finished before the end is lost.
+    If the signal interrupts rltrace itself holding a lock on the main thread (an explicit
+    flush, configure), it is deferred until that lock is released.
+    """
     global _SIGTERM_INSTALLED
     if _SIGTERM_INSTALLED or threading.current_thread() is not threading.main_thread():
         return
@@ -535,33 +607,21 @@ def _install_sigterm_handler() -> None:
     except (ValueError, OSError):
         return
 
-    done = threading.Event()
-    started: list[bool] = []  # a plain flag: the handler must take no lock the main thread holds
-
-    def flush_then_signal() -> None:
+    def on_sigterm(signum: int, frame: Any) -> None:
+        if _main_holds_rltrace_lock():
+            if not _PENDING_SIGNAL:
+                _PENDING_SIGNAL.append(signum)
+            return
+        final = not callable(previous) and previous != signal.SIG_IGN
         try:
-            shutdown(timeout=5.0)
+            _drain(final)
         except Exception as exc:  # pragma: no cover - defensive
             internal_error("SIGTERM flush", exc)
-        finally:
-            done.set()
-            if not callable(previous) and previous != signal.SIG_IGN:
-                os.kill(os.getpid(), signal.SIGTERM)  # back to the main thread, now flushed
-
-    def on_sigterm(signum: int, frame: Any) -> None:
-        # The flush runs on its own thread: the interrupted main thread may hold a lock the
-        # flush needs, and must be free to release it (a flush here could deadlock).
-        if done.is_set():
-            if not callable(previous) and previous != signal.SIG_IGN:
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                os.kill(os.getpid(), signal.SIGTERM)
-            return
-        if not started:
-            started.append(True)
-            threading.Thread(target=flush_then_signal, name="rltrace-sigterm-flush",
-                             daemon=False).start()
         if callable(previous):
-            previous(signum, frame)
+            previous(signum, frame)  # e.g. a launcher's handler; tracing stays on until exit
+        elif final:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)  # the default action, with the records on disk
 
     try:
         signal.signal(signal.SIGTERM, on_sigterm)
@@ -650,6 +710,8 @@ def shutdown(timeout: float | None = None) -> None:
         _PIPELINE = None
     finally:
         _LOCK.release()
+    if _PENDING_SIGNAL:
+        _resume_pending_signal()
 
 
 def add_span_processor(processor: SpanProcessor) -> None:
@@ -753,7 +815,7 @@ def _after_fork_parent() -> None:
 
 def _after_fork_child() -> None:
     global _PIPELINE, _LOCK
-    _LOCK = threading.RLock()  # another thread may have held it at fork time
+    _LOCK = FairRLock()  # another thread may have held it at fork time
     STATE.buffer = deque()  # the parent exports what it recorded; never twice
     p = _PIPELINE
     if p is None:
