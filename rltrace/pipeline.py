@@ -473,11 +473,15 @@ def _configure(config: Any, *, rank: int | None, role: str | None,
         if cfg.handle_sigterm:
             _install_sigterm_handler()
         _hook_multiprocessing()
-        os.environ[PARENT_CONFIG_ENV] = json.dumps(_child_config(cfg, rk, world))
+        _publish_child_config(cfg, rk, world)
         return cfg
 
 
 PARENT_CONFIG_ENV = "RLTRACE_PARENT_CONFIG"
+#: path of a private (0600) file holding the secrets children need (OTLP headers given in the
+#: config); the environment never carries them, and the file goes when the parent exits
+PARENT_SECRETS_ENV = "RLTRACE_PARENT_SECRETS"
+_SECRETS_FILE: list[Path] = []  # this process's file, if any
 
 
 def _child_config(cfg: TracerConfig, rank: int, world_size: int) -> dict[str, Any]:
@@ -486,6 +490,55 @@ def _child_config(cfg: TracerConfig, rank: int, world_size: int) -> dict[str, An
     data = _dataclass_to_dict(cfg)
     data.update(rank=rank, world_size=world_size, per_process_files=True)
     return data
+
+
+def _publish_child_config(cfg: TracerConfig, rank: int, world_size: int) -> None:
+    """Put the config children inherit into the environment, with its secrets in a 0600 file.
+
+    OTLP headers from the standard ``OTEL_EXPORTER_OTLP_HEADERS`` are the user's own
+    environment and reach children as usual; headers given to ``configure`` are written to a
+    private file (owner-only, in an owner-only directory) whose path is all the environment
+    holds.  The file is replaced on reconfigure and removed at exit.
+    """
+    data = _child_config(cfg, rank, world_size)
+    headers = data.get("otlp", {}).pop("headers", None)
+    _remove_secrets_file()
+    if headers:
+        import tempfile
+
+        folder = Path(tempfile.mkdtemp(prefix="rltrace-secrets-"))  # mode 0700
+        path = folder / "otlp-headers.json"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump({"otlp": {"headers": headers}}, fh)
+        _SECRETS_FILE.append(path)
+        os.environ[PARENT_SECRETS_ENV] = str(path)
+    os.environ[PARENT_CONFIG_ENV] = json.dumps(data)
+
+
+def _remove_secrets_file() -> None:
+    os.environ.pop(PARENT_SECRETS_ENV, None)
+    while _SECRETS_FILE:
+        path = _SECRETS_FILE.pop()
+        for p in (path, path.parent):
+            try:
+                p.unlink() if p.is_file() else p.rmdir()
+            except OSError:
+                pass
+
+
+def _read_parent_secrets() -> dict[str, Any]:
+    path = os.environ.get(PARENT_SECRETS_ENV)
+    if not path:
+        return {}
+    try:
+        with open(path) as fh:
+            return dict(json.load(fh))
+    except (OSError, ValueError) as exc:
+        logger.warning("rltrace.configure_child: cannot read the parent's OTLP headers from %s (%s); "
+                       "the child exports without them (did the parent exit already?)", path,
+                       getattr(exc, "strerror", None) or exc)
+        return {}
 
 
 def configure_child(**overrides: Any) -> TracerConfig:
@@ -504,7 +557,11 @@ def configure_child(**overrides: Any) -> TracerConfig:
             "child, or call rltrace.configure(...) in the child instead"
         )
     sessions.offset_ids(os.getpid())
-    return configure(json.loads(raw), **overrides)
+    data = json.loads(raw)
+    secret_headers = _read_parent_secrets().get("otlp", {}).get("headers")
+    if secret_headers:
+        data.setdefault("otlp", {})["headers"] = secret_headers
+    return configure(data, **overrides)
 
 
 class _AfterForkToken:
@@ -799,6 +856,7 @@ def _at_exit() -> None:
     cfg = _CONFIG
     if cfg is not None and cfg.flush_at_exit:
         shutdown()
+    _remove_secrets_file()  # empty in a forked child: the parent's file stays the parent's
 
 
 def _before_fork() -> None:
@@ -816,6 +874,7 @@ def _after_fork_parent() -> None:
 def _after_fork_child() -> None:
     global _PIPELINE, _LOCK
     _LOCK = FairRLock()  # another thread may have held it at fork time
+    _SECRETS_FILE.clear()  # the parent's file: the parent removes it
     STATE.buffer = deque()  # the parent exports what it recorded; never twice
     p = _PIPELINE
     if p is None:

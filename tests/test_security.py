@@ -251,3 +251,81 @@ def test_otlp_grpc_over_tls_with_insecure_false_delivers_spans_and_config_header
     assert "rl.session" in traces.names or backend.wait_for("traces", "rl.session")
     metrics = backend.wait_for("metrics", "rl.sessions")
     assert metrics.headers["authorization"] == "Bearer grpc-tls"
+
+
+CHILDREN = """
+import json, multiprocessing as mp, os, stat, subprocess, sys
+import rltrace
+
+def dump(path):
+    with open(path, "w") as fh:
+        json.dump(dict(os.environ), fh)
+
+def forked(out):
+    with rltrace.trace_scope("forked.child"):
+        pass
+    dump(out)
+
+def spawned(out, endpoint):
+    cfg = rltrace.configure_child()
+    with rltrace.trace_scope("spawned.child"):
+        pass
+    rltrace.flush()
+    rltrace.pipeline.get_pipeline().otlp.force_flush(10000)
+    dump(out)
+    rltrace.shutdown()
+
+if __name__ == "__main__":
+    fileroot, endpoint, secret, out = sys.argv[1:5]
+    rltrace.configure(fileroot=fileroot, experiment_name="sec", trial_name="children",
+                      session_tracer={"enabled": True},
+                      otlp={"endpoint": endpoint, "protocol": "http/protobuf", "timeout_s": 5.0,
+                            "headers": {"x-api-key": secret}})
+    dump(out + "/parent.json")
+    path = os.environ["RLTRACE_PARENT_SECRETS"]
+    info = {"secrets_file": path, "file_mode": stat.S_IMODE(os.stat(path).st_mode),
+            "dir_mode": stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode)}
+    for method, target, args in (("fork", forked, (out + "/fork.json",)),
+                                 ("spawn", spawned, (out + "/spawn.json", endpoint))):
+        p = mp.get_context(method).Process(target=target, args=args)
+        p.start()
+        p.join(120)
+        info[method] = p.exitcode
+    code = "import json, os, sys; json.dump(dict(os.environ), open(sys.argv[1], 'w'))"
+    info["subprocess"] = subprocess.run([sys.executable, "-c", code, out + "/subprocess.json"],
+                                        timeout=60).returncode
+    print(json.dumps(info), flush=True)
+    rltrace.shutdown()
+"""
+
+
+def test_children_get_the_otlp_headers_without_them_in_any_environment_or_file(tmp_path: Path) -> None:
+    script = tmp_path / "children.py"
+    script.write_text(textwrap.dedent(CHILDREN))
+    root, dumps = tmp_path / "run", tmp_path / "env"
+    dumps.mkdir()
+    with OTLPReceiver() as rx:
+        proc = subprocess.run(
+            [sys.executable, str(script), str(root), rx.http_endpoint, CONFIG_HEADER_SECRET, str(dumps)],
+            capture_output=True, text=True, timeout=240, env=_env({}), cwd=str(tmp_path))
+        assert proc.returncode == 0, proc.stderr
+        rx.wait_for_spans("spawned.child", timeout=30)
+        reqs = rx.requests
+    info = __import__("json").loads(proc.stdout.strip().splitlines()[-1])
+    assert (info["fork"], info["spawn"], info["subprocess"]) == (0, 0, 0), (info, proc.stderr)
+    # the spawned child authenticated with the parent's header: it did get the secret ...
+    assert reqs and all(r.headers.get("x-api-key") == CONFIG_HEADER_SECRET for r in reqs)
+    # ... from an owner-only file, removed when the parent exited
+    assert (info["file_mode"], info["dir_mode"]) == (0o600, 0o700)
+    assert not Path(info["secrets_file"]).exists() and not Path(info["secrets_file"]).parent.exists()
+    # no environment holds it: the parent's own, a forked, a spawned and a subprocess child's
+    envs = {p.stem: p.read_text() for p in dumps.glob("*.json")}
+    assert set(envs) == {"parent", "fork", "spawn", "subprocess"}
+    for who, text in envs.items():
+        assert "RLTRACE_PARENT_CONFIG" in text or who == "parent", who
+        assert CONFIG_HEADER_SECRET not in text, f"the secret is in the {who}'s environment"
+    files = [p for p in root.rglob("*") if p.is_file()]
+    assert any(p.name.startswith("traces-") for p in files)
+    for p in files:
+        assert CONFIG_HEADER_SECRET.encode() not in p.read_bytes(), f"the secret is written to {p}"
+    assert CONFIG_HEADER_SECRET not in proc.stdout + proc.stderr
