@@ -130,6 +130,8 @@ class Pipeline:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._closed = False
+        #: export cycles run on a recording thread because the queue was full of kept records
+        self.backpressure = 0
         self._dropped_reported = 0
         self._lost_reported = 0
         self._lost_warned_at = 0.0
@@ -185,6 +187,16 @@ class Pipeline:
 
     def wake(self) -> None:
         self._wake.set()
+
+    def overflow(self, record: Any) -> None:
+        """A kept record met a queue at twice its cap: export a batch on this thread first.
+
+        Backpressure instead of loss: the caller does the exporter's work, so session records
+        are never dropped and the queue stays bounded (plain spans were dropped before this).
+        """
+        self.backpressure += 1
+        self.flush(everything=False)
+        STATE.buffer.append(record)
 
     def _run(self) -> None:
         interval = self.cfg.flush_interval_s
@@ -371,7 +383,7 @@ class Pipeline:
     def diagnostics(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "queued": len(STATE.buffer), "dropped": STATE.dropped, "errors": self.errors,
-            "log_dir": str(self.log_dir),
+            "log_dir": str(self.log_dir), "backpressure_cycles": self.backpressure,
         }
         for q in self.queued:
             out[type(q.exporter).__name__] = q.stats()
@@ -452,12 +464,14 @@ def _configure(config: Any, *, rank: int | None, role: str | None,
             STATE.enabled = False
             sessions.FLAGS.enabled = False
             STATE.wake = _noop
+            STATE.overflow = None
             return cfg
         STATE.cap = cfg.max_queue_size
         STATE.dropped = 0  # counts are per pipeline; the old one reported its own at close
         sessions.MISUSE.clear()
         STATE.wake_at = max(1, min(8192, cfg.max_queue_size // 4))
         STATE.wake = new.wake
+        STATE.overflow = new.overflow
         new.start()
         DEVICE_DEFAULTS.set(cfg.device.sync_categories, cfg.device.timing_categories,
                             cfg.device.annotate)
@@ -764,6 +778,7 @@ def shutdown(timeout: float | None = None) -> None:
         STATE.wake = _noop
         if p is not None:
             p.close(timeout)
+        STATE.overflow = None
         _PIPELINE = None
     finally:
         _LOCK.release()
@@ -881,10 +896,12 @@ def _after_fork_child() -> None:
         return
     if p.after_fork_in_child():
         STATE.wake = p.wake
+        STATE.overflow = p.overflow
     else:
         STATE.enabled = False
         sessions.FLAGS.enabled = False
         STATE.wake = _noop
+        STATE.overflow = None
         _PIPELINE = None
 
 

@@ -84,7 +84,7 @@ _dict_set = dict.__setitem__
 class RecorderState:
     """Mutable state shared by the hot path and the exporter thread."""
 
-    __slots__ = ("buffer", "cap", "dropped", "enabled", "pid", "wake", "wake_at")
+    __slots__ = ("buffer", "cap", "dropped", "enabled", "overflow", "pid", "wake", "wake_at")
 
     def __init__(self) -> None:
         self.enabled = False
@@ -92,6 +92,9 @@ class RecorderState:
         self.cap = 262_144
         self.wake_at = 8_192
         self.wake: Any = _noop
+        #: called with a kept record (task, session, phase) that meets a queue at twice its
+        #: cap: the pipeline makes room by exporting on the caller's thread (backpressure)
+        self.overflow: Any = None
         self.dropped = 0
         self.pid = os.getpid()
 
@@ -106,9 +109,10 @@ STATE = RecorderState()
 def push(item: Any, keep: bool = False) -> None:
     """Queue a finished span for export; count it as dropped when the buffer is full.
 
-    ``keep`` queues it past the cap, up to twice the cap: used for task/session spans, which
-    carry the session records, so a full queue drops phase spans first; only a sustained
-    overload beyond twice the cap drops (and counts) sessions too.  Memory stays bounded.
+    ``keep`` (task, session and phase records: what the session records are made of) queues
+    it past the cap, up to twice the cap; beyond that the caller exports a batch itself before
+    queueing it (``STATE.overflow``), so a burst of any size keeps every session record while
+    memory stays bounded: plain spans are dropped (and counted) first, then the caller waits.
     """
     state = STATE
     buf = state.buffer
@@ -117,6 +121,8 @@ def push(item: Any, keep: bool = False) -> None:
         buf.append(item)
         if n == state.wake_at:
             state.wake()
+    elif keep and state.overflow is not None:
+        state.overflow(item)
     else:
         state.dropped += 1
 
@@ -198,6 +204,8 @@ class Scope(Span):
     #: the record keeps attributes in slots of its own (sessions, tasks, phases) and builds
     #: them in :meth:`record_attrs`; a plain scope's are all in ``extra``
     slot_attrs = False
+    #: never dropped under overload (tasks, sessions, phases: the session records' input)
+    kept = False
 
     def __init__(
         self, name: str, category: Any = None, args: dict[str, Any] | None = None
@@ -329,7 +337,7 @@ class Scope(Span):
         if self.owns_lane:
             _release_lane(self.thread, self.lane)
         if not hold:
-            push(self, keep)
+            push(self, keep or self.kept)
 
     def _restore_parent(self) -> None:
         cur = _ctx_get()

@@ -119,6 +119,7 @@ class TaskScope(Scope):
     """A task's span record (``rl.task``); its fields stay in slots until export."""
 
     slot_attrs = True
+    kept = True
     __slots__ = ("_attrs", "open", "step", "task_id")
 
     def __init__(self, task_id: Any) -> None:
@@ -149,6 +150,7 @@ class SessionScope(Scope):
     """A session's span record (``rl.session``) and its live state while it is open."""
 
     slot_attrs = True
+    kept = True
     __slots__ = ("_attrs", "open_phases", "reason", "session_id", "status", "step", "task_rec",
                  "turn")
 
@@ -329,6 +331,7 @@ class PhaseScope(Scope):
     """
 
     slot_attrs = True
+    kept = True
     #: device-synced phases are :class:`SyncedPhaseScope`s (two slots more)
     device_sync: Any = None
     __slots__ = ("_attrs", "end_payload", "session_id", "spec", "start_payload", "turn")

@@ -451,3 +451,34 @@ def test_sustained_overload_keeps_the_recorder_buffer_near_max_queue_size(tmp_pa
             if peak > 50 * cap:
                 break
     assert peak <= 4 * cap, f"{peak} spans held in memory with max_queue_size={cap}"
+
+
+def test_a_burst_beyond_the_queue_keeps_one_record_per_session_with_the_queue_bounded(
+        tmp_path: Path) -> None:
+    """Before: past twice ``max_queue_size`` session spans were dropped like any span, so a
+    burst lost session records (51,151 of 400,000 in the issue).  Now plain spans are dropped
+    and counted, and a recording thread meeting a full queue of session data exports a batch
+    itself (backpressure) instead of losing it."""
+    cap, n = 500, 30_000
+    rltrace.configure(fileroot=str(tmp_path), flush_at_exit=False, max_queue_size=cap,
+                      flush_interval_s=3600, session_tracer={"enabled": True, "flush_threshold": 1000})
+    peak = 0
+    for i in range(n):  # as fast as it can: the exporter thread never wakes on its own
+        with rltrace.trace_scope("noise"):
+            pass
+        sid = rltrace.register_session()
+        with rltrace.trace_session_phase("generate", session_id=sid):
+            pass
+        rltrace.trace_session_event("mark_finalized", session_id=sid, status="accepted")
+        if i % 97 == 0:
+            peak = max(peak, len(STATE.buffer))
+    diag = rltrace.diagnostics()
+    rltrace.flush()
+    written = rltrace.diagnostics()["sessions"]["written"]
+    log_dir = pipeline.log_dir(rltrace.get_config())  # type: ignore[arg-type]
+    records = [r for f in log_dir.rglob("sessions-*.jsonl") for r in _records(f)]
+    rltrace.shutdown()
+    assert diag["dropped"] > 0 and diag["backpressure_cycles"] > 0, diag  # it was overloaded
+    assert written == n and len(records) == n and len({r["session_id"] for r in records}) == n
+    assert all(r["phase_counts"] == {"generate": 1} for r in records)  # phases kept as well
+    assert peak <= 2 * cap + 1, peak
