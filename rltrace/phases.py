@@ -12,6 +12,8 @@ import re
 import threading
 from dataclasses import dataclass
 
+from .checks import did_you_mean
+
 __all__ = ["PhaseSpec", "UnknownPhaseError", "get_phase", "phase_names", "register_phase"]
 
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
@@ -80,11 +82,21 @@ def register_phase(
 
 def get_phase(name: str) -> PhaseSpec:
     """The spec of a registered phase; :class:`UnknownPhaseError` naming the fix otherwise."""
-    spec = _PHASES.get(name)
+    spec = _PHASES.get(name) if type(name) is str else None
     if spec is None:
+        if callable(name):
+            raise TypeError(
+                f"rltrace: a session phase name is needed, got the function {name!r}: write "
+                f"@trace_session('generate'), with the phase name in parentheses"
+            )
+        if type(name) is not str:
+            raise TypeError(f"rltrace: the session phase must be a str, got "
+                            f"{type(name).__name__} {name!r}; pass e.g. 'generate'")
+        hint = did_you_mean(name, _PHASES)
         raise UnknownPhaseError(
-            f"unknown session phase {name!r}: register it first with "
-            f"rltrace.register_phase({name!r}) (registered: {', '.join(_PHASES)})"
+            f"unknown session phase {name!r}{hint}: "
+            + ("" if hint else f"register it first with rltrace.register_phase({name!r}) ")
+            + f"(registered: {', '.join(_PHASES)})"
         )
     return spec
 

@@ -32,6 +32,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from rltrace.exporters.sessions import SessionRecordWriter
 
 from . import device, sessions
+from .checks import check_optional_int
 from .config import ConfigError, TracerConfig, load_config, log_dir, redacted
 from .locks import FairRLock
 from .materialize import SpanBuilder
@@ -753,6 +754,7 @@ def flush() -> None:
 
 def save(step: int | None = None, force: bool = False) -> None:
     """AReaL's ``save``: flush when ``force``, when ``step`` is None, or every ``save_interval``."""
+    check_optional_int("save", "step", step)
     p = _PIPELINE
     if p is None:
         return

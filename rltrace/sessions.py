@@ -32,7 +32,8 @@ from opentelemetry.trace.status import Status, StatusCode
 from rltrace.exporters.values import text
 
 from . import recorder
-from .phases import PhaseSpec, get_phase
+from .checks import check_mapping, check_optional_int, did_you_mean, type_error
+from .phases import PhaseSpec, get_phase, phase_names
 from .recorder import (
     _SPAN_KEY,
     Context,
@@ -545,6 +546,12 @@ def trace_session_phase(
     waits for the GPU/TPU at both ends (see :mod:`rltrace.device`).
     """
     spec = get_phase(phase)
+    if (start_payload is not None and type(start_payload) is not dict) or \
+            (end_payload is not None and type(end_payload) is not dict) or \
+            (turn is not None and type(turn) is not int):
+        check_mapping("trace_session_phase", "start_payload", start_payload)
+        check_mapping("trace_session_phase", "end_payload", end_payload)
+        check_optional_int("trace_session_phase", "turn", turn)
     start = dict(start_payload) if start_payload else None
     end = dict(end_payload) if end_payload else None
     if device_sync:
@@ -564,7 +571,8 @@ def atrace_session_phase(
 
 def trace_session(phase: str) -> Callable[[F], F]:
     """Decorator: every call of the (sync or async) function is one ``phase`` execution."""
-    get_phase(phase)  # built-ins and phases registered before decoration fail fast
+    get_phase(phase)  # built-ins and phases registered before decoration fail fast; a
+    # function here (``@trace_session`` without the phase) gets a TypeError naming the fix
 
     def deco(fn: F) -> F:
         if inspect.iscoroutinefunction(fn):
@@ -686,6 +694,9 @@ def trace_session_event(
     execution of the phase.  Remaining keyword arguments are the phase payload (``turn=``
     sets the turn).  Unknown methods and phases raise ``ValueError`` naming the fix.
     """
+    if type(method) is not str:
+        type_error("trace_session_event", "method", "a str", method,
+                   "use 'mark_finalized', 'mark_<phase>_start' or 'mark_<phase>_end'")
     if method == "mark_finalized":
         status = payload.pop("status", None)
         if status not in _FINAL_SET:
@@ -730,10 +741,15 @@ def trace_session_event(
         sess = _session_for(session_id, method)
         return None if sess is None else _phase_event(sess, spec, start, payload)
     raise ValueError(
-        f"rltrace trace_session_event: unknown method {method!r}; use 'mark_finalized', "
+        f"rltrace trace_session_event: unknown method {method!r}"
+        f"{did_you_mean(method, ['mark_finalized', *_phase_methods()])}; use 'mark_finalized', "
         f"'mark_<phase>_start' or 'mark_<phase>_end' with a phase registered by "
         f"rltrace.register_phase"
     )
+
+
+def _phase_methods() -> list[str]:
+    return [f"mark_{p}_{edge}" for p in phase_names() for edge in ("start", "end")]
 
 
 def _phase_event(sess: SessionScope, spec: PhaseSpec, start: bool, payload: dict[str, Any]) -> Any:

@@ -13,6 +13,7 @@ from enum import Enum
 from typing import Any, TypeVar, overload
 
 from . import recorder
+from .checks import check_scope_args
 from .device import DeviceScope, sync_needed
 from .recorder import NOOP, STATE, Scope, attach, detach, internal_error
 from .resumptions import adrive, drive
@@ -37,10 +38,7 @@ class Category(str, Enum):
 
 
 def _check_name(name: Any, api: str) -> None:
-    raise TypeError(
-        f"rltrace.{api}: name must be a str, got {type(name).__name__} {name!r}; "
-        f"pass a string such as 'train.step'"
-    )
+    check_scope_args(api, name, None, None)
 
 
 class _DeviceDefaults:
@@ -102,10 +100,11 @@ def trace_scope(
     events without stalling; ``annotate`` adds NVTX / JAX profiler annotations.  ``None``
     follows the config's per-category defaults.
     """
+    if type(name) is not str or (args is not None and type(args) is not dict) or \
+            (category is not None and not isinstance(category, str)):
+        check_scope_args("trace_scope", name, category, args)
     if not STATE.enabled:
         return NOOP  # type: ignore[return-value]
-    if type(name) is not str:
-        _check_name(name, "trace_scope")
     if _DEVICE_ANY or device_sync or device_timing or annotate:
         return _device_scope(name, category, args, device_sync, device_timing, annotate)
     return Scope(name, category, dict(args) if args else None)
@@ -117,10 +116,11 @@ def atrace_scope(
     annotate: bool | None = None,
 ) -> Scope:
     """Async form of :func:`trace_scope`: ``async with atrace_scope("rollout"): ...``."""
+    if type(name) is not str or (args is not None and type(args) is not dict) or \
+            (category is not None and not isinstance(category, str)):
+        check_scope_args("atrace_scope", name, category, args)
     if not STATE.enabled:
         return NOOP  # type: ignore[return-value]
-    if type(name) is not str:
-        _check_name(name, "atrace_scope")
     if _DEVICE_ANY or device_sync or device_timing or annotate:
         return _device_scope(name, category, args, device_sync, device_timing, annotate)
     return Scope(name, category, dict(args) if args else None)
@@ -134,10 +134,11 @@ def instant(
     Outside any span the instant is kept as a zero-length span so it is not lost.  ``args``
     is copied; the caller's dict is never modified.
     """
+    if type(name) is not str or (args is not None and type(args) is not dict) or \
+            (category is not None and not isinstance(category, str)):
+        check_scope_args("instant", name, category, args)
     if not STATE.enabled:
         return
-    if type(name) is not str:
-        _check_name(name, "instant")
     try:
         recorder.record_instant(name, category, dict(args) if args else None)
     except Exception as exc:  # pragma: no cover - defensive
@@ -300,6 +301,8 @@ def trace_perf(name: Any = None, category: Category | str | None = None, *,
         return _decorate(fn, fn.__qualname__, None)
     if name is not None and type(name) is not str:
         _check_name(name, "trace_perf")
+    if category is not None and not isinstance(category, str):
+        check_scope_args("trace_perf", "", category, None)
 
     opts = {"device_sync": device_sync, "device_timing": device_timing, "annotate": annotate}
 
