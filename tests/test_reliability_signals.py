@@ -54,3 +54,45 @@ def test_no_finalized_session_is_lost_whenever_the_process_is_terminated(
     assert summary["exit_codes"] == {expected: RUNS}, summary  # the signal still ended each run
     if mode != "threads":
         assert summary["killed_mid_step"] > 0, summary  # timings fell inside steps, not only between
+
+
+def test_sigterm_from_torchrun_loses_no_session_on_any_rank(tmp_path: Path) -> None:
+    """torchrun forwards its SIGTERM to every worker (its death signal): each rank's sessions
+    finalized before that are all on disk."""
+    pytest.importorskip("torch", reason="torchrun is part of torch (the torch extra)")
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    worker = Path(__file__).resolve().parent / "helpers" / "torchrun_worker.py"
+    env = {**_env(), "OMP_NUM_THREADS": "1"}
+    err = open(tmp_path / "stderr.txt", "w")  # noqa: SIM115 - a file: a full pipe would block the workers
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
+         "--master-addr=127.0.0.1", f"--master-port={port}", str(worker), str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=str(tmp_path),
+        preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
+    try:
+        assert proc.stdout is not None
+        ready = set()
+        for line in iter(proc.stdout.readline, ""):  # bounded by the workers' own progress
+            if line.startswith("ready "):
+                ready.add(line.split()[1])
+                if len(ready) == 2:
+                    break
+        assert ready == {"0", "1"}, (tmp_path / "stderr.txt").read_text()[-4000:]
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        err.close()
+    for rank in (0, 1):
+        counted = [int(x) for x in (tmp_path / f"counted-r{rank}.bin").read_bytes().split()]
+        files = list(tmp_path.rglob(f"sessions-r{rank}*.jsonl"))
+        on_disk = [json.loads(line)["session_id"] for f in files for line in f.read_bytes().splitlines()]
+        assert len(counted) >= 200
+        missing = set(counted) - set(on_disk)
+        assert not missing, f"rank {rank}: {len(missing)} of {len(counted)} finalized sessions lost"
+        assert len(on_disk) == len(set(on_disk))
