@@ -25,13 +25,13 @@ def type_error(api: str, arg: str, expected: str, value: Any, fix: str) -> NoRet
                     f"{_shown(value)}; {fix}")
 
 
-def check_scope_args(api: str, name: Any, category: Any, args: Any) -> None:
-    """Validate ``(name, category, args)`` of ``trace_scope``-like calls (raises, or returns)."""
+def check_scope_args(api: str, name: Any, args: Any) -> None:
+    """Validate ``name`` and ``args`` of ``trace_scope``-like calls (raises, or returns).
+
+    ``category`` is not checked: like AReaL's, any value is kept (its string at export).
+    """
     if type(name) is not str:
         type_error(api, "name", "a str", name, "pass a string such as 'train.step'")
-    if category is not None and not isinstance(category, str):
-        type_error(api, "category", "a str or rltrace.Category", category,
-                   "pass e.g. Category.COMPUTE or 'compute'")
     check_mapping(api, "args", args)
 
 

@@ -38,7 +38,7 @@ class Category(str, Enum):
 
 
 def _check_name(name: Any, api: str) -> None:
-    check_scope_args(api, name, None, None)
+    check_scope_args(api, name, None)
 
 
 class _DeviceDefaults:
@@ -100,9 +100,8 @@ def trace_scope(
     events without stalling; ``annotate`` adds NVTX / JAX profiler annotations.  ``None``
     follows the config's per-category defaults.
     """
-    if type(name) is not str or (args is not None and type(args) is not dict) or \
-            (category is not None and not isinstance(category, str)):
-        check_scope_args("trace_scope", name, category, args)
+    if type(name) is not str or (args is not None and type(args) is not dict):
+        check_scope_args("trace_scope", name, args)
     if not STATE.enabled:
         return NOOP  # type: ignore[return-value]
     if _DEVICE_ANY or device_sync or device_timing or annotate:
@@ -116,9 +115,8 @@ def atrace_scope(
     annotate: bool | None = None,
 ) -> Scope:
     """Async form of :func:`trace_scope`: ``async with atrace_scope("rollout"): ...``."""
-    if type(name) is not str or (args is not None and type(args) is not dict) or \
-            (category is not None and not isinstance(category, str)):
-        check_scope_args("atrace_scope", name, category, args)
+    if type(name) is not str or (args is not None and type(args) is not dict):
+        check_scope_args("atrace_scope", name, args)
     if not STATE.enabled:
         return NOOP  # type: ignore[return-value]
     if _DEVICE_ANY or device_sync or device_timing or annotate:
@@ -134,9 +132,8 @@ def instant(
     Outside any span the instant is kept as a zero-length span so it is not lost.  ``args``
     is copied; the caller's dict is never modified.
     """
-    if type(name) is not str or (args is not None and type(args) is not dict) or \
-            (category is not None and not isinstance(category, str)):
-        check_scope_args("instant", name, category, args)
+    if type(name) is not str or (args is not None and type(args) is not dict):
+        check_scope_args("instant", name, args)
     if not STATE.enabled:
         return
     try:
@@ -301,8 +298,6 @@ def trace_perf(name: Any = None, category: Category | str | None = None, *,
         return _decorate(fn, fn.__qualname__, None)
     if name is not None and type(name) is not str:
         _check_name(name, "trace_perf")
-    if category is not None and not isinstance(category, str):
-        check_scope_args("trace_perf", "", category, None)
 
     opts = {"device_sync": device_sync, "device_timing": device_timing, "annotate": annotate}
 

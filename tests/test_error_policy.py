@@ -44,14 +44,10 @@ ROWS: list[tuple[str, Callable[[], Any], type[Exception], tuple[str, ...]]] = [
      TypeError, ("rltrace.trace_scope", "args must be a dict", "args={'key': value}")),
     ("trace_scope name int", lambda: rltrace.trace_scope(3),  # type: ignore[arg-type]
      TypeError, ("rltrace.trace_scope", "name must be a str")),
-    ("trace_scope category int", lambda: rltrace.trace_scope("x", 5),  # type: ignore[arg-type]
-     TypeError, ("rltrace.trace_scope", "category must be a str")),
     ("atrace_scope args list", lambda: rltrace.atrace_scope("x", args=[1]),  # type: ignore[arg-type]
      TypeError, ("rltrace.atrace_scope", "args must be a dict")),
     ("instant args str", lambda: rltrace.instant("x", args="s"),  # type: ignore[arg-type]
      TypeError, ("rltrace.instant", "args must be a dict")),
-    ("trace_perf category", lambda: rltrace.trace_perf("x", category=3),  # type: ignore[arg-type]
-     TypeError, ("rltrace.trace_perf", "category must be a str")),
     ("save step str", lambda: rltrace.save(step="3"),  # type: ignore[arg-type]
      TypeError, ("rltrace.save", "step must be an int or None", "'3'")),
     ("save step float", lambda: rltrace.save(step=3.0),  # type: ignore[arg-type]
