@@ -1,6 +1,7 @@
 """Device-sync overhead benchmark (JSON): what ``device_sync=True`` costs where there is nothing
 to wait for (a CPU-only torch process: torch ops are synchronous, no accelerator in use), next
-to a plain ``trace_scope``.  On a GPU host it also compares events mode with synchronize mode on
+to a plain ``trace_scope``; JAX's sync with 10, 1,000 and 10,000 live arrays beside the raw
+calls.  On a GPU host it also compares events mode with synchronize mode on
 a loop of small kernels (skipped, with the reason, when no CUDA device is present).
 Run: ``python benchmarks/bench_device.py [--spans N]``.
 """
@@ -51,6 +52,33 @@ def _gpu(n: int) -> dict[str, object]:
     return out
 
 
+def _jax_sync_by_live_arrays(reps: int = 200) -> dict[str, object]:
+    """``device_sync="jax"`` per call (µs) with N small arrays alive, beside the raw calls:
+    ``block_until_ready(jax.live_arrays())`` (what rltrace did before) and the per-device
+    fence op rltrace uses now.  Nothing is queued: this is the cost of syncing alone."""
+    try:
+        import jax
+        import jax.numpy as jnp
+    except ImportError:
+        return {"jax": "skipped: jax not installed"}
+    from rltrace.device import _jax_fence, device_sync
+
+    out: dict[str, object] = {"jax_devices": [str(d) for d in jax.local_devices()]}
+    keep = []
+    for n in (10, 1_000, 10_000):
+        keep.extend(jnp.full((4,), float(i)) for i in range(n - len(keep)))
+        jax.block_until_ready(keep)
+        for label, fn in (("device_sync_jax", lambda: device_sync("jax")),
+                          ("raw_fence", lambda: _jax_fence(jax)),
+                          ("raw_block_on_live_arrays", lambda: jax.block_until_ready(jax.live_arrays()))):
+            fn()
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            out[f"{label}_us_{n}_arrays"] = round((time.perf_counter() - t0) / reps * 1e6, 1)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--spans", type=int, default=20_000)
@@ -64,6 +92,7 @@ def main() -> None:
             plain.append(_per_scope_ns(a.spans))
             synced.append(_per_scope_ns(a.spans, device_sync=True))
         gpu = _gpu(2000)
+        jax_sync = _jax_sync_by_live_arrays()
         rltrace.shutdown()
     m = statistics.median
     print(json.dumps({
@@ -74,6 +103,7 @@ def main() -> None:
         "device_sync_scope_ns": round(m(synced)),
         "device_sync_overhead_ns": round(m(synced) - m(plain)),
         **gpu,
+        **jax_sync,
     }, indent=2))
 
 
