@@ -49,6 +49,30 @@ def _gpu(n: int) -> dict[str, object]:
                 x @ x
         torch.cuda.synchronize()
         out[f"gpu_loop_{mode}_us_per_kernel"] = (time.perf_counter() - t0) / n * 1e6
+    # the raw framework calls the options wrap, and a plain scope around the same kernel
+    def plain_scope() -> None:
+        with rltrace.trace_scope("k"):
+            x @ x
+
+    def raw_synchronize() -> None:
+        torch.cuda.synchronize()
+        x @ x
+        torch.cuda.synchronize()
+
+    def raw_event_pair() -> None:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        x @ x
+        end.record()
+
+    for label, fn in (("plain_scope", plain_scope), ("raw_synchronize", raw_synchronize),
+                      ("raw_event_pair", raw_event_pair)):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+        out[f"gpu_loop_{label}_us_per_kernel"] = (time.perf_counter() - t0) / n * 1e6
     return out
 
 
@@ -87,10 +111,11 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as root:
         rltrace.configure(fileroot=root, flush_interval_s=3600)
-        plain, synced = [], []
+        plain, synced, annotated = [], [], []
         for _ in range(5):
             plain.append(_per_scope_ns(a.spans))
             synced.append(_per_scope_ns(a.spans, device_sync=True))
+            annotated.append(_per_scope_ns(a.spans, annotate=True))
         gpu = _gpu(2000)
         jax_sync = _jax_sync_by_live_arrays()
         rltrace.shutdown()
@@ -102,6 +127,7 @@ def main() -> None:
         "plain_scope_ns": round(m(plain)),
         "device_sync_scope_ns": round(m(synced)),
         "device_sync_overhead_ns": round(m(synced) - m(plain)),
+        "annotate_scope_ns": round(m(annotated)),
         **gpu,
         **jax_sync,
     }, indent=2))

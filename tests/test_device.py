@@ -313,3 +313,30 @@ def test_nvtx_ranges_are_pushed_and_popped(tmp_path: Path) -> None:
     # an unbalanced push/pop would make this pop fail with a CUDA/NVTX error
     _torch.cuda.nvtx.range_push("probe")
     assert _torch.cuda.nvtx.range_pop() >= 0
+
+
+@cuda
+def test_cuda_event_timing_matches_events_the_test_records_itself_and_reuses_pooled_events(
+        tmp_path: Path) -> None:
+    """rltrace's ``rl.device.time_s`` against a pair of CUDA events the test records around the
+    same kernels on the same stream; after resolution the events go back to the pool and the
+    next scopes take them instead of creating new ones."""
+    from rltrace import device
+
+    x = _torch.randn(4096, 4096, device="cuda")
+    _torch.cuda.synchronize()
+    with capture_spans(tmp_path) as cap:
+        for i in range(3):
+            mine0, mine1 = _torch.cuda.Event(enable_timing=True), _torch.cuda.Event(enable_timing=True)
+            with rltrace.trace_scope(f"k{i}", device_timing="events"):
+                mine0.record()
+                for _ in range(4):
+                    x @ x
+                mine1.record()
+            _torch.cuda.synchronize()
+            rltrace.flush()
+            theirs = cap.one(f"k{i}").attributes["rl.device.time_s"]
+            ours = mine0.elapsed_time(mine1) / 1000
+            assert ours <= theirs <= ours * 1.2 + 2e-4, (i, ours, theirs)
+        pool = device._EVENT_POOLS.get(_torch.cuda.current_device(), [])
+        assert pool, "resolved events were not returned to the pool"
