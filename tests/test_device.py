@@ -211,7 +211,7 @@ rltrace.shutdown()
 def test_without_an_accelerator_device_sync_is_a_no_op(tmp_path: Path) -> None:
     pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
     proc = subprocess.run([sys.executable, "-c", NO_ACCEL, str(tmp_path)], capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=120, cwd=str(tmp_path))  # the installed package
     assert proc.returncode == 0, proc.stderr
     (ev,) = [e for e in read_jsonl(next(tmp_path.rglob("traces-r0.jsonl"))) if e.get("ph") == "X"]
     assert ev["name"] == "cpu.only"
@@ -220,7 +220,7 @@ def test_without_an_accelerator_device_sync_is_a_no_op(tmp_path: Path) -> None:
 
 def test_missing_frameworks_are_handled_and_named(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-c", MISSING, str(tmp_path)], capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=120, cwd=str(tmp_path))  # the installed package
     assert proc.returncode == 0, proc.stderr
     assert "ERROR:" in proc.stdout and "pip install 'rltrace[torch]'" in proc.stdout
     names = [e["name"] for e in read_jsonl(next(tmp_path.rglob("traces-r0.jsonl"))) if e.get("ph") == "X"]
@@ -302,17 +302,6 @@ def test_cuda_events_time_the_gpu_without_stalling_the_host(tmp_path: Path) -> N
         _torch.cuda.synchronize()
         span = cap.one("gpu.events")
     assert span.attributes["rl.device.time_s"] > host_s  # the host did not wait for the kernels
-
-
-@cuda
-def test_nvtx_ranges_are_pushed_and_popped(tmp_path: Path) -> None:
-    with capture_spans(tmp_path) as cap:
-        with rltrace.trace_scope("nvtx.block", annotate=True):
-            _torch.ones(4, device="cuda").sum()
-        assert cap.one("nvtx.block")
-    # an unbalanced push/pop would make this pop fail with a CUDA/NVTX error
-    _torch.cuda.nvtx.range_push("probe")
-    assert _torch.cuda.nvtx.range_pop() >= 0
 
 
 @cuda
