@@ -6,9 +6,12 @@ AReaL's ``StatsLogger``, timings derived from rltrace spans, and logging setup.
 
 Table of contents
 -----------------
-recording     scope, scope_func_wrapper, denominator, stat, scalar, record_timing, ReduceType
-trackers      get, StatsTracker, DEFAULT
-exporting     export, export_all (torch.distributed / JAX reduction; see rltrace.stats.distributed)
+recording     scope, scope_func_wrapper, disable_scope, denominator, stat, scalar, record_timing,
+              ReduceType; errors StatsTypeError, StatsShapeError
+trackers      get, StatsTracker, DEFAULT; AReaL's names DistributedStatsTracker, DEFAULT_TRACKER,
+              TRACKERS, LOCK, MOE_AUX_LOSSES
+exporting     export, export_all: this process only by default, as in AReaL; pass reduce_group
+              (a torch ProcessGroup, "jax", "auto") to reduce across ranks (rltrace.stats.distributed)
 logging       StatsLogger, StatsLoggerConfig, WandBConfig, TensorBoardConfig, Sink, CommitInfo
 spans         enable_span_timings, disable_span_timings, span_timings, SpanTimings
               (``timeperf/<span name>`` per step, on by default)
@@ -18,13 +21,20 @@ Example::
 
     from rltrace import stats
 
-    with stats.scope("actor"):
-        stats.denominator(n_tokens=loss_mask)                  # a bool mask
-        stats.stat(logprob=logprobs, denominator="n_tokens")   # actor/logprob/avg|min|max
-        stats.scalar(lr=1e-5)                                  # actor/lr, actor/lr__count
-    with stats.record_timing("update_weights"):                # timeperf/update_weights
+    for mb in micro_batches:
+        with stats.scope("actor"):
+            stats.denominator(n_tokens=mb.loss_mask)                 # a bool mask per micro-batch
+            stats.stat(logprob=mb.logprobs, denominator="n_tokens")  # actor/logprob/avg|min|max
+            stats.scalar(lr=1e-5)                                    # actor/lr, actor/lr__count
+    with stats.record_timing("update_weights"):                      # timeperf/update_weights
         sync()
-    logger.commit(epoch, step, global_step, stats.export_all())  # every rank calls export_all
+    # every rank of the group calls export_all (a collective when a group is given)
+    logger.commit(epoch, step, global_step, stats.export_all(reduce_group=dist.group.WORLD))
+
+The module is a drop-in for AReaL's ``areal.utils.stats_tracker``: it has every public name of
+AReaL's module, pairs denominators with stats as AReaL does (the n-th stat of a key uses the
+n-th mask of its denominator), raises AReaL's exception types, and exports integer
+``__count`` values.
 """
 
 from __future__ import annotations
@@ -37,22 +47,38 @@ from .logger import StatsLogger, StatsLoggerConfig, TensorBoardConfig
 from .logs import TraceContextFilter, setup_logging
 from .reduce import ReduceType
 from .sinks import CommitInfo, Sink
-from .tracker import DEFAULT, StatsTracker, export_all, get
+from .tracker import DEFAULT, LOCK, TRACKERS, StatsTracker, export_all, get
+from .values import StatsShapeError, StatsTypeError
 from .wandb_sink import WandBConfig
+
+#: AReaL's name for the tracker class (the same class)
+DistributedStatsTracker = StatsTracker
+#: AReaL's name for the default tracker (the same object as ``DEFAULT``)
+DEFAULT_TRACKER = DEFAULT
+#: in AReaL's module for compatibility; AReaL 1.0.4 does not use it, nor does rltrace
+MOE_AUX_LOSSES: dict[str, Any] = {}
 
 __all__ = [
     "DEFAULT",
+    "DEFAULT_TRACKER",
+    "LOCK",
+    "MOE_AUX_LOSSES",
+    "TRACKERS",
     "CommitInfo",
+    "DistributedStatsTracker",
     "ReduceType",
     "Sink",
     "SpanTimings",
     "StatsLogger",
     "StatsLoggerConfig",
+    "StatsShapeError",
     "StatsTracker",
+    "StatsTypeError",
     "TensorBoardConfig",
     "TraceContextFilter",
     "WandBConfig",
     "denominator",
+    "disable_scope",
     "disable_span_timings",
     "enable_span_timings",
     "export",
@@ -81,15 +107,20 @@ def scope_func_wrapper(name: str) -> Callable[[F], F]:
     return DEFAULT.scope_func_wrapper(name)
 
 
+def disable_scope() -> Any:
+    """Context manager: keys recorded inside get no prefix from the scopes open outside it."""
+    return DEFAULT.disable_scope()
+
+
 def denominator(**masks: Any) -> None:
-    """Register boolean masks (torch/numpy/jax) by name for ``stat(denominator=name)``."""
+    """Append boolean masks (torch/numpy/jax) by name; the n-th ``stat`` of a key uses the n-th."""
     DEFAULT.denominator(**masks)
 
 
 def stat(denominator: str | None = None, reduce_type: ReduceType | str | None = None,
          **values: Any) -> None:
     """Record tensors/arrays over a denominator's mask (default: ``key/avg``, ``/min``, ``/max``)."""
-    DEFAULT.stat(denominator=denominator, reduce_type=reduce_type, **values)
+    DEFAULT.stat(denominator, reduce_type, **values)
 
 
 def scalar(**values: Any) -> None:
@@ -103,7 +134,8 @@ def record_timing(name: str) -> Any:
 
 
 def export(key: str | None = None, reduce_group: Any = None, reset: bool = True) -> dict[str, float]:
-    """Export the default tracker (reduced across ranks; see :meth:`StatsTracker.export`)."""
+    """Export the default tracker (this process only unless ``reduce_group`` is given; see
+    :meth:`StatsTracker.export`)."""
     return DEFAULT.export(key=key, reduce_group=reduce_group, reset=reset)
 
 

@@ -2,11 +2,14 @@
 
 ``reduce_group`` as accepted by ``export``/``export_all``:
 
-* ``None`` (default): the default torch.distributed group when one is initialised with more
-  than one rank, else all JAX processes when ``jax.process_count() > 1``, else no reduction;
-* a torch ``ProcessGroup``: that group (gloo on the CPU, NCCL on CUDA tensors);
+* ``None`` (default, as in AReaL): no reduction, this process's values only; nothing waits
+  for other ranks;
+* a torch ``ProcessGroup`` (e.g. ``torch.distributed.group.WORLD``): that group (gloo on the
+  CPU, NCCL on CUDA tensors); every rank of the group must export (it is a collective);
 * ``"jax"``: all JAX processes (``jax.experimental.multihost_utils.process_allgather``);
-* ``False``: no reduction (this process only);
+* ``"auto"``: the default torch.distributed group when one is initialised with more than one
+  rank, else all JAX processes when ``jax.process_count() > 1``, else no reduction;
+* ``False``: no reduction (the same as ``None``);
 * any object with ``all_gather_object(obj) -> list`` and ``all_reduce(vec, op) -> vec``.
 
 torch and jax are only used when the program has already imported them.
@@ -120,20 +123,21 @@ def _jax_processes() -> int:
 
 def resolve_reducer(reduce_group: Any = None) -> Reducer | None:
     """The reducer for ``reduce_group`` (see the module docstring); None: no reduction."""
-    if reduce_group is False:
-        return None
-    if reduce_group is None:
-        if _torch_world() > 1:
-            return TorchReducer(None)
-        if _jax_processes() > 1:
-            return JaxReducer()
+    if reduce_group is None or reduce_group is False:
         return None
     if isinstance(reduce_group, str):
         if reduce_group == "jax":
             return JaxReducer()
+        if reduce_group == "auto":
+            if _torch_world() > 1:
+                return TorchReducer(None)
+            if _jax_processes() > 1:
+                return JaxReducer()
+            return None
         raise ValueError(
             f"stats.export: reduce_group={reduce_group!r} is not understood; pass a torch "
-            f"ProcessGroup, 'jax', False (no reduction) or None (automatic)"
+            f"ProcessGroup, 'jax', 'auto' (torch.distributed or JAX when there are several "
+            f"processes) or None (this process only)"
         )
     if hasattr(reduce_group, "all_gather_object") and hasattr(reduce_group, "all_reduce"):
         return reduce_group  # a custom Reducer

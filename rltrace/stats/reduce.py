@@ -21,18 +21,21 @@ INF = math.inf
 
 
 class ReduceType(str, Enum):
-    """How a key's values are reduced (AReaL's names)."""
+    """How a key's values are reduced (AReaL's names, in AReaL's order).
+
+    The values are strings, so ``reduce_type="sum"`` works as well as ``ReduceType.SUM``.
+    """
 
     #: masked mean, min and max: exports ``key/avg``, ``key/min``, ``key/max`` (stat's default)
     AVG_MIN_MAX = "avg_min_max"
     #: masked mean: exports ``key``
     AVG = "avg"
+    #: masked sum: exports ``key``
+    SUM = "sum"
     #: masked minimum: exports ``key``
     MIN = "min"
     #: masked maximum: exports ``key``
     MAX = "max"
-    #: masked sum: exports ``key``
-    SUM = "sum"
     #: mean of recorded floats plus ``key__count`` (what ``scalar`` records)
     SCALAR = "scalar"
 
@@ -86,8 +89,13 @@ def merge_into(out: dict[str, Aggregate], more: dict[str, Aggregate]) -> None:
             mine.merge(key, agg)
 
 
+def _as_count(n: float) -> float:
+    """A scalar's weight as AReaL exports it: an ``int`` (unless fractional weights were added)."""
+    return int(n) if float(n).is_integer() else n
+
+
 def finalize(aggs: dict[str, Aggregate]) -> dict[str, float]:
-    """Exported values: means, minima, maxima, sums, scalars with ``__count``, denominators.
+    """Exported values: means, minima, maxima, sums, scalars with an integer ``__count``, denominators.
 
     Keys whose mask selected nothing anywhere (count 0) export nothing for means/min/max.
     Raises ``ValueError`` naming the keys whose values are not finite (accelerator values are
@@ -103,7 +111,7 @@ def finalize(aggs: dict[str, Aggregate]) -> dict[str, float]:
         elif kind == ReduceType.SCALAR.value:
             if n > 0:
                 out[key] = a.total / n
-                out[key + "__count"] = n
+                out[key + "__count"] = _as_count(n)
         elif kind == ReduceType.SUM.value:
             out[key] = a.total
             if not math.isfinite(a.total):

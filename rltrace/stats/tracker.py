@@ -2,8 +2,15 @@
 
 Keys are built from the tracker's name, the open scopes and the recorded name
 (``tracker/scope/inner/key``).  Each key keeps one :class:`~rltrace.stats.reduce.Aggregate`
-(sum, count, min, max), so memory does not grow with the number of calls and reductions across
-ranks are exact.  Scopes live in a ``ContextVar``: threads and asyncio tasks each see their own.
+(sum, count, min, max), so values are reduced when recorded and reductions across ranks are
+exact.  Scopes live in a ``ContextVar``: threads and asyncio tasks each see their own.
+
+Denominators pair with stats as in AReaL: every ``denominator(name=mask)`` call appends one
+mask to ``name``'s list, and the *n*-th ``stat`` call of a key that uses ``name`` is reduced
+over ``name``'s *n*-th mask (the usual loop "denominator, then its stats, per micro-batch"
+pairs each stat with the mask of its micro-batch).  A stat whose mask has not been given yet
+waits for it; one still waiting at export counts nothing (AReaL leaves it out too) and is
+reported with a warning.  The masks are kept until the export that resets them.
 """
 
 from __future__ import annotations
@@ -11,22 +18,37 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
+from enum import Enum
 from typing import Any, TypeVar
 
 from ..resumptions import adrive, drive
 from .distributed import resolve_reducer
 from .reduce import DENOMINATOR, Aggregate, ReduceType, allreduce, finalize, merge_into
-from .values import Deferred, is_bool_mask, mask_count, partial, scalar_value
+from .values import (
+    Deferred,
+    Partial,
+    StatsTypeError,
+    check_value,
+    is_bool_mask,
+    mask_count,
+    partial,
+    scalar_value,
+    size_of,
+    snapshot,
+)
 
-__all__ = ["DEFAULT", "StatsTracker", "export_all", "get"]
+__all__ = ["DEFAULT", "LOCK", "TRACKERS", "StatsTracker", "export_all", "get"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 TIMEPERF = "timeperf"
+
+log = logging.getLogger("rltrace.stats")
 
 
 def _check_name(name: Any, api: str) -> str:
@@ -93,55 +115,91 @@ def _decorate(fn: Any, tracker: StatsTracker, name: str) -> Any:
     return wrapper
 
 
+_NOT_A_REDUCE_TYPE = "reduce_type must be a ReduceType enum"  # AReaL's message
+
+
 def _reduce_type(reduce_type: Any, keys: Any) -> str:
+    """The kind string of ``reduce_type``: a :class:`ReduceType`, its value, or an enum member
+    of the same name (AReaL's own ``ReduceType``)."""
     if reduce_type is None:
         return ReduceType.AVG_MIN_MAX.value
-    try:
-        rt = ReduceType(reduce_type.value if isinstance(reduce_type, ReduceType) else reduce_type)
-    except ValueError:
-        raise ValueError(
-            f"stats.stat: unknown reduce_type {reduce_type!r} for {', '.join(map(repr, keys))}; "
-            f"use one of {', '.join(r.name for r in ReduceType)}"
-        ) from None
+    if isinstance(reduce_type, ReduceType):
+        rt = reduce_type
+    elif isinstance(reduce_type, Enum) and reduce_type.name in ReduceType.__members__:
+        rt = ReduceType[reduce_type.name]
+    else:
+        try:
+            rt = ReduceType(reduce_type)
+        except ValueError:
+            raise ValueError(
+                f"{_NOT_A_REDUCE_TYPE}: stats.stat: unknown reduce_type {reduce_type!r} for "
+                f"{', '.join(map(repr, keys))}; use one of {', '.join(r.name for r in ReduceType)}"
+            ) from None
     if rt is ReduceType.SCALAR:
         raise ValueError(
-            f"stats.stat: reduce_type SCALAR is for stats.scalar(); record "
-            f"{', '.join(map(repr, keys))} with stats.scalar(name=float_value)"
+            f"Cannot use the scalar reduce type for a tensor: stats.stat: reduce_type SCALAR is for "
+            f"stats.scalar(); record {', '.join(map(repr, keys))} with stats.scalar(name=float_value)"
         )
     return rt.value
 
 
+class _Waiting:
+    """A stat recorded before its denominator's mask of the same index: kept until it arrives."""
+
+    __slots__ = ("denominator", "index", "key", "kind", "value")
+
+    def __init__(self, key: str, kind: str, denominator: str, index: int, value: Any) -> None:
+        self.key = key
+        self.kind = kind
+        self.denominator = denominator
+        self.index = index
+        self.value = value
+
+
 class StatsTracker:
-    """Collects statistics under hierarchical keys and exports them, reduced across ranks.
+    """Collects statistics under hierarchical keys and exports them, optionally reduced across ranks.
 
     ``name`` prefixes every key of this tracker (``get("rollout").scalar(reward=1.0)`` records
-    ``rollout/reward``).  All methods are thread-safe.
+    ``rollout/reward``).  All methods are thread-safe.  ``DistributedStatsTracker`` (AReaL's
+    name) is this class.
     """
+
+    #: AReaL's name for the scope context manager class (``tracker.Scope(tracker, name)``)
+    Scope = _Scope
 
     def __init__(self, name: str = "") -> None:
         self.name = name.strip("/")
+        base: tuple[str, ...] = (self.name,) if self.name else ()
         self._scopes: ContextVar[tuple[str, ...]] = ContextVar(f"rltrace_stats_scopes_{self.name}",
-                                                               default=())
+                                                               default=base)
         self._lock = threading.Lock()
+        #: AReaL's attribute name for the tracker's lock
+        self.lock = self._lock
         self._aggs: dict[str, Aggregate] = {}
         self._deferred: list[Deferred] = []
-        self._denominators: dict[str, Any] = {}
+        # denominator key -> its masks since the last reset, in call order (AReaL's pairing)
+        self._masks: dict[str, list[Any]] = {}
+        # stat key -> number of stat() values recorded since the last reset (the next index)
+        self._counts: dict[str, int] = {}
+        # denominator key -> stats waiting for a mask of that denominator
+        self._waiting: dict[str, list[_Waiting]] = {}
         #: called with the tracker at the start of every export (e.g. the span-timings bridge)
         self.before_export: list[Callable[[StatsTracker], None]] = []
 
     # -- keys and scopes ------------------------------------------------------------------------
     def _key(self, name: str) -> str:
-        parts = [self.name] if self.name else []
-        parts.extend(self._scopes.get())
-        parts.append(name)
-        return "/".join(parts)
+        return "/".join((*self._scopes.get(), name))
+
+    def _get_full_key(self, key: str) -> str:
+        """The key ``key`` gets right now (AReaL's name): tracker name, open scopes, ``key``."""
+        return self._key(key)
 
     def _absolute(self, name: str) -> str:
         return f"{self.name}/{name}" if self.name else name
 
     def current_scope(self) -> str:
         """The prefix keys get right now (``"actor/optimizer"``; ``""`` at the top)."""
-        return "/".join(([self.name] if self.name else []) + list(self._scopes.get()))
+        return "/".join(self._scopes.get())
 
     def scope(self, name: str) -> Any:
         """Prefix keys with ``name/`` inside the block: ``with stats.scope("actor"): ...``.
@@ -160,39 +218,93 @@ class StatsTracker:
 
         return deco
 
+    @contextlib.contextmanager
+    def disable_scope(self) -> Iterator[None]:
+        """Inside the block keys get no prefix at all: neither open scopes nor the tracker's name.
+
+        Scopes opened inside the block apply as usual; the outer ones come back at its end.
+        """
+        token = self._scopes.set(())
+        try:
+            yield
+        finally:
+            self._scopes.reset(token)
+
     # -- recording ------------------------------------------------------------------------------
-    def _add(self, key: str, kind: str, part: Any) -> None:
+    def _check_kind(self, key: str, kind: str) -> None:
         agg = self._aggs.get(key)
-        if agg is None:
-            agg = self._aggs[key] = Aggregate(kind)
-        elif agg.kind != kind:
+        if agg is not None and agg.kind != kind:
             raise ValueError(
                 f"stats: {key!r} was recorded as {agg.kind!r} and now as {kind!r}; use one reduce "
                 f"type per key (or another name)"
             )
-        if type(part) is Deferred:
+
+    def _add(self, key: str, kind: str, part: Partial | Deferred) -> None:
+        agg = self._aggs.get(key)
+        if agg is None:
+            agg = self._aggs[key] = Aggregate(kind)
+        elif agg.kind != kind:
+            self._check_kind(key, kind)
+        if isinstance(part, Deferred):
             self._deferred.append(part)
         else:
             agg.add(*part)
 
-    def denominator(self, **masks: Any) -> None:
-        """Register boolean masks by name for later ``stat(denominator=name, ...)`` calls.
+    def _set_reduce_type(self, key: str, reduce_type: ReduceType) -> None:
+        """Check that ``key`` may be recorded with ``reduce_type`` (AReaL's helper of that name).
 
-        A mask replaces the previous one of the same name; the export holds each
-        denominator's number of true elements.  Raises ``TypeError`` for a non-boolean mask.
+        Raises ``ValueError`` when ``reduce_type`` is not a :class:`ReduceType` or ``key`` was
+        already recorded with another one (rltrace fixes a key's type at its first record).
         """
+        if not isinstance(reduce_type, ReduceType):
+            raise ValueError(f"{_NOT_A_REDUCE_TYPE}, got {reduce_type!r} for {key!r}")
+        with self._lock:
+            self._check_kind(key, reduce_type.value)
+
+    def denominator(self, **masks: Any) -> None:
+        """Append boolean masks to the named denominators, for ``stat(denominator=name, ...)``.
+
+        The *n*-th ``stat`` of a key with ``denominator=name`` is reduced over ``name``'s *n*-th
+        mask (AReaL's pairing).  The export holds each denominator's number of true elements.
+        Raises :class:`~rltrace.stats.values.StatsTypeError` (a ``TypeError`` and a
+        ``ValueError``) for a non-boolean mask and ``ValueError`` for an empty one.
+        """
+        prepared = []
         for name, mask in masks.items():
             key = self._key(name)
             if not is_bool_mask(mask):
                 dtype = getattr(mask, "dtype", type(mask).__name__)
-                raise TypeError(
-                    f"stats.denominator: {key!r} must be a boolean mask, got {dtype}; pass e.g. "
-                    f"(lengths > 0) or mask.bool()"
+                raise StatsTypeError(
+                    f"`{name}` must be a pytorch bool tensor: {dtype} (stats.denominator: {key!r} "
+                    f"must be a boolean mask, torch, numpy or jax; pass e.g. (lengths > 0) or "
+                    f"mask.bool())"
                 )
-            part = mask_count(key, mask)
-            with self._lock:
+            if size_of(mask) == 0:
+                raise ValueError(f"`{name}` must be non-empty (stats.denominator: {key!r} is an empty mask)")
+            prepared.append((key, mask_count(key, mask), snapshot(mask)))
+        with self._lock:
+            for key, _, _ in prepared:
+                self._check_kind(key, DENOMINATOR)
+            late: list[tuple[_Waiting, Any]] = []
+            for key, part, kept in prepared:
                 self._add(key, DENOMINATOR, part)
-                self._denominators[key] = mask
+                kept_masks = self._masks.setdefault(key, [])
+                kept_masks.append(kept)
+                index = len(kept_masks) - 1
+                waiting = self._waiting.get(key)
+                if waiting:
+                    late.extend((w, kept) for w in waiting if w.index == index)
+                    waiting[:] = [w for w in waiting if w.index != index]
+            # stats recorded before their mask: reduce them now; a bad one (shape, NaN) is
+            # dropped and its error raised here, after every other one is recorded
+            errors: list[Exception] = []
+            for w, mask in late:
+                try:
+                    self._add(w.key, w.kind, partial(w.key, w.value, mask, w.denominator))
+                except (TypeError, ValueError) as exc:
+                    errors.append(exc)
+        if errors:
+            raise errors[0]
 
     def stat(self, denominator: str | None = None, reduce_type: ReduceType | str | None = None,
              **values: Any) -> None:
@@ -200,105 +312,159 @@ class StatsTracker:
 
         ``reduce_type`` None exports ``key/avg``, ``key/min`` and ``key/max``; ``AVG``, ``MIN``,
         ``MAX`` and ``SUM`` export ``key``.  Without a denominator every element counts.
-        Raises ``ValueError`` for an unknown denominator, a shape mismatch or NaN/inf among
-        the masked elements, ``TypeError`` for non-numeric values.
+        Raises ``ValueError`` for an unknown denominator, an empty value or NaN/inf among the
+        masked elements, :class:`~rltrace.stats.values.StatsShapeError` (a ``ValueError`` and
+        an ``AssertionError``) when the value's shape differs from its mask's, and
+        :class:`~rltrace.stats.values.StatsTypeError` for non-numeric values.  Nothing of a call
+        that raises is recorded.
         """
         kind = _reduce_type(reduce_type, [self._key(k) for k in values])
-        mask = None
-        denom_key = None
-        if denominator is not None:
-            denom_key = self._key(denominator)
-            with self._lock:
-                mask = self._denominators.get(denom_key)
-                known = sorted(self._denominators)
-            if mask is None:
-                keys = ", ".join(repr(self._key(k)) for k in values)
-                raise ValueError(
-                    f"stats.stat: unknown denominator {denom_key!r} for {keys}; register it first "
-                    f"with stats.denominator({denominator}=mask) in the same scope "
-                    f"(known: {', '.join(known) or 'none'})"
-                )
-        parts = []
-        for name, value in values.items():
-            key = self._key(name)
-            parts.append((key, partial(key, value, mask, denom_key)))
         with self._lock:
+            masks = None
+            denom_key = None
+            if denominator is not None:
+                denom_key = self._key(denominator)
+                masks = self._masks.get(denom_key)
+                if not masks:
+                    keys = ", ".join(repr(self._key(k)) for k in values)
+                    raise ValueError(
+                        f"Denominator `{denom_key}` does not exist: stats.stat: unknown denominator "
+                        f"{denom_key!r} for {keys}; register it first with "
+                        f"stats.denominator({denominator}=mask) in the same scope "
+                        f"(known: {', '.join(sorted(self._masks)) or 'none'})"
+                    )
+            parts: list[tuple[str, Partial | Deferred | _Waiting]] = []
+            for name, value in values.items():
+                key = self._key(name)
+                if check_value(key, value) == 0:
+                    raise ValueError(f"`{name}` should be non-empty (stats.stat: {key!r} has no elements)")
+                self._check_kind(key, kind)
+                if masks is None:
+                    parts.append((key, partial(key, value, None, None)))
+                    continue
+                assert denom_key is not None
+                index = self._counts.get(key, 0)
+                if index < len(masks):
+                    parts.append((key, partial(key, value, masks[index], denom_key)))
+                else:  # its mask is not there yet: keep a copy until it comes
+                    parts.append((key, _Waiting(key, kind, denom_key, index, snapshot(value))))
             for key, part in parts:
-                self._add(key, kind, part)
+                if denom_key is not None:
+                    self._counts[key] = self._counts.get(key, 0) + 1
+                if isinstance(part, _Waiting):
+                    self._waiting.setdefault(part.denominator, []).append(part)
+                else:
+                    self._add(key, kind, part)
 
     def scalar(self, **values: Any) -> None:
-        """Record floats; the export holds each key's mean and ``key__count`` (its weight)."""
+        """Record floats; the export holds each key's mean and ``key__count`` (an int)."""
         parts = []
         for name, value in values.items():
             key = self._key(name)
             v = scalar_value(key, value)
             parts.append((key, (v, 1.0, v, v)))
         with self._lock:
+            for key, _ in parts:
+                self._check_kind(key, ReduceType.SCALAR.value)
             for key, part in parts:
                 self._add(key, ReduceType.SCALAR.value, part)
 
+    def _add_scalar(self, key: str, value: float, count: float = 1.0) -> None:
+        v = scalar_value(key, value)
+        with self._lock:
+            self._add(key, ReduceType.SCALAR.value, (v * count, count, v, v))
+
     def add_scalar_absolute(self, key: str, value: float, count: float = 1.0) -> None:
         """Record a scalar under ``key`` ignoring open scopes (the tracker name still applies)."""
-        full = self._absolute(key)
-        v = scalar_value(full, value)
-        with self._lock:
-            self._add(full, ReduceType.SCALAR.value, (v * count, count, v, v))
+        self._add_scalar(self._absolute(key), value, count)
 
     @contextlib.contextmanager
     def record_timing(self, name: str) -> Iterator[None]:
         """Time the block (``time.perf_counter``) as the scalar ``timeperf/<name>`` in seconds.
 
-        Open scopes do not apply: timings always sit under ``timeperf/``.  Also a decorator.
+        As in AReaL the key is always ``timeperf/<name>``: neither open scopes nor the tracker's
+        name apply.  Also a decorator.
         """
         name = _check_name(name, "record_timing")
         t0 = time.perf_counter()
         try:
             yield
         finally:
-            self.add_scalar_absolute(f"{TIMEPERF}/{name}", time.perf_counter() - t0)
+            self._add_scalar(f"{TIMEPERF}/{name}", time.perf_counter() - t0)
 
     # -- export ---------------------------------------------------------------------------------
     def collect(self, key: str | None = None, reset: bool = True) -> dict[str, Aggregate]:
-        """This process's aggregates (``key``: only that key and the keys below it)."""
+        """This process's aggregates (``key``: a full key; only it and the keys below it).
+
+        With ``reset`` the selected keys are dropped: their values, their masks when they are
+        denominators, their stat counts, and stats still waiting for a mask (with a warning).
+        """
         for hook in list(self.before_export):
             hook(self)
         with self._lock:
             deferred, self._deferred = self._deferred, []
         resolved = [(d.key, d.resolve()) for d in deferred]  # device reads, outside the lock
+        dropped: list[str] = []
         with self._lock:
             for k, part in resolved:
                 agg = self._aggs.get(k)
                 if agg is not None:
                     agg.add(*part)
-            selected = [k for k in self._aggs if key is None or k == key or k.startswith(key + "/")]
+
+            def chosen(k: str) -> bool:
+                return key is None or k == key or k.startswith(key + "/")
+
             out = {}
-            for k in selected:
-                a = self._aggs[k]
-                out[k] = Aggregate(a.kind, a.total, a.count, a.lo, a.hi)
+            for k, a in self._aggs.items():
+                if chosen(k):
+                    out[k] = Aggregate(a.kind, a.total, a.count, a.lo, a.hi)
             if reset:
-                for k in selected:
+                for k in out:
                     del self._aggs[k]
-                    self._denominators.pop(k, None)
+                for d in [d for d in self._masks if chosen(d)]:
+                    del self._masks[d]
+                for k in [k for k in self._counts if chosen(k)]:
+                    del self._counts[k]
+                for d in list(self._waiting):
+                    keep = []
+                    for w in self._waiting[d]:
+                        if chosen(w.key) or chosen(d):
+                            dropped.append(w.key)
+                        else:
+                            keep.append(w)
+                    if keep:
+                        self._waiting[d] = keep
+                    else:
+                        del self._waiting[d]
+        if dropped:
+            log.warning(
+                "rltrace.stats: %d stat value(s) of %s had no denominator mask of their index at "
+                "export and were left out (as AReaL leaves them out); call stats.denominator() "
+                "once per stats.stat() of each key", len(dropped), ", ".join(sorted(set(dropped))))
         return out
 
     def export(self, key: str | None = None, reduce_group: Any = None,
                reset: bool = True) -> dict[str, float]:
-        """Everything recorded since the last reset, reduced across ranks, as ``{key: float}``.
+        """Everything recorded since the last reset, as ``{key: float}`` (``__count`` keys: int).
 
-        ``reduce_group``: None reduces over the default torch.distributed group (or all JAX
-        processes) when there is more than one rank; a torch ``ProcessGroup``, ``"jax"``,
-        ``False`` (no reduction) or a custom reducer (see :mod:`rltrace.stats.distributed`).
-        With a reduction every rank of the group must call ``export`` (it is a collective).
-        ``reset`` clears what was exported (stats, scalars and denominators).
+        ``key``: only that key (and the keys below it), named as when recording: the tracker's
+        name and the open scopes apply.  ``reduce_group``: None (default, as in AReaL) exports
+        this process's values only; a torch ``ProcessGroup``, ``"jax"``, ``"auto"`` or a custom
+        reducer reduces across ranks, and then every rank of the group must call ``export``
+        (it is a collective; see :mod:`rltrace.stats.distributed`).  ``reset`` clears what was
+        exported (stats, scalars and denominators).
         """
-        return _reduce_and_finalize(self.collect(key, reset), reduce_group)
+        full = None if key is None else self._key(key)
+        return _reduce_and_finalize(self.collect(full, reset), reduce_group)
 
     def reset(self) -> None:
         """Drop everything recorded so far."""
         with self._lock:
             self._aggs.clear()
             self._deferred.clear()
-            self._denominators.clear()
+            self._masks.clear()
+            self._counts.clear()
+            self._waiting.clear()
 
     def __repr__(self) -> str:
         return f"StatsTracker({self.name!r}, keys={len(self._aggs)})"
@@ -315,6 +481,10 @@ def _reduce_and_finalize(aggs: dict[str, Aggregate], reduce_group: Any) -> dict[
 DEFAULT = StatsTracker()
 _TRACKERS: dict[str, StatsTracker] = {"": DEFAULT}
 _TRACKERS_LOCK = threading.Lock()
+#: every tracker by name (AReaL's name; ``""`` is the default tracker)
+TRACKERS = _TRACKERS
+#: the lock guarding :data:`TRACKERS` (AReaL's name)
+LOCK = _TRACKERS_LOCK
 
 
 def get(name: str = "") -> StatsTracker:
@@ -328,9 +498,12 @@ def get(name: str = "") -> StatsTracker:
 
 
 def export_all(reduce_group: Any = None, reset: bool = True) -> dict[str, float]:
-    """Export every tracker (default and named) in one reduction; keys carry tracker names.
+    """Export every tracker (default and named); keys carry tracker names.
 
-    Trackers that exist on only some ranks are fine: all keys are exchanged at once.
+    ``reduce_group`` as for :meth:`StatsTracker.export`: None (default) is this process only.
+    With a group all trackers are reduced in one exchange, so trackers and keys that exist
+    on only some ranks are fine.  A key recorded by several trackers (``timeperf/...``) is
+    merged: its mean and count cover every tracker's records.
     """
     with _TRACKERS_LOCK:
         trackers = list(_TRACKERS.values())
@@ -338,4 +511,3 @@ def export_all(reduce_group: Any = None, reset: bool = True) -> dict[str, float]
     for t in trackers:
         merge_into(merged, t.collect(None, reset))
     return _reduce_and_finalize(merged, reduce_group)
-

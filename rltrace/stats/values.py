@@ -25,6 +25,21 @@ INF = math.inf
 Partial = tuple[float, float, float, float]
 
 
+class StatsTypeError(TypeError, ValueError):
+    """A mask or value of the wrong kind (not boolean, not numeric).
+
+    Both a ``TypeError`` and a ``ValueError``: AReaL's ``stats_tracker`` raises ``ValueError``
+    for these, so code written against AReaL catches it too.
+    """
+
+
+class StatsShapeError(ValueError, AssertionError):
+    """A value whose shape differs from its denominator's mask.
+
+    Both a ``ValueError`` and an ``AssertionError`` (what AReaL's ``stats_tracker`` raises).
+    """
+
+
 class Deferred:
     """A partial still on an accelerator: a stacked ``[sum, count, min, max]`` tensor/array."""
 
@@ -87,6 +102,60 @@ def shape_of(value: Any) -> tuple[int, ...]:
     return tuple(int(d) for d in shape)
 
 
+def size_of(value: Any) -> int:
+    """The number of elements of a tensor, array, list or number."""
+    numel = getattr(value, "numel", None)
+    if callable(numel) and framework(value) == "torch":
+        return int(numel())
+    n = 1
+    for d in shape_of(value):
+        n *= d
+    return n
+
+
+def check_value(key: str, value: Any) -> int:
+    """Raise :class:`StatsTypeError` unless ``value`` is numeric; return its number of elements.
+
+    The checks ``partial`` would make, for a value kept until its mask arrives.
+    """
+    fw = framework(value)
+    if fw == "torch":
+        if value.is_complex():
+            raise _numeric_error(key, value)
+        return int(value.numel())
+    import numpy as np
+
+    if fw == "jax":
+        _check_not_traced(key, value)
+        kind = np.dtype(value.dtype).kind if hasattr(value, "dtype") else "O"
+        if kind not in "biuf":
+            raise _numeric_error(key, value)
+        return int(value.size)
+    try:
+        x = np.asarray(value)
+    except Exception:
+        raise _numeric_error(key, value) from None
+    if x.dtype.kind not in "biuf":
+        raise _numeric_error(key, value)
+    return int(x.size)
+
+
+def snapshot(value: Any) -> Any:
+    """A copy of ``value`` that later in-place changes of the caller's tensor do not affect.
+
+    torch tensors are cloned on their device, numpy arrays and Python sequences copied into a
+    new array; JAX arrays are immutable and kept as they are.
+    """
+    fw = framework(value)
+    if fw == "torch":
+        return value.detach().clone()
+    if fw == "jax":
+        return value
+    import numpy as np
+
+    return np.array(value, copy=True)
+
+
 def mask_count(key: str, mask: Any) -> Partial | Deferred:
     """The denominator's own statistic: the number of true elements (as a count)."""
     import numpy as np
@@ -130,7 +199,7 @@ def partial(key: str, value: Any, mask: Any | None, denominator: str | None) -> 
 def _check_shape(key: str, value: Any, mask: Any, denominator: str | None) -> None:
     vs, ms = shape_of(value), shape_of(mask)
     if vs != ms:
-        raise ValueError(
+        raise StatsShapeError(
             f"stats.stat: {key!r} has shape {vs} but its denominator {denominator!r} has shape {ms}; "
             f"the value and the mask must have the same shape"
         )
@@ -143,8 +212,8 @@ def _nonfinite_error(key: str, n: int) -> ValueError:
     )
 
 
-def _numeric_error(key: str, value: Any) -> TypeError:
-    return TypeError(
+def _numeric_error(key: str, value: Any) -> StatsTypeError:
+    return StatsTypeError(
         f"stats.stat: {key!r} must be a numeric tensor, array or number, got {_describe(value)}"
     )
 
@@ -303,7 +372,7 @@ def scalar_value(key: str, value: Any, api: str = "stats.scalar") -> float:
         except Exception:
             size = -1
         if size != 1:
-            raise TypeError(
+            raise StatsTypeError(
                 f"{api}: {key!r} must be a number or a one-element tensor/array, got "
                 f"{_describe(value)}; use stats.stat(...) for tensors"
             )
@@ -318,7 +387,7 @@ def scalar_value(key: str, value: Any, api: str = "stats.scalar") -> float:
                     raise TypeError
                 v = float(arr.reshape(()))
         except (TypeError, ValueError):
-            raise TypeError(f"{api}: {key!r} must be numeric, got {_describe(value)}") from None
+            raise StatsTypeError(f"{api}: {key!r} must be numeric, got {_describe(value)}") from None
     if not math.isfinite(v):
         raise ValueError(f"{api}: {key!r} is {v}; only finite values can be recorded")
     return v

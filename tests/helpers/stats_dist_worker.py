@@ -2,8 +2,10 @@
 
 Usage: ``python stats_dist_worker.py torch|jax FILEROOT PORT RANK WORLD``.  Each rank records
 its own data (:func:`rank_data`; some keys and a named tracker exist on some ranks only),
-exports with ``export_all`` (a collective), commits through a ``StatsLogger`` whose log dir is
-``FILEROOT/rank{RANK}`` (only rank 0 may write), and prints one JSON line per round:
+exports with ``export_all(reduce_group=...)`` (a collective over the torch.distributed world
+or all JAX processes; ``reduce_group=None`` would export each rank's own values), commits
+through a ``StatsLogger`` whose log dir is ``FILEROOT/rank{RANK}`` (only rank 0 may write),
+and prints one JSON line per round:
 ``{"round": i, "stats": {...}}``.  The test recomputes the expected values from the
 concatenated data with :func:`rank_data`.
 """
@@ -57,6 +59,7 @@ def main(argv: list[str]) -> int:
 
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world)
+        group: Any = dist.group.WORLD
 
         def to_array(x: Any) -> Any:
             return torch.as_tensor(x)
@@ -67,6 +70,7 @@ def main(argv: list[str]) -> int:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=world,
                                    process_id=rank)
+        group = "jax"
 
         def to_array(x: Any) -> Any:
             return jnp.asarray(x)
@@ -81,7 +85,7 @@ def main(argv: list[str]) -> int:
         with rltrace.step(round_):
             with rltrace.trace_scope("work"):
                 record(stats, to_array, rank, round_)
-        exported = stats.export_all()  # automatic group: torch.distributed or all JAX processes
+        exported = stats.export_all(reduce_group=group)  # every rank: torch WORLD or all JAX processes
         logger.commit(0, round_, round_, exported)
         print(json.dumps({"round": round_, "stats": exported}), flush=True)
     logger.close()
