@@ -3,10 +3,13 @@
 Layout of the file (every line is a complete JSON object, appended and flushed per batch, so a
 crash leaves every written line valid):
 
-* process metadata (``process_name`` "rank R · role · host", ``process_labels``,
+* process metadata (``process_name`` as AReaL's merged traces name processes plus the host,
+  "[role] Rank R, Process PID · host" or "[Rank R, Process PID] · host", ``process_labels``,
   ``process_sort_index`` = rank) the first time a process writes;
 * ``thread_name`` metadata for each track the first time it is used;
-* one ``X`` (complete) event per span, ``i`` events for instants and span events.
+* one ``X`` (complete) event per span, ``i`` events for instants and span events; as in
+  AReaL, every event's ``args`` carry ``rank`` (and ``role`` when set) unless the caller's
+  args already hold those keys.
 
 Timestamps are epoch microseconds (``ts`` a whole number, ``dur`` exact to the nanosecond from
 that floored start), so files from different ranks and hosts line up, end times are exact and
@@ -89,23 +92,39 @@ class ChromeEncoder:
         self.experiment = experiment
         self.trial = trial
         self._pid = -1
+        tail = b'"rank":%d' % rank + (b',"role":' + _dumps(role) if role is not None else b"")
+        self._args_tail = b"," + tail + b"}"  # appended to a non-empty args object
+        self._args_only = b"{" + tail + b"}"  # args of an event without any
         self._tids: dict[tuple[int, int, str], int] = {}
         self._names: dict[str, bytes] = {}
         self._cats: dict[Any, bytes] = {}
 
-    def process_label(self) -> str:
-        parts = [f"rank {self.rank}"]
-        if self.role:
-            parts.append(self.role)
-        parts.append(self.host)
-        return " · ".join(parts)
+    def process_label(self, pid: int | None = None) -> str:
+        """The process name: AReaL's (as its trace converter writes it) plus the host."""
+        proc = f"Rank {self.rank}, Process {os.getpid() if pid is None else pid}"
+        name = f"[{self.role}] {proc}" if self.role else f"[{proc}]"
+        return f"{name} · {self.host}"
+
+    def args_json(self, args: dict[str, Any] | None) -> bytes:
+        """``args`` as JSON with AReaL's ``rank``/``role`` added (the caller's keys win)."""
+        if not args:
+            return self._args_only
+        if type(args) is not dict:  # a mapping of another kind (OTel event attributes)
+            args = dict(args)
+        if "rank" in args or "role" in args:
+            merged = dict(args)
+            merged.setdefault("rank", self.rank)
+            if self.role is not None:
+                merged.setdefault("role", self.role)
+            return _dumps(merged)
+        return _dumps(args)[:-1] + self._args_tail
 
     def _process_metadata(self, pid: int, out: list[bytes]) -> None:
         labels = {"rank": self.rank, "world_size": self.world_size, "role": self.role,
                   "host": self.host, "experiment": self.experiment, "trial": self.trial}
         label_text = ",".join(f"{k}={v}" for k, v in labels.items() if v is not None)
         head = b'{"pid":%d,"tid":0,"ph":"M","name":' % pid
-        out.append(head + b'"process_name","args":' + _dumps({"name": self.process_label()}) + b"}\n")
+        out.append(head + b'"process_name","args":' + _dumps({"name": self.process_label(pid)}) + b"}\n")
         out.append(head + b'"process_labels","args":' + _dumps({"labels": label_text}) + b"}\n")
         out.append(head + b'"process_sort_index","args":' + _dumps({"sort_index": self.rank}) + b"}\n")
 
@@ -168,7 +187,7 @@ class ChromeEncoder:
             if extra is None and not rec.slot_attrs:
                 d = rec.end_ns - us * 1000
                 out.append(_X % (pid, tid, us, d // 1000, d % 1000, name, cat,
-                                 _dumps(args) if args else b"{}"))
+                                 self.args_json(args)))
                 continue
             args = dict(args) if args else {}
             own = rec.record_attrs()
@@ -176,20 +195,21 @@ class ChromeEncoder:
                 args.update(own)
             if extra is None:
                 d = rec.end_ns - us * 1000
-                out.append(_X % (pid, tid, us, d // 1000, d % 1000, name, cat, _dumps(args)))
+                out.append(_X % (pid, tid, us, d // 1000, d % 1000, name, cat,
+                                 self.args_json(args)))
                 continue
             error = extra.get("error")
             if error is not None:
                 args["error"] = f"{error[0]}: {error[1]}"
             if extra.get("instant"):
-                out.append(_I % (pid, tid, us, name, cat, _dumps(args)))
+                out.append(_I % (pid, tid, us, name, cat, self.args_json(args)))
                 continue
             d = rec.end_ns - us * 1000
-            out.append(_X % (pid, tid, us, d // 1000, d % 1000, name, cat, _dumps(args)))
+            out.append(_X % (pid, tid, us, d // 1000, d % 1000, name, cat, self.args_json(args)))
             for ev_name, ts, ev_args, ev_cat in extra.get("events", ()):
                 out.append(_I % (pid, tid, ts // 1000, self._name(ev_name),
                                  self._cat(ev_cat) if ev_cat is not None else cat,
-                                 _dumps(ev_args) if ev_args else b"{}"))
+                                 self.args_json(ev_args)))
 
     def encode_counters(self, values: dict[str, float], ts_ns: int, out: list[bytes]) -> None:
         """Counter-track samples (``ph: "C"``) for user counters at ``ts_ns``."""

@@ -103,15 +103,20 @@ class TracerConfig:
     experiment_name: str = "default"
     trial_name: str = "trial0"
     fileroot: str = "./rltrace-logs"
-    #: ``save(step)`` flushes to disk when ``step % save_interval == 0``
+    #: ``save(step)`` flushes on the last step of every interval, ``(step + 1) % save_interval
+    #: == 0`` (AReaL's rule: steps 2, 5, 8, ... for 3)
     save_interval: int = 1
+    #: ``None`` (AReaL's default) means session tracing off
     session_tracer: SessionTracerConfig = field(default_factory=SessionTracerConfig)
-    #: AReaL key, accepted for compatibility (torch.profiler steps; see rltrace.device)
+    #: steps whose ``trace_scope(..., enable_profiler=True, args={"global_step": n})`` run
+    #: torch.profiler (AReaL's rule; see :mod:`rltrace.perf_tracer`)
     profile_steps: list[int] | None = None
     # --- rltrace's own ---------------------------------------------------------------
     #: OTel ``service.name``; ``None`` uses ``OTEL_SERVICE_NAME`` or ``"rltrace"``
     service_name: str | None = None
-    #: role of this process (trainer, rollout, reward, ...), shown in process names
+    #: role of this process (trainer, rollout, reward, ...): AReaL's ``perf_tracer/{role}/`` and
+    #: ``session_tracer/{role}/`` folders, ``role`` in session records and event args, and
+    #: the process names
     role: str | None = None
     rank: int | None = None
     world_size: int | None = None
@@ -167,14 +172,12 @@ def load_config(
     elif isinstance(config, (str, os.PathLike)):
         source = str(config)
         data = _read_yaml(Path(config))
+    elif _is_omegaconf(config):  # before Mapping: a DictConfig is one, with lazy interpolation
+        data = _plain(_omegaconf_plain(config))
     elif dataclasses.is_dataclass(config) and not isinstance(config, type):
         data = _dataclass_to_dict(config)
     elif isinstance(config, Mapping):
         data = _plain(config)
-    elif hasattr(config, "to_container") or type(config).__name__ == "DictConfig":
-        from omegaconf import OmegaConf  # type: ignore[import-not-found]
-
-        data = OmegaConf.to_container(config, resolve=True)  # type: ignore[assignment]
     else:
         raise ConfigError(
             f"rltrace.configure: config must be a TracerConfig, a dict, a dataclass or a path to a "
@@ -252,20 +255,37 @@ def _interpolate(node: Any, root: dict[str, Any], source: str, depth: int = 0) -
     return _REF.sub(lambda m: str(lookup(m.group(1))), node)
 
 
+def _is_omegaconf(obj: Any) -> bool:
+    """An OmegaConf ``DictConfig``/``ListConfig`` (checked by name: omegaconf is optional)."""
+    return type(obj).__name__ in ("DictConfig", "ListConfig") and \
+        type(obj).__module__.startswith("omegaconf")
+
+
+def _omegaconf_plain(obj: Any) -> Any:
+    from omegaconf import OmegaConf  # type: ignore[import-not-found]
+
+    return OmegaConf.to_container(obj, resolve=True)
+
+
 def _dataclass_to_dict(obj: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for f in dataclasses.fields(obj):
         v = getattr(obj, f.name)
         if dataclasses.is_dataclass(v) and not isinstance(v, type):
             v = _dataclass_to_dict(v)
+        elif _is_omegaconf(v):
+            v = _omegaconf_plain(v)
         out[f.name] = v
     return out
 
 
 def _plain(m: Mapping[str, Any]) -> dict[str, Any]:
-    return {
-        str(k): (_plain(v) if isinstance(v, Mapping) else v) for k, v in m.items()
-    }
+    out: dict[str, Any] = {}
+    for k, v in m.items():
+        if _is_omegaconf(v):
+            v = _omegaconf_plain(v)
+        out[str(k)] = _plain(v) if isinstance(v, Mapping) else v
+    return out
 
 
 def _build(cls: type, data: Mapping[str, Any], *, prefix: str, source: str) -> Any:
@@ -304,6 +324,8 @@ def _coerce(tp: Any, value: Any, key: str, source: str) -> Any:
     if dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
             return value
+        if value is None:  # e.g. AReaL's ``session_tracer: null``: the section's defaults (off)
+            return tp()
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             value = _dataclass_to_dict(value)
         if not isinstance(value, Mapping):
@@ -454,6 +476,8 @@ def _check_values(cfg: TracerConfig) -> None:
         v = getattr(cfg, key)
         need(bool(v) and "/" not in v and v not in (".", ".."), key,
              f"must be a non-empty name without '/', got {v!r}")
+    need(cfg.role is None or (bool(cfg.role) and "/" not in cfg.role and cfg.role not in (".", "..")),
+         "role", f"must be a non-empty name without '/' (it names a folder), got {cfg.role!r}")
     need(cfg.fork_mode in ("trace", "disable"), "fork_mode",
          f"must be 'trace' or 'disable', got {cfg.fork_mode!r}")
     proto = cfg.otlp.protocol

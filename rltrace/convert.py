@@ -103,7 +103,7 @@ def _events_of_json(path: Path) -> Iterator[dict[str, Any]]:
 
     A ``torch.profiler`` (Kineto) trace carries ``baseTimeNanoseconds``: its ``ts`` are
     microseconds since that epoch instant, so they are shifted onto the epoch, and its
-    processes are named after the rank in the file name (``step{n}-r{rank}.json``).
+    processes are named after the rank in the file name (``[role-]{scope}-step{n}-r{rank}.json``).
     """
     doc = orjson.loads(path.read_bytes())
     events = doc.get("traceEvents", []) if isinstance(doc, dict) else doc
@@ -111,8 +111,8 @@ def _events_of_json(path: Path) -> Iterator[dict[str, Any]]:
         raise ConvertError(f"rltrace convert: {path} holds no traceEvents list")
     base = doc.get("baseTimeNanoseconds") if isinstance(doc, dict) else None
     shift = base / 1000.0 if isinstance(base, (int, float)) else 0.0
-    m = re.search(r"-r(\d+)", path.stem)
-    label = f"rank {m.group(1)} · torch.profiler" if m and shift else None
+    m = re.search(r"-r(\d+)(?:-|$)", path.stem)  # ``[role-]step{n}-r{rank}[-...]``
+    label = f"[Rank {m.group(1)}, torch.profiler]" if m and shift else None
     pids: set[Any] = set()
     for e in events:
         if not isinstance(e, dict):

@@ -154,7 +154,7 @@ def _quantiles(values: list[float]) -> tuple[float, float, float]:
 
 def _summarise(logdir: Path) -> str:
     records = []
-    for f in sorted((logdir / "session_tracer").glob("sessions-r*.jsonl")):
+    for f in sorted((logdir / "session_tracer").rglob("sessions-r*.jsonl")):  # [role/] folders
         records.extend(orjson.loads(line) for line in f.read_bytes().splitlines() if line)
     by_status: dict[str, int] = defaultdict(int)
     phase_times: dict[str, list[float]] = defaultdict(list)
@@ -185,9 +185,9 @@ def run_demo(opts: DemoOptions) -> int:
     cfg = TracerConfig(experiment_name=opts.experiment_name, trial_name=opts.trial_name,
                        fileroot=opts.fileroot)
     logdir = log_dir(cfg)
-    for old in (logdir / "perf_tracer").glob("traces-r*.jsonl"):
+    for old in (logdir / "perf_tracer").rglob("traces-r*.jsonl"):
         old.unlink()  # a fresh run replaces the previous demo's files
-    for old in (logdir / "session_tracer").glob("sessions-r*.jsonl"):
+    for old in (logdir / "session_tracer").rglob("sessions-r*.jsonl"):
         old.unlink()
     ctx = multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=_rank_main, args=(opts, r), name=f"rltrace-demo-r{r}")

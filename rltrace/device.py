@@ -32,7 +32,8 @@ from typing import Any
 from . import recorder
 from .recorder import Scope, attach, detach, internal_error, push
 
-__all__ = ["DeviceScope", "device_sync", "profile_steps", "resolve_pending_events"]
+__all__ = ["DeviceScope", "device_sync", "profile_steps", "profiler_dir", "resolve_pending_events",
+           "torch_profile"]
 
 ATTR_SYNC = "rl.device.sync"
 ATTR_SYNC_WAIT = "rl.device.sync_wait_s"
@@ -337,31 +338,59 @@ class profile_steps:
         return self._profiled(n)
 
     def _profiled(self, n: int) -> Any:
-        import contextlib
         from pathlib import Path
-
-        torch = _require("torch")
-        from torch.profiler import ProfilerActivity, profile
 
         from .pipeline import get_pipeline
 
         p = get_pipeline()
-        out = Path(self.out_dir) if self.out_dir else (
-            p.log_dir / "torch_profiler" if p is not None else Path("torch_profiler"))
+        out = Path(self.out_dir) if self.out_dir else profiler_dir()
         rank = p.rank if p is not None else 0
-        acts = self.activities
-        if acts is None:
-            acts = [ProfilerActivity.CPU]
-            if torch.cuda.is_available():
-                acts.append(ProfilerActivity.CUDA)
+        role = f"{p.cfg.role}-" if p is not None and p.cfg.role else ""
+        path = out / f"{role}step{n}-r{rank}.json"
+        self.written.append(str(path))
+        return torch_profile(path, activities=self.activities, record_shapes=self.record_shapes)
 
-        @contextlib.contextmanager
-        def run() -> Any:
-            with profile(activities=acts, record_shapes=self.record_shapes) as prof:
-                yield prof
-            out.mkdir(parents=True, exist_ok=True)
-            path = out / f"step{n}-r{rank}.json"
-            prof.export_chrome_trace(str(path))
-            self.written.append(str(path))
 
-        return run()
+def profiler_dir() -> Any:
+    """Where torch.profiler traces go: ``{log_dir}/torch_profiler/`` (``rltrace convert`` on the
+    log dir merges them), or ``./torch_profiler`` when rltrace is not configured."""
+    from pathlib import Path
+
+    from .pipeline import get_pipeline
+
+    p = get_pipeline()
+    return p.log_dir / "torch_profiler" if p is not None else Path("torch_profiler")
+
+
+def torch_profile(path: Any, *, activities: Any = None, **profiler_args: Any) -> Any:
+    """A context manager running ``torch.profiler.profile`` and exporting its Chrome trace to ``path``.
+
+    ``activities`` default to the CPU, plus CUDA when a GPU is available; other keyword
+    arguments go to ``torch.profiler.profile`` (``record_shapes``, ``with_stack``,
+    ``profile_memory``, ...; AReaL's ``profiler_args``).  The trace keeps Kineto's
+    ``baseTimeNanoseconds``, so ``rltrace convert`` puts it on rltrace's epoch clock.
+    """
+    import contextlib
+    from pathlib import Path
+
+    torch = _require("torch")
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = activities
+    if acts is None:
+        acts = [ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            acts.append(ProfilerActivity.CUDA)
+    target = Path(path)
+
+    @contextlib.contextmanager
+    def run() -> Any:
+        with profile(activities=acts, **profiler_args) as prof:
+            yield prof
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            prof.export_chrome_trace(str(target))
+        except Exception as exc:  # tracing never breaks training
+            internal_error(f"torch.profiler export to {target}", exc)
+
+    return run()

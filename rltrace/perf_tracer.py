@@ -1,12 +1,55 @@
-"""AReaL ``perf_tracer`` compatibility namespace.
+"""AReaL ``perf_tracer`` compatibility namespace: ``from rltrace import perf_tracer``.
 
-Code written against AReaL's profiling guide works unchanged with
-``from rltrace import perf_tracer``; every name here is the rltrace implementation.
+Every public name of AReaL's ``areal.utils.perf_tracer`` (1.0.x) is here, as a thin object over
+rltrace's one pipeline per process (:mod:`rltrace.pipeline`, :mod:`rltrace.sessions`,
+:mod:`rltrace.spans`) -- not a second tracer:
+
+* :func:`configure` returns a :class:`PerfTracer` (``save``, ``trace_scope``, ``instant``,
+  ``session_tracer``, ``reset``...); calling it again without :func:`reset` raises
+  ``RuntimeError`` as AReaL's does.  (:func:`rltrace.configure` keeps reconfiguring.)
+* :func:`reset` flushes everything and shuts the pipeline down, so the next ``configure``
+  starts afresh (AReaL drops unsaved events here; rltrace writes them).
+* ``trace_scope``/``atrace_scope(..., enable_profiler=True, profiler_args=...)`` run
+  ``torch.profiler`` around that one scope when its step (``args["global_step"]``, an
+  enclosing scope's, or :func:`rltrace.step`) is in the config's ``profile_steps`` (AReaL's
+  rule; a nested request while one runs is ignored).  The trace goes to
+  ``{log_dir}/torch_profiler/[role-]step{n}-r{rank}-{scope}.json``, which ``rltrace convert``
+  merges on the same epoch clock.
+* ``trace_session_event("increment_counter", session_id=..., name=..., value=1)`` adds to the
+  session record's ``counters``; ``SessionTraceEvent``, ``SessionTracer.record_event`` map
+  onto rltrace's ``mark_*`` events.
+* AReaL's data structures (``SessionRecord``, ``PhaseSpan``, ``PhaseSpec``, ``EventBinding``,
+  ``FieldSpec``) exist with AReaL's fields, for reading the session files
+  (:meth:`SessionRecord.from_dict`).
+
+Names rltrace adds beyond AReaL (``trace_perf`` on generators, ``register_phase``, ``flush``,
+``shutdown``...) are the rltrace functions themselves.
 """
 
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import json
+import os
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any, ClassVar
+
+from . import pipeline as _pipeline
+from . import recorder as _recorder
+from . import sessions as _sessions
+from .config import SessionTracerConfig
 from .config import TracerConfig as PerfTracerConfig
+from .device import profiler_dir, torch_profile
 from .phases import register_phase
-from .pipeline import configure, flush, is_configured, save, shutdown
+from .pipeline import flush, save, shutdown
+from .session_metrics import COUNTER_PREFIX
 from .sessions import (
     atrace_session_phase,
     get_session_id,
@@ -17,25 +60,42 @@ from .sessions import (
     set_session_id,
     set_task_id,
     trace_session,
-    trace_session_event,
     trace_session_phase,
 )
-from .spans import Category, atrace_scope, instant, trace_perf, trace_scope
+from .spans import atrace_scope as _atrace_scope
+from .spans import instant as _instant
+from .spans import trace_perf
+from .spans import trace_scope as _trace_scope
+from .steps import current_step
 
 __all__ = [
+    "GLOBAL_TRACER",
     "Category",
+    "EventBinding",
+    "FieldSpec",
+    "PerfTraceCategory",
+    "PerfTracer",
     "PerfTracerConfig",
+    "PhaseSpan",
+    "PhaseSpec",
+    "SessionRecord",
+    "SessionTraceEvent",
+    "SessionTracer",
+    "SessionTracerConfig",
     "atrace_scope",
     "atrace_session_phase",
     "configure",
     "flush",
     "get_session_id",
+    "get_session_tracer",
     "get_task_id",
+    "get_tracer",
     "instant",
     "is_configured",
     "register_phase",
     "register_session",
     "register_task",
+    "reset",
     "save",
     "session_context",
     "set_session_id",
@@ -47,3 +107,644 @@ __all__ = [
     "trace_session_event",
     "trace_session_phase",
 ]
+
+
+# ---- categories -------------------------------------------------------------------------------
+
+
+class PerfTraceCategory(str, Enum):
+    """AReaL's event categories (Chrome ``cat``, OTel ``rl.category``); any other string passes."""
+
+    COMPUTE = "compute"
+    COMM = "comm"
+    IO = "io"
+    SYNC = "sync"
+    SCHEDULER = "scheduler"
+    INSTR = "instr"
+    MISC = "misc"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+Category = PerfTraceCategory
+
+#: AReaL's spelled-out aliases (``"communication"`` is ``comm``...), matched case-insensitively
+_ALIASES = {
+    "compute": "compute", "communication": "comm", "comm": "comm", "io": "io",
+    "synchronization": "sync", "sync": "sync", "scheduling": "scheduler",
+    "scheduler": "scheduler", "instrumentation": "instr", "instr": "instr", "misc": "misc",
+}
+
+
+def _category(category: Any) -> Any:
+    if type(category) is str:
+        found = _ALIASES.get(category)
+        if found is None:
+            found = _ALIASES.get(category.strip().lower())
+        return found if found is not None else (category if category.strip() else None)
+    return category
+
+
+# ---- spans, with AReaL's per-scope torch.profiler ----------------------------------------------
+
+#: a torch.profiler session started by ``enable_profiler`` is running in this context
+_PROFILER_ACTIVE: contextvars.ContextVar[bool] = contextvars.ContextVar("rltrace_profiler_active",
+                                                                        default=False)
+_SAFE = re.compile(r"[^A-Za-z0-9_.]+")
+
+
+def _global_step(args: dict[str, Any] | None) -> Any:
+    """AReaL's step of a scope: its ``global_step`` arg, an enclosing scope's, or rltrace.step."""
+    if args and "global_step" in args:
+        return args["global_step"]
+    scope = _recorder.current_scope()
+    while scope is not None:
+        a = scope.args
+        if a and "global_step" in a:
+            return a["global_step"]
+        scope = getattr(scope, "parent", None)
+        if scope is not None and not isinstance(scope, _recorder.Scope):
+            break
+    return current_step()
+
+
+def _profile_steps() -> frozenset[int]:
+    cfg = _pipeline.get_config()
+    steps = cfg.profile_steps if cfg is not None and _pipeline.is_configured() else None
+    out: set[int] = set()
+    for raw in steps or ():
+        try:
+            out.add(int(raw))
+        except (TypeError, ValueError):
+            continue
+    return frozenset(out)
+
+
+def _profile_path(name: str, step: Any) -> Path:
+    p = _pipeline.get_pipeline()
+    rank = p.rank if p is not None else 0
+    role = f"{p.cfg.role}-" if p is not None and p.cfg.role else ""
+    stem = f"{role}step{step}-r{rank}-{_SAFE.sub('_', name)[:80] or 'scope'}"
+    path = profiler_dir() / f"{stem}.json"
+    k = 2
+    while path.exists():
+        path = path.with_name(f"{stem}-{k}.json")
+        k += 1
+    return path
+
+
+class _ProfiledScope:
+    """``torch.profiler`` around one rltrace scope (entered first, left last, so it covers it)."""
+
+    __slots__ = ("_prof", "_token", "path", "scope")
+
+    def __init__(self, scope: Any, path: Path, profiler_args: dict[str, Any] | None) -> None:
+        kwargs = dict(profiler_args or {})
+        kwargs.setdefault("record_shapes", False)
+        kwargs.setdefault("with_stack", False)
+        self.scope = scope
+        self.path = path
+        self._prof = torch_profile(path, **kwargs)
+        self._token: Any = None
+
+    def __enter__(self) -> Any:
+        self._token = _PROFILER_ACTIVE.set(True)
+        self._prof.__enter__()
+        return self.scope.__enter__()
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        try:
+            self.scope.__exit__(exc_type, exc, tb)
+        finally:
+            try:
+                self._prof.__exit__(None, None, None)
+            finally:
+                _PROFILER_ACTIVE.reset(self._token)
+        return False
+
+    async def __aenter__(self) -> Any:
+        return self.__enter__()
+
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        return self.__exit__(exc_type, exc, tb)
+
+
+def _maybe_profiled(scope: Any, name: str, args: dict[str, Any] | None,
+                    profiler_args: dict[str, Any] | None) -> Any:
+    if not _recorder.STATE.enabled or _PROFILER_ACTIVE.get():
+        return scope
+    step = _global_step(args)
+    if step is None or step not in _profile_steps():
+        return scope
+    return _ProfiledScope(scope, _profile_path(name, step), profiler_args)
+
+
+def trace_scope(
+    name: str, category: PerfTraceCategory | str | None = None, args: dict[str, Any] | None = None,
+    *, enable_profiler: bool = False, profiler_args: dict[str, Any] | None = None,
+    device_sync: bool | str | None = None, device_timing: str | None = None,
+    annotate: bool | None = None,
+) -> Any:
+    """AReaL's ``trace_scope``: :func:`rltrace.trace_scope` plus ``enable_profiler``.
+
+    ``enable_profiler=True`` runs ``torch.profiler.profile(**profiler_args)`` around this scope
+    when its step (``args["global_step"]``, an enclosing scope's, or :func:`rltrace.step`) is
+    in the config's ``profile_steps``, unless a profiler started this way is already running.
+    AReaL's category aliases (``"communication"``, ``"instrumentation"``...) are accepted.
+    """
+    if category is not None:
+        category = _category(category)
+    scope = _trace_scope(name, category, args, device_sync=device_sync,
+                         device_timing=device_timing, annotate=annotate)
+    if enable_profiler:
+        return _maybe_profiled(scope, name, args, profiler_args)
+    return scope
+
+
+def atrace_scope(
+    name: str, category: PerfTraceCategory | str | None = None, args: dict[str, Any] | None = None,
+    *, enable_profiler: bool = False, profiler_args: dict[str, Any] | None = None,
+    device_sync: bool | str | None = None, device_timing: str | None = None,
+    annotate: bool | None = None,
+) -> Any:
+    """Async form of :func:`trace_scope` (``async with``)."""
+    if category is not None:
+        category = _category(category)
+    scope = _atrace_scope(name, category, args, device_sync=device_sync,
+                          device_timing=device_timing, annotate=annotate)
+    if enable_profiler:
+        return _maybe_profiled(scope, name, args, profiler_args)
+    return scope
+
+
+def instant(name: str, category: PerfTraceCategory | str | None = None,
+            args: dict[str, Any] | None = None) -> None:
+    """AReaL's ``instant``: a point in time (see :func:`rltrace.instant`); args are not modified."""
+    if category is not None:
+        category = _category(category)
+    _instant(name, category, args)
+
+
+# ---- session events ------------------------------------------------------------------------------
+
+
+class SessionTraceEvent(str, Enum):
+    """AReaL's session lifecycle events (``SessionTracer.record_event``)."""
+
+    FINALIZED = "finalized"
+    GENERATE_START = "generate_start"
+    GENERATE_END = "generate_end"
+    REWARD_START = "reward_start"
+    REWARD_END = "reward_end"
+    TOOLCALL_START = "toolcall_start"
+    TOOLCALL_END = "toolcall_end"
+
+
+def _event_method(event: SessionTraceEvent | str) -> str:
+    value = event.value if isinstance(event, SessionTraceEvent) else str(event)
+    return f"mark_{value}"
+
+
+def _counter_targets(session_id: Any, task_id: Any) -> list[Any]:
+    """Open session records addressed as AReaL does (session, else all of a task; else context)."""
+    if session_id is None and task_id is None:
+        session_id = _sessions.get_session_id()
+        if session_id is None:
+            task_id = _sessions.get_task_id()
+    if session_id is not None:
+        sess = _sessions._SESSIONS.get(session_id)
+        return [sess] if sess is not None else []
+    if task_id is None:
+        raise ValueError("rltrace increment_counter: no session_id or task_id given and none in "
+                         "context; pass session_id= or task_id=")
+    task = _sessions._TASKS.get(task_id)
+    if task is None or not task.open:
+        return []
+    return [s for s in (_sessions._SESSIONS.get(i) for i in list(task.open)) if s is not None]
+
+
+def increment_counter(name: str, value: int | float = 1, *, session_id: Any = None,
+                      task_id: Any = None) -> int:
+    """Add ``value`` to counter ``name`` of one open session (or of every open session of a task).
+
+    The counters are written in the session record's ``counters`` (AReaL's field) and as
+    ``rl.session.counter.<name>`` attributes of the session span.  Returns how many sessions
+    were counted; a finalized or unknown session is counted as misuse and ignored.
+    """
+    if type(name) is not str or not name:
+        raise ValueError(f"rltrace increment_counter: name must be a non-empty str, got {name!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"rltrace increment_counter: value must be a number, got "
+                        f"{type(value).__name__} {value!r}")
+    if not _sessions.FLAGS.enabled:
+        return 0
+    key = COUNTER_PREFIX + name
+    with _sessions._LOCK:
+        targets = _counter_targets(session_id, task_id)
+        for sess in targets:
+            attrs = sess.extras().setdefault("attrs", {})
+            attrs[key] = attrs.get(key, 0) + value
+    if not targets:
+        _sessions._misuse("unknown_session", f"increment_counter {name!r}: session "
+                                             f"{session_id!r} / task {task_id!r} is unknown or "
+                                             "already finalized; ignored")
+    return len(targets)
+
+
+def trace_session_event(method: str, session_id: Any = None, task_id: Any = None,
+                        **payload: Any) -> Any:
+    """AReaL's ``trace_session_event``: rltrace's (see :func:`rltrace.trace_session_event`) plus
+    ``"increment_counter"`` with ``name=`` and ``value=`` (default 1)."""
+    if method == "increment_counter":
+        name = payload.pop("name", None)
+        value = payload.pop("value", 1)
+        if payload:
+            raise TypeError(f"rltrace increment_counter: unexpected arguments {sorted(payload)}; "
+                            "use name= and value=")
+        increment_counter(name, value, session_id=session_id, task_id=task_id)
+        return None
+    return _sessions.trace_session_event(method, session_id=session_id, task_id=task_id, **payload)
+
+
+# ---- AReaL's data structures ------------------------------------------------------------------
+
+
+@dataclass
+class PhaseSpan:
+    """One execution of a phase in a session record (epoch seconds)."""
+
+    start_ts: float
+    end_ts: float | None = None
+
+    def to_dict(self) -> dict[str, float | None]:
+        """``{"start_ts": ..., "end_ts": ...}`` as in the session file."""
+        return {"start_ts": self.start_ts, "end_ts": self.end_ts}
+
+
+@dataclass(frozen=True)
+class PhaseSpec:
+    """AReaL's description of a tracked phase and the events bounding it.
+
+    rltrace's own phase registry is :func:`register_phase` (:class:`rltrace.PhaseSpec`); this
+    class exists for code that reads ``SessionRecord.PHASE_CONFIGS``.
+    """
+
+    name: str
+    start_event: SessionTraceEvent
+    end_event: SessionTraceEvent
+    allow_multiple: bool = False
+    ready_on_complete: bool = False
+    on_end: Callable[[SessionRecord, dict[str, Any]], None] | None = None
+
+
+@dataclass(frozen=True)
+class EventBinding:
+    """AReaL's binding of a :class:`SessionTraceEvent` to a record update (informational)."""
+
+    timestamp_attr: str | None = None
+    phase: str | None = None
+    role: str | None = None
+    allow_multiple: bool = False
+    payload_handler: Callable[[SessionRecord, dict[str, Any]], None] | None = None
+    mark_ready: bool = False
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """AReaL's description of one serialised session-record field."""
+
+    attr: str | None = None
+    key: str | None = None
+    compute: Callable[[SessionRecord], Any] | None = None
+    omit_if_none: bool = True
+
+    def resolve(self, record: SessionRecord) -> Any:
+        """The field's value for ``record``."""
+        if self.compute is not None:
+            return self.compute(record)
+        if self.attr is None:
+            raise ValueError("FieldSpec requires either attr or compute")
+        return getattr(record, self.attr)
+
+    def key_name(self) -> str:
+        """The JSON key."""
+        if self.key is not None:
+            return self.key
+        if self.attr is None:
+            raise ValueError("FieldSpec without attr must define key")
+        return self.attr
+
+
+def _phase_total(record: SessionRecord, phase: str) -> float | None:
+    spans = [s.end_ts - s.start_ts for s in record.phases.get(phase, []) if s.end_ts is not None]
+    return sum(spans) if spans else None
+
+
+@dataclass
+class SessionRecord:
+    """One line of ``session_tracer/[role/]sessions-r{rank}.jsonl`` with AReaL's fields.
+
+    rltrace writes these records itself (:class:`rltrace.SessionMetricsProcessor`); this class
+    reads them back (:meth:`from_dict`) for code written against AReaL.  Fields rltrace adds
+    (``trace_id``, ``turns``, ``phase_counts``, ``<phase>_s``...) are kept in ``extra``.
+    """
+
+    task_id: Any
+    session_id: Any
+    rank: int
+    role: str | None
+    submit_ts: float
+    status: str = "pending"
+    reason: str | None = None
+    finalized_ts: float | None = None
+    phases: dict[str, list[PhaseSpan]] = field(default_factory=dict)
+    counters: dict[str, int | float] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    PHASE_CONFIGS: ClassVar[tuple[PhaseSpec, ...]] = ()
+    FIELD_SPECS: ClassVar[tuple[FieldSpec, ...]] = ()
+
+    @classmethod
+    def default_phase_configs(cls) -> tuple[PhaseSpec, ...]:
+        """generate, reward and toolcall, each allowed many times per session."""
+        E = SessionTraceEvent
+        return (PhaseSpec("generate", E.GENERATE_START, E.GENERATE_END, allow_multiple=True),
+                PhaseSpec("reward", E.REWARD_START, E.REWARD_END, allow_multiple=True),
+                PhaseSpec("toolcall", E.TOOLCALL_START, E.TOOLCALL_END, allow_multiple=True))
+
+    @classmethod
+    def default_field_specs(cls) -> tuple[FieldSpec, ...]:
+        """AReaL's serialised fields, in AReaL's order."""
+        def total(r: SessionRecord) -> float | None:
+            return None if r.finalized_ts is None else r.finalized_ts - r.submit_ts
+
+        return (FieldSpec("task_id"), FieldSpec("session_id"), FieldSpec("rank"),
+                FieldSpec("role"), FieldSpec("status"), FieldSpec("reason"),
+                FieldSpec("submit_ts"), FieldSpec("finalized_ts"),
+                FieldSpec(compute=total, key="total_s"),
+                FieldSpec(compute=lambda r: _phase_total(r, "generate"), key="generate_s"),
+                FieldSpec(compute=lambda r: _phase_total(r, "reward"), key="reward_s"),
+                FieldSpec(compute=lambda r: _phase_total(r, "toolcall"), key="toolcall_s"))
+
+    def is_ready_to_flush(self) -> bool:
+        """Whether the session is final (AReaL's rule)."""
+        return self.status in ("rejected", "failed", "dropped") or (
+            self.status == "accepted" and self.finalized_ts is not None)
+
+    def increment_counter(self, name: str, value: int = 1) -> None:
+        """Add to a counter of this (in-memory) record."""
+        self.counters[name] = self.counters.get(name, 0) + value
+
+    def to_dict(self) -> dict[str, Any]:
+        """AReaL's serialised form (``None`` fields omitted, ``phases``/``counters`` when set)."""
+        data: dict[str, Any] = {}
+        for spec in self.FIELD_SPECS:
+            value = spec.resolve(self)
+            if not (spec.omit_if_none and value is None):
+                data[spec.key_name()] = value
+        if any(self.phases.values()):
+            data["phases"] = {k: [s.to_dict() for s in v] for k, v in self.phases.items() if v}
+        if any(self.counters.values()):
+            data["counters"] = {k: v for k, v in self.counters.items() if v}
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SessionRecord:
+        """A record from one line of a session file (rltrace's or AReaL's)."""
+        known = {f.name for f in dataclasses.fields(cls)} - {"phases", "counters", "extra"}
+        phases = {name: [PhaseSpan(float(s["start_ts"]), s.get("end_ts")) for s in spans]
+                  for name, spans in (data.get("phases") or {}).items()}
+        return cls(
+            **{k: data.get(k) for k in known if k not in ("status",)},
+            status=data.get("status", "pending"), phases=phases,
+            counters=dict(data.get("counters") or {}),
+            extra={k: v for k, v in data.items() if k not in known | {"phases", "counters"}},
+        )
+
+
+SessionRecord.PHASE_CONFIGS = SessionRecord.default_phase_configs()
+SessionRecord.FIELD_SPECS = SessionRecord.default_field_specs()
+
+
+# ---- the tracer objects ---------------------------------------------------------------------------
+
+
+class SessionTracer:
+    """AReaL's per-session tracer, as a handle on rltrace's session tracing.
+
+    Records go to the configured pipeline's ``session_tracer/[role/]sessions-r{rank}.jsonl``;
+    ``output_path`` is accepted for AReaL's signature and reported as ``_output_path``.
+    """
+
+    def __init__(self, config: Any = None, *, output_path: str | None = None, rank: int = 0,
+                 role: str | None = None) -> None:
+        self._config = config
+        self._output_path = output_path
+        self._rank = rank
+        self._role = role
+        self._flush_threshold = max(1, int(getattr(config, "flush_threshold", 1) or 1))
+
+    def register_task(self, task_id: Any) -> None:
+        """Register a task (one dataset item)."""
+        register_task(task_id)
+
+    def register_session(self, task_id: Any) -> Any:
+        """Register a session under ``task_id``; returns the new session id."""
+        return register_session(task_id)
+
+    def get_session_ids(self, task_id: Any) -> list[Any]:
+        """Ids of the task's sessions that are still open."""
+        with _sessions._LOCK:
+            task = _sessions._TASKS.get(task_id)
+            return list(task.open or ()) if task is not None else []
+
+    def record_event(self, session_id: Any, event: SessionTraceEvent | str, **payload: Any) -> None:
+        """Apply one lifecycle event (``FINALIZED`` takes ``status=`` and ``reason=``)."""
+        trace_session_event(_event_method(event), session_id=session_id, **payload)
+
+    def increment_counter(self, session_id: Any, name: str, value: int = 1) -> None:
+        """Add ``value`` to counter ``name`` of one open session."""
+        increment_counter(name, value, session_id=session_id)
+
+    def flush(self, force: bool = False) -> None:
+        """Write every finished session record now (open sessions are written when they end)."""
+        flush()
+
+    def reset(self) -> None:
+        """Flush (AReaL also forgets the records; rltrace keeps no finished ones)."""
+        flush()
+
+
+class PerfTracer:
+    """AReaL's ``PerfTracer``: configures rltrace's pipeline for this process and handles it.
+
+    There is one pipeline per process: constructing a ``PerfTracer`` (re)configures it, and
+    the most recent one is the active tracer (older instances' calls go to it as well).
+    ``config`` is AReaL's ``PerfTracerConfig`` (or rltrace's, a dict, a DictConfig, a YAML
+    path); ``rank`` defaults from the environment as in :func:`rltrace.configure`.
+    """
+
+    def __init__(self, config: Any = None, *, rank: int | None = None, role: str | None = None,
+                 **overrides: Any) -> None:
+        if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
+            raise ValueError(f"rank must be a non-negative integer, got {rank!r}")
+        cfg = _pipeline.configure(config, rank=rank, role=role, **overrides)
+        self._bind(config, cfg)
+
+    @classmethod
+    def _of_current_pipeline(cls) -> PerfTracer:
+        obj = cls.__new__(cls)
+        cfg = _pipeline.get_config()
+        obj._bind(cfg, cfg)  # type: ignore[arg-type]
+        return obj
+
+    def _bind(self, config: Any, cfg: PerfTracerConfig) -> None:
+        p = _pipeline.get_pipeline()
+        self._config = config
+        self._cfg = cfg
+        self._pipeline = p
+        self._rank = p.rank if p is not None else (cfg.rank or 0)
+        self._role = cfg.role
+        self._pid = os.getpid()
+        self._save_interval = cfg.save_interval
+        self._profile_steps = frozenset(cfg.profile_steps or ())
+        self._output_path = str(p.chrome_path) if p is not None and p.chrome_path else None
+        self._session_tracer: SessionTracer | None = None
+        if p is not None and p.session_processor is not None:
+            self._session_tracer = SessionTracer(
+                cfg.session_tracer, rank=self._rank, role=self._role,
+                output_path=str(p.sessions_path) if p.sessions_path else None)
+
+    def _active(self) -> bool:
+        return self._pipeline is not None and _pipeline.get_pipeline() is self._pipeline
+
+    @property
+    def enabled(self) -> bool:
+        """Whether spans are being recorded by this tracer's pipeline."""
+        return self._active() and _recorder.STATE.enabled
+
+    def set_enabled(self, flag: bool) -> None:
+        """Pause (False) or resume (True) span recording; session tracing is unaffected."""
+        if self._active():
+            _recorder.STATE.enabled = bool(flag) and self._cfg.enabled
+
+    @property
+    def session_tracer(self) -> SessionTracer | None:
+        """The session tracer, when ``session_tracer.enabled``."""
+        return self._session_tracer
+
+    def trace_scope(self, name: str, *, category: PerfTraceCategory | str | None = None,
+                    enable_profiler: bool = False, profiler_args: dict[str, Any] | None = None,
+                    args: dict[str, Any] | None = None) -> Any:
+        """See the module-level :func:`trace_scope`."""
+        return trace_scope(name, category, args, enable_profiler=enable_profiler,
+                           profiler_args=profiler_args)
+
+    def atrace_scope(self, name: str, *, category: PerfTraceCategory | str | None = None,
+                     enable_profiler: bool = False, profiler_args: dict[str, Any] | None = None,
+                     args: dict[str, Any] | None = None) -> Any:
+        """See the module-level :func:`atrace_scope`."""
+        return atrace_scope(name, category, args, enable_profiler=enable_profiler,
+                            profiler_args=profiler_args)
+
+    def instant(self, name: str, *, category: PerfTraceCategory | str | None = None,
+                args: dict[str, Any] | None = None) -> None:
+        """See the module-level :func:`instant`."""
+        instant(name, category, args)
+
+    def save(self, *, step: int | None = None, force: bool = False) -> None:
+        """Flush to disk when ``force``, without ``step``, or when ``(step + 1) % save_interval == 0``."""
+        save(step, force)
+
+    def reset(self) -> None:
+        """Write everything recorded so far and shut this tracer's pipeline down."""
+        global GLOBAL_TRACER
+        with _GLOBAL_LOCK:
+            if GLOBAL_TRACER is self:
+                GLOBAL_TRACER = None
+        if self._active():
+            shutdown()
+
+    def merge_profiler_trace(self, profiler_traces: dict[str, Any], base_time_ns: int, *,
+                             args: dict[str, Any] | None = None) -> Path | None:
+        """Add a ``torch.profiler`` Chrome trace (a loaded dict) to this run's output.
+
+        ``base_time_ns`` is the ``time.perf_counter_ns()`` at which profiling started (AReaL's
+        convention).  The trace is written to ``{log_dir}/torch_profiler/`` with a
+        ``baseTimeNanoseconds`` on the epoch clock, so ``rltrace convert`` merges it aligned.
+        """
+        events = profiler_traces.get("traceEvents") if isinstance(profiler_traces, dict) else None
+        if not events:
+            return None
+        ts = [e["ts"] for e in events if isinstance(e, dict) and isinstance(e.get("ts"), (int, float))]
+        if not ts:
+            raise RuntimeError("Profiler trace events do not contain timestamps ('ts' field).")
+        epoch_start = time.time_ns() - (time.perf_counter_ns() - base_time_ns)
+        doc = dict(profiler_traces)
+        doc["baseTimeNanoseconds"] = epoch_start - int(min(ts) * 1000)
+        step = (args or {}).get("global_step", "x")
+        path = _profile_path("merged", step)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(doc, default=str))
+        return path
+
+
+GLOBAL_TRACER: PerfTracer | None = None
+_GLOBAL_LOCK = threading.Lock()
+
+
+def configure(config: Any = None, *, rank: int | None = None, role: str | None = None,
+              **overrides: Any) -> PerfTracer:
+    """AReaL's ``configure``: set up the process's tracer once and return it.
+
+    Raises ``RuntimeError`` when this namespace already configured a tracer that is still
+    active: call :func:`reset` first (AReaL's rule; :func:`rltrace.configure` reconfigures
+    instead).  A pipeline set up with :func:`rltrace.configure` is replaced.
+    """
+    global GLOBAL_TRACER
+    with _GLOBAL_LOCK:
+        if GLOBAL_TRACER is not None and GLOBAL_TRACER._active():
+            raise RuntimeError("PerfTracer has already been configured. Call perf_tracer.reset() "
+                               "before configuring again (or rltrace.configure() to reconfigure).")
+        GLOBAL_TRACER = PerfTracer(config, rank=rank, role=role, **overrides)
+        return GLOBAL_TRACER
+
+
+def is_configured() -> bool:
+    """True while a pipeline is configured (through this namespace or :func:`rltrace.configure`)."""
+    return _pipeline.is_configured()
+
+
+def get_tracer() -> PerfTracer:
+    """The configured tracer; ``RuntimeError`` when none is (call :func:`configure` first)."""
+    tracer = GLOBAL_TRACER
+    if tracer is not None and tracer._active():
+        return tracer
+    if _pipeline.is_configured():
+        return PerfTracer._of_current_pipeline()
+    raise RuntimeError("PerfTracer is not configured. Call perf_tracer.configure(...) first.")
+
+
+def get_session_tracer() -> SessionTracer | None:
+    """The session tracer of the configured tracer, or None (not configured or sessions off)."""
+    if not _pipeline.is_configured():
+        return None
+    return get_tracer().session_tracer
+
+
+def reset() -> None:
+    """Write everything recorded so far and shut tracing down, so ``configure`` may run again."""
+    global GLOBAL_TRACER
+    with _GLOBAL_LOCK:
+        GLOBAL_TRACER = None
+    shutdown()
+
+
+def __getattr__(name: str) -> Any:
+    """``profiler`` is ``torch.profiler``, imported on first use (AReaL's module exposes it)."""
+    if name == "profiler":  # AReaL's module exposes ``torch.profiler`` as ``profiler``
+        import torch.profiler
+
+        return torch.profiler
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -95,7 +95,7 @@ class Pipeline:
                      if self.meter_provider is not None else None)
             self.session_processor = SessionMetricsProcessor(
                 SessionRecordWriter(self.sessions_path, cfg.session_tracer.flush_threshold),
-                rank=rank, meter=meter,
+                rank=rank, meter=meter, role=cfg.role,
             )
             self.record_processors.append(self.session_processor)
         self.summary: ScopeSummary | None = None
@@ -139,9 +139,12 @@ class Pipeline:
         self.errors = 0
 
     def _file_name(self, kind: str, pid: int, per_process: bool | None = None) -> str:
+        """``[{role}/]{kind}-r{rank}[-p{pid}].jsonl``: AReaL's per-role folder, so two processes of
+        one rank with different roles never share a file."""
         if per_process is None:
             per_process = self.cfg.per_process_files
-        return f"{kind}-r{self.rank}-p{pid}.jsonl" if per_process else f"{kind}-r{self.rank}.jsonl"
+        name = f"{kind}-r{self.rank}-p{pid}.jsonl" if per_process else f"{kind}-r{self.rank}.jsonl"
+        return f"{self.cfg.role}/{name}" if self.cfg.role else name
 
     def _meter_provider(self, cfg: TracerConfig, readers: list[Any]) -> Any:
         readers = list(readers)
@@ -753,12 +756,13 @@ def flush() -> None:
 
 
 def save(step: int | None = None, force: bool = False) -> None:
-    """AReaL's ``save``: flush when ``force``, when ``step`` is None, or every ``save_interval``."""
+    """AReaL's ``save``: flush when ``force``, when ``step`` is None, or on the last step of every
+    ``save_interval`` (``(step + 1) % save_interval == 0``: steps 2, 5, 8, ... for 3)."""
     check_optional_int("save", "step", step)
     p = _PIPELINE
     if p is None:
         return
-    if force or step is None or step % p.cfg.save_interval == 0:
+    if force or step is None or (step + 1) % p.cfg.save_interval == 0:
         p.flush()
 
 

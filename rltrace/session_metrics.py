@@ -6,8 +6,9 @@ record).  Inside rltrace's pipeline it is fed the recorded scopes directly (``on
 before ``ReadableSpan``s are built, so the derived figures also land on the session span as
 ``rl.session.<field>`` attributes.
 
-A record holds AReaL's fields in AReaL's order (``task_id, session_id, rank, status, reason,
-submit_ts, finalized_ts, total_s, generate_s, reward_s, toolcall_s, phases``) followed by
+A record holds AReaL's fields in AReaL's order (``task_id, session_id, rank, role`` (when set),
+``status, reason, submit_ts, finalized_ts, total_s, generate_s, reward_s, toolcall_s, phases,
+counters`` (when any)) followed by
 rltrace's (``trace_id``, ``turns``, ``<custom phase>_s``, ``phase_counts``).  Times are
 epoch seconds.  Finished sessions leave no state behind.
 """
@@ -35,6 +36,9 @@ from .semconv import (
 )
 
 _BUILTIN_SET = frozenset(p.name for p in BUILTIN)
+#: session-span attributes holding per-session counters (``rl.session.counter.<name>``)
+COUNTER_PREFIX = "rl.session.counter."
+_COUNTER_LEN = len(COUNTER_PREFIX)
 _DONE_GEN = 4_096
 
 
@@ -42,9 +46,11 @@ class SessionMetricsProcessor(SpanProcessor):
     """Builds one record per finished session; writes it and records OTel metrics."""
 
     def __init__(self, writer: Any = None, *, rank: int = 0, meter: Any = None,
-                 max_open: int = 65_536) -> None:
+                 max_open: int = 65_536, role: str | None = None) -> None:
         self.writer = writer
         self.rank = rank
+        #: AReaL's ``role`` field, written after ``rank`` when set
+        self.role = role
         self.max_open = max_open
         self.sessions = 0
         #: sessions whose phases were held but whose session span never came (e.g. dropped
@@ -177,6 +183,7 @@ class SessionMetricsProcessor(SpanProcessor):
             "task_id": attrs.get(ATTR_TASK),
             "session_id": attrs[ATTR_SESSION],
             "rank": self.rank,
+            **({"role": self.role} if self.role is not None else {}),
             "status": status,
             "reason": attrs.get(ATTR_REASON),
             "submit_ts": start / 1e9,
@@ -186,10 +193,13 @@ class SessionMetricsProcessor(SpanProcessor):
             "reward_s": totals.get("reward", 0.0),
             "toolcall_s": totals.get("toolcall", 0.0),
             "phases": out_phases,
-            "trace_id": f"{trace_id:032x}",
-            "turns": turns + 1,
-            "step": attrs.get(ATTR_STEP),
         }
+        counters = {k[_COUNTER_LEN:]: v for k, v in attrs.items() if k.startswith(COUNTER_PREFIX)}
+        if counters:  # AReaL's ``counters`` (``trace_session_event("increment_counter", ...)``)
+            record["counters"] = counters
+        record["trace_id"] = f"{trace_id:032x}"
+        record["turns"] = turns + 1
+        record["step"] = attrs.get(ATTR_STEP)
         for p in custom_phase_names():
             record[p + "_s"] = totals.get(p, 0.0)
         for p, total in totals.items():

@@ -436,7 +436,7 @@ def test_explicit_rank_wins_over_rank_env(tmp_path: Path, monkeypatch: pytest.Mo
     assert not (p.log_dir / "perf_tracer" / "traces-r1.jsonl").exists()
     events = read_jsonl(p.log_dir / "perf_tracer" / "traces-r3.jsonl")
     (name,) = [e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"]
-    assert "rank 3" in name
+    assert "Rank 3, Process" in name
     assert p.resource.attributes["rl.rank"] == 3 and p.resource.attributes["rl.world_size"] == 4
 
 

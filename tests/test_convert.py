@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -125,7 +126,7 @@ def test_real_rank_files_from_one_os_process_merge_into_distinct_processes(tmp_p
     steps = {e["args"]["rank"]: e["pid"] for e in evs if e["name"] == "step"}
     assert len(names) == 2
     for rank, pid in steps.items():
-        assert names[pid].startswith(f"rank {rank}")
+        assert names[pid].startswith(f"[Rank {rank}, Process ")  # AReaL's process names
     assert sorted(e["name"] for e in evs if e["ph"] == "i") == ["mark", "mark"]
 
 
@@ -230,7 +231,7 @@ def test_rank_restarted_after_a_crash_mid_line_keeps_its_process_name(tmp_path: 
     evs = _events(out)
     (new,) = [e for e in evs if e["name"] == "after.restart"]
     names = [e["args"]["name"] for e in evs if e["name"] == "process_name" and e["pid"] == new["pid"]]
-    assert names == [f"rank 0 · {socket.gethostname()}"]
+    assert names == [f"[Rank 0, Process {os.getpid()}] · {socket.gethostname()}"]  # AReaL's name + host
     assert len(res.skipped) == 1  # only the fragment
 
 

@@ -34,7 +34,7 @@ def test_demo_exits_0_and_writes_config_rank_traces_and_merged_trace(demo: Demo)
     assert proc.returncode == 0, proc.stderr
     assert (logdir / "config.yaml").is_file()
     for rank in range(RANKS):
-        assert (logdir / "perf_tracer" / f"traces-r{rank}.jsonl").is_file()
+        assert (logdir / "perf_tracer" / "actor" / f"traces-r{rank}.jsonl").is_file()  # role folder
     assert (logdir / "trace.json").is_file()
     assert f"merged trace: {logdir / 'trace.json'}" in proc.stdout
 
@@ -43,7 +43,7 @@ def test_demo_trace_files_hold_only_complete_json_lines(demo: Demo) -> None:
     proc, logdir = demo
     assert proc.returncode == 0, proc.stderr
     for rank in range(RANKS):
-        data = (logdir / "perf_tracer" / f"traces-r{rank}.jsonl").read_bytes()
+        data = (logdir / "perf_tracer" / "actor" / f"traces-r{rank}.jsonl").read_bytes()
         assert data.endswith(b"\n")
         lines = data.splitlines()
         assert len(lines) > 10
@@ -55,7 +55,7 @@ def test_demo_trace_files_hold_only_complete_json_lines(demo: Demo) -> None:
 def _session_records(logdir: Path) -> list[dict]:
     out = []
     for rank in range(RANKS):
-        path = logdir / "session_tracer" / f"sessions-r{rank}.jsonl"
+        path = logdir / "session_tracer" / "actor" / f"sessions-r{rank}.jsonl"
         out.extend(orjson.loads(line) for line in path.read_bytes().splitlines())
     return out
 

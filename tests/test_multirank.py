@@ -61,7 +61,7 @@ def _events_by_rank(merged: Path) -> tuple[dict[int, int], dict[int, list[dict[s
     events: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for ev in doc["traceEvents"]:
         if ev["ph"] == "M" and ev["name"] == "process_name":
-            m = re.match(r"rank (\d+)\b", ev["args"]["name"])
+            m = re.match(r"\[Rank (\d+), Process \d+\]", ev["args"]["name"])  # AReaL's name
             assert m, ev
             rank_of_pid[ev["pid"]] = int(m.group(1))
         elif ev["ph"] == "M" and ev["name"] == "process_sort_index":
@@ -116,7 +116,7 @@ def test_merged_ranks_load_in_perfetto_as_two_processes(tmp_path: Path) -> None:
     assert report["ok"] is True
     assert report["processes"] == WORLD
     names = [r["name"] for r in report["queries"][PROCESS_NAMES]]
-    assert [re.match(r"rank (\d+)\b", n).group(1) for n in names] == ["0", "1"], names
+    assert [re.match(r"\[Rank (\d+), Process \d+\]", n).group(1) for n in names] == ["0", "1"], names
     assert report["queries"][AFTER_BARRIER][0]["n"] == WORLD
 
 

@@ -476,7 +476,7 @@ def test_report_on_a_real_demo_run_exits_0_in_every_format(demo_logdir: Path, tm
     out = tmp_path / f"report.{fmt}"
     assert out.is_file() and out.stat().st_size > 1000
     records = sum(len(p.read_bytes().splitlines())
-                  for p in demo_logdir.glob("session_tracer/sessions-r*.jsonl"))
+                  for p in (demo_logdir / "session_tracer").rglob("sessions-r*.jsonl"))
     if fmt == "json":
         rep = orjson.loads(out.read_bytes())
         assert rep["inputs"]["sessions"] == records == 2 * 3 * 4 * 3

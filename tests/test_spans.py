@@ -173,7 +173,7 @@ def test_args_are_flattened_into_prefixed_attributes(tmp_path: Path) -> None:
                          "args.a.b": 1, "args.a.c.d": "deep", "args.ids": (1, 2, 3)}
     assert args == {"step": 3, "lr": 1e-5, "tag": "warmup", "ok": True, "a": {"b": 1, "c": {"d": "deep"}},
                     "ids": [1, 2, 3]}, "the caller's args were modified"
-    assert chrome[0]["args"] == args
+    assert chrome[0]["args"] == {**args, "rank": 0}  # AReaL adds the rank to every event's args
 
 
 def test_scope_object_is_the_span_and_accepts_attributes_and_events(tmp_path: Path) -> None:
@@ -510,7 +510,8 @@ def test_instant_inside_scope_is_an_event_on_that_scope(tmp_path: Path) -> None:
     assert dict(event.attributes) == {"rl.category": "sync", "args.version": 5}
     assert spans["step"].start_time <= event.timestamp <= spans["step"].end_time
     assert spans["inner"].events == ()
-    assert [(e["name"], e["cat"], e["args"]) for e in inst] == [("weights.updated", "sync", {"version": 5})]
+    assert [(e["name"], e["cat"], e["args"]) for e in inst] == [("weights.updated", "sync",
+                                                                 {"version": 5, "rank": 0})]
 
 
 def test_instant_outside_any_scope_is_kept_as_zero_length_span(tmp_path: Path) -> None:
@@ -665,19 +666,19 @@ def test_args_orjson_cannot_encode_do_not_lose_the_chrome_batch(tmp_path: Path, 
 # ---- save, shutdown, processors ---------------------------------------------------------------
 
 
-def test_save_flushes_only_on_multiples_of_save_interval_or_when_forced(tmp_path: Path) -> None:
+def test_save_flushes_only_on_the_last_step_of_each_save_interval_or_when_forced(tmp_path: Path) -> None:
     rltrace.configure(fileroot=str(tmp_path), save_interval=3, flush_interval_s=3600, flush_at_exit=False)
     log_dir = rltrace.pipeline.get_pipeline().log_dir
     with rltrace.trace_scope("s1"):
         pass
+    rltrace.save(0)
     rltrace.save(1)
-    rltrace.save(2)
-    assert x_events(log_dir) == [], "save(step) wrote on a step that is not a multiple of save_interval"
-    rltrace.save(3)
+    assert x_events(log_dir) == [], "save(step) wrote before the last step of the interval"
+    rltrace.save(2)  # AReaL's rule: (step + 1) % save_interval == 0, i.e. steps 2, 5, 8, ...
     assert [e["name"] for e in x_events(log_dir)] == ["s1"]
     with rltrace.trace_scope("s2"):
         pass
-    rltrace.save(4)
+    rltrace.save(3)
     assert [e["name"] for e in x_events(log_dir)] == ["s1"]
     rltrace.save(4, force=True)
     assert [e["name"] for e in x_events(log_dir)] == ["s1", "s2"]
@@ -758,7 +759,7 @@ def test_chrome_file_has_process_and_thread_metadata_and_epoch_microsecond_times
         events = chrome_events(cap.log_dir)
     meta = [e for e in events if e["ph"] == "M"]
     process_names = [e["args"]["name"] for e in meta if e["name"] == "process_name"]
-    assert len(process_names) == 1 and "rank 0" in process_names[0]
+    assert len(process_names) == 1 and "Rank 0, Process" in process_names[0]
     named_tids = {e["tid"] for e in meta if e["name"] == "thread_name"}
     used_tids = {e["tid"] for e in events if e["ph"] in ("X", "i")}
     assert used_tids <= named_tids, f"tracks without thread_name metadata: {used_tids - named_tids}"
