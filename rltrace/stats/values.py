@@ -131,13 +131,7 @@ def check_value(key: str, value: Any) -> int:
         if kind not in "biuf":
             raise _numeric_error(key, value)
         return int(value.size)
-    try:
-        x = np.asarray(value)
-    except Exception:
-        raise _numeric_error(key, value) from None
-    if x.dtype.kind not in "biuf":
-        raise _numeric_error(key, value)
-    return int(x.size)
+    return int(_numeric_array(key, value).size)
 
 
 def snapshot(value: Any) -> Any:
@@ -230,7 +224,8 @@ def _to_numpy_mask(mask: Any) -> np.ndarray:
     return np.asarray(mask)
 
 
-def _numpy_partial(key: str, value: Any, mask: Any | None, denominator: str | None) -> Partial:
+def _numeric_array(key: str, value: Any) -> Any:
+    """``value`` as a numpy array of a numeric kind (bool, int, float), else the numeric error."""
     import numpy as np
 
     try:
@@ -239,7 +234,13 @@ def _numpy_partial(key: str, value: Any, mask: Any | None, denominator: str | No
         raise _numeric_error(key, value) from None
     if x.dtype.kind not in "biuf":
         raise _numeric_error(key, value)
-    x = x.astype(np.float64, copy=False)
+    return x
+
+
+def _numpy_partial(key: str, value: Any, mask: Any | None, denominator: str | None) -> Partial:
+    import numpy as np
+
+    x = _numeric_array(key, value).astype(np.float64, copy=False)
     if mask is not None:
         m = _to_numpy_mask(mask)
         _check_shape(key, x, m, denominator)
