@@ -43,7 +43,7 @@ ATTR_TIMING = "rl.device.timing"
 #: CUDA event pairs awaiting resolution: (scope, start_event, end_event)
 _PENDING: deque[tuple[Scope, Any, Any]] = deque()
 MAX_PENDING = 4096
-_LOCK = threading.Lock()
+_LOCK = threading.RLock()  # reentrant: a SIGTERM drain may interrupt a holder
 STATS = {"resolved": 0, "unresolved": 0}
 
 

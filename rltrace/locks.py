@@ -20,10 +20,13 @@ _get_ident = threading.get_ident
 class FairRLock:
     """Reentrant lock with FIFO hand-off (see module docstring); the ``RLock`` interface."""
 
-    __slots__ = ("_depth", "_mutex", "_owner", "_waiters")
+    __slots__ = ("_depth", "_inside", "_mutex", "_owner", "_waiters")
 
     def __init__(self) -> None:
-        self._mutex = threading.Lock()
+        # reentrant, and ``_inside`` marks its holder: a signal handler running on a thread
+        # interrupted in here must see the lock as held (``held_by_me``) and stay out
+        self._mutex = threading.RLock()
+        self._inside: int | None = None
         self._owner: int | None = None
         self._depth = 0
         self._waiters: deque[tuple[int, Any]] = deque()
@@ -32,18 +35,22 @@ class FairRLock:
         """Take the lock (again, if this thread holds it); False if not granted in ``timeout``."""
         me = _get_ident()
         with self._mutex:
-            if self._owner == me:
-                self._depth += 1
-                return True
-            if self._owner is None and not self._waiters:
-                self._owner, self._depth = me, 1
-                return True
-            if not blocking:
-                return False
-            gate = threading.Lock()
-            gate.acquire()
-            entry = (me, gate)
-            self._waiters.append(entry)
+            self._inside = me
+            try:
+                if self._owner == me:
+                    self._depth += 1
+                    return True
+                if self._owner is None and not self._waiters:
+                    self._owner, self._depth = me, 1
+                    return True
+                if not blocking:
+                    return False
+                gate = threading.Lock()
+                gate.acquire()
+                entry = (me, gate)
+                self._waiters.append(entry)
+            finally:
+                self._inside = None
         if gate.acquire(timeout=timeout) if timeout is not None and timeout >= 0 else gate.acquire():
             return True  # the releaser made this thread the owner
         with self._mutex:
@@ -55,22 +62,30 @@ class FairRLock:
 
     def release(self) -> None:
         """Release one level; the last one hands the lock to the longest waiter."""
+        me = _get_ident()
         with self._mutex:
-            if self._owner != _get_ident():
-                raise RuntimeError("cannot release un-acquired lock")
-            self._depth -= 1
-            if self._depth:
-                return
-            if self._waiters:
-                owner, gate = self._waiters.popleft()
-                self._owner, self._depth = owner, 1
-                gate.release()
-            else:
-                self._owner = None
+            self._inside = me
+            try:
+                if self._owner != me:
+                    raise RuntimeError("cannot release un-acquired lock")
+                self._depth -= 1
+                if self._depth:
+                    return
+                if self._waiters:
+                    owner, gate = self._waiters.popleft()
+                    self._owner, self._depth = owner, 1
+                    gate.release()
+                else:
+                    self._owner = None
+            finally:
+                self._inside = None
 
     def held_by_me(self) -> bool:
-        """True when the calling thread holds the lock."""
-        return self._owner == _get_ident()
+        """True when the calling thread holds the lock, is inside acquiring or releasing it, or
+        is queued for it (a signal handler interrupting any of these must not take it)."""
+        me = _get_ident()
+        return self._owner == me or self._inside == me or any(
+            w[0] == me for w in list(self._waiters))
 
     def __enter__(self) -> bool:
         return self.acquire()

@@ -74,7 +74,7 @@ _get_ident = threading.get_ident
 _get_running_loop = asyncio._get_running_loop
 _current_task = asyncio.current_task
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
-_ID_LOCK = threading.Lock()
+_ID_LOCK = threading.RLock()  # reentrant: a SIGTERM drain may interrupt a holder
 _dict_set = dict.__setitem__
 
 
@@ -163,7 +163,7 @@ def _release_lane(thread: int, lane: int) -> None:
 
 def _reset_after_fork() -> None:
     global _ID_LOCK
-    _ID_LOCK = threading.Lock()
+    _ID_LOCK = threading.RLock()
     _LANES.clear()
     STATE.pid = os.getpid()
 
