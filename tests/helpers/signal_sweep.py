@@ -17,6 +17,7 @@ that every counted id is in ``sessions-r0.jsonl`` exactly once and every line pa
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import json
 import os
 import random
@@ -76,6 +77,7 @@ def _spin(us: int) -> None:
 def child(root: Path, mode: str, sig: int, progress: int, steps: int, spin_us: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # whatever the parent had
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    faulthandler.dump_traceback_later(60, exit=True)  # a hung child shows its stacks and ends
     rltrace.configure(fileroot=str(root), experiment_name="sweep", trial_name="t", rank=0,
                       world_size=1, flush_interval_s=3600,
                       session_tracer={"enabled": True, "flush_threshold": 100_000})
@@ -83,15 +85,16 @@ def child(root: Path, mode: str, sig: int, progress: int, steps: int, spin_us: i
     if mode == "threads":
         stop = threading.Event()
         threads = [threading.Thread(target=_thread_loop, args=(fd, progress, stop)) for _ in range(4)]
-        for t in threads:
-            t.start()
         try:
             for t in threads:
-                t.join()
-        finally:  # SIGINT: KeyboardInterrupt here; the user's loop stops its workers
-            stop.set()
+                t.start()
             for t in threads:
                 t.join()
+        finally:  # SIGINT: KeyboardInterrupt here (even while starting); the loop stops its workers
+            stop.set()
+            for t in threads:
+                if t.ident is not None:
+                    t.join()
         return
     if mode == "self":  # a watchdog thread of this process ends it after ``steps`` steps
         cue_r, cue_w = os.pipe()
