@@ -40,10 +40,8 @@ def test_no_finalized_session_is_lost_whenever_the_process_is_terminated(
     out = subprocess.run(
         [sys.executable, str(SWEEP), str(tmp_path), mode, signame, str(RUNS), str(seed)],
         capture_output=True, text=True, timeout=240, env=_env(), cwd=str(tmp_path),
-        # the sweep resets its children's dispositions itself; start it with the defaults too
-        preexec_fn=lambda: (signal.signal(signal.SIGTERM, signal.SIG_DFL),
-                            signal.signal(signal.SIGINT, signal.default_int_handler)),
-    )
+    )  # the sweep sets its children's signal dispositions itself (no preexec_fn: the test
+    # process may run JAX threads, and fork+exec with a Python preexec_fn is unsafe then)
     assert out.returncode == 0, out.stderr[-4000:]
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert summary["runs"] == RUNS
@@ -71,8 +69,8 @@ def test_sigterm_from_torchrun_loses_no_session_on_any_rank(tmp_path: Path) -> N
     proc = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
          "--master-addr=127.0.0.1", f"--master-port={port}", str(worker), str(tmp_path)],
-        stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=str(tmp_path),
-        preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
+        stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=str(tmp_path))
+    # the workers set their own SIGTERM disposition; torchrun installs its own handlers
     try:
         assert proc.stdout is not None
         ready = set()
