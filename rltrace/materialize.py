@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanKind
 from opentelemetry.trace.status import Status, StatusCode
@@ -43,9 +44,13 @@ def exception_event(error: tuple[str, str, str], ts: int) -> Event:
 class SpanBuilder:
     """Builds ``ReadableSpan``s for one pipeline (its resource and instrumentation scope)."""
 
-    def __init__(self, resource: Resource, scope: InstrumentationScope) -> None:
+    def __init__(self, resource: Resource, scope: InstrumentationScope,
+                 limits: SpanLimits | None = None) -> None:
         self.resource = resource
         self.scope = scope
+        #: the SDK's span limits (``OTEL_SPAN_*_LIMIT``, ``OTEL_ATTRIBUTE_*_LIMIT``), applied as
+        #: the SDK applies them: attributes, events, links and value lengths, drops counted
+        self.limits = limits if limits is not None else SpanLimits()
 
     def build(self, rec: Scope) -> ReadableSpan:
         attrs: dict[str, Any] = {
@@ -72,7 +77,9 @@ class SpanBuilder:
                     ev_attrs[ATTR_CATEGORY] = category_name(ev_cat)
                 if ev_args:
                     flatten_into(ev_attrs, ARGS_PREFIX, ev_args)
-                events.append(Event(text(name), ev_attrs, ts))
+                events.append(Event(text(name), BoundedAttributes(
+                    self.limits.max_event_attributes, ev_attrs, immutable=True,
+                    max_value_len=self.limits.max_attribute_length), ts))
             for target, link_attrs in extra.get("links", ()):
                 links.append(Link(target.get_span_context(), link_attrs))
             status = extra.get("status") or _UNSET
@@ -84,13 +91,19 @@ class SpanBuilder:
             step = step_of(rec)
             if step is not None:
                 attrs[ATTR_STEP] = step
+        limits = self.limits
+        if len(events) > limits.max_events:
+            events = events[:limits.max_events]
+        if len(links) > limits.max_links:
+            links = links[:limits.max_links]
         parent = rec.parent
         span = ReadableSpan(
             name=rec.name,
             context=rec.get_span_context(),
             parent=parent.get_span_context() if parent is not None else None,
             resource=self.resource,
-            attributes=attrs,
+            attributes=BoundedAttributes(limits.max_span_attributes, attrs, immutable=True,
+                                         max_value_len=limits.max_span_attribute_length),
             events=events,
             links=links,
             kind=_INTERNAL,

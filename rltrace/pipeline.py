@@ -40,7 +40,7 @@ from .otlp import make_metric_exporter, make_span_exporter
 from .processors import BoundedBatchProcessor, QueuedExportProcessor
 from .provider import DelegatingTracerProvider
 from .ranks import detect_rank
-from .recorder import STATE, Scope, _noop, internal_error
+from .recorder import SPAN_API, STATE, Scope, _noop, internal_error
 from .session_metrics import SessionMetricsProcessor
 from .spans import DEVICE_DEFAULTS
 from .summary import ScopeSummary, counters_snapshot
@@ -401,6 +401,7 @@ class Pipeline:
                                "late_phases": sp.late_phases,
                                **sessions.open_counts()}
         out["misuse"] = dict(sessions.MISUSE)
+        out["span_api"] = SPAN_API.snapshot()
         return out
 
 
@@ -476,6 +477,7 @@ def _configure(config: Any, *, rank: int | None, role: str | None,
         STATE.wake_at = max(1, min(8192, cfg.max_queue_size // 4))
         STATE.wake = new.wake
         STATE.overflow = new.overflow
+        SPAN_API.max_events = new.builder.limits.max_events
         new.start()
         DEVICE_DEFAULTS.set(cfg.device.sync_categories, cfg.device.timing_categories,
                             cfg.device.annotate)

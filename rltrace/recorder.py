@@ -400,7 +400,14 @@ class Scope(Span):
     def is_recording(self) -> bool:
         return self.end_ns == 0
 
+    # Writes through the OTel ``Span`` API after the span ended are ignored, as the SDK does
+    # (one warning, then counted in ``diagnostics()["span_api"]``): the record may already be
+    # on its way to the exporters.
+
     def set_attribute(self, key: str, value: Any) -> None:
+        if self.end_ns:
+            _after_end(self, "set_attribute")
+            return
         self.extras().setdefault("attrs", {})[key] = value
 
     def set_attributes(self, attributes: Any) -> None:
@@ -408,6 +415,14 @@ class Scope(Span):
             self.set_attribute(k, v)
 
     def add_event(self, name: str, attributes: Any = None, timestamp: int | None = None) -> None:
+        if self.end_ns:
+            _after_end(self, "add_event")
+            return
+        extra = self.extra
+        events = extra.get("events") if extra is not None else None
+        if events is not None and len(events) >= SPAN_API.max_events:
+            SPAN_API.dropped_events += 1  # bounded memory: the span limits' event count
+            return
         self._event(name, timestamp if timestamp is not None else now_ns(),
                     dict(attributes) if attributes else None, None)
 
@@ -415,9 +430,15 @@ class Scope(Span):
         self.extras().setdefault("events", []).append((name, ts, attrs, category))
 
     def update_name(self, name: str) -> None:
+        if self.end_ns:
+            _after_end(self, "update_name")
+            return
         self.name = name
 
     def set_status(self, status: Any, description: str | None = None) -> None:
+        if self.end_ns:
+            _after_end(self, "set_status")
+            return
         if isinstance(status, StatusCode):
             status = Status(status, description)
         self.extras()["status"] = status
@@ -426,6 +447,9 @@ class Scope(Span):
         self, exception: BaseException, attributes: Any = None,
         timestamp: int | None = None, escaped: bool = False,
     ) -> None:
+        if self.end_ns:
+            _after_end(self, "record_exception")
+            return
         self._set_error(exception)
 
     def end(self, end_time: int | None = None) -> None:
@@ -434,6 +458,34 @@ class Scope(Span):
 
     def __repr__(self) -> str:
         return f"<rltrace scope {self.name!r}>"
+
+
+class SpanApiStats:
+    """Counters of OTel ``Span`` API use that rltrace refused (and the event bound it applies)."""
+
+    __slots__ = ("dropped_events", "max_events", "writes_after_end")
+
+    def __init__(self) -> None:
+        self.writes_after_end = 0
+        self.dropped_events = 0
+        #: ``add_event`` calls kept per span (``SpanLimits().max_events``: 128, or
+        #: ``OTEL_SPAN_EVENT_COUNT_LIMIT``); rltrace's own ``instant()``s are not counted
+        self.max_events = 128
+
+    def snapshot(self) -> dict[str, int]:
+        return {"writes_after_end": self.writes_after_end, "dropped_events": self.dropped_events,
+                "max_events": self.max_events}
+
+
+SPAN_API = SpanApiStats()
+
+
+def _after_end(span: Scope, method: str) -> None:
+    SPAN_API.writes_after_end += 1
+    if SPAN_API.writes_after_end == 1:
+        logger.warning("rltrace: %s on span %r after it ended is ignored (as the OTel SDK does); "
+                       "further ones are counted in rltrace.diagnostics()['span_api']",
+                       method, span.name)
 
 
 class NoopScope(NonRecordingSpan):

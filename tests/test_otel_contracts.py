@@ -1,0 +1,119 @@
+"""OTel SDK contracts for rltrace spans (issue 17, item 2, in part): writes after a span ended
+are ignored (one warning, then counted), ``add_event`` is bounded, and the SDK's span limits
+(``OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT``, ``OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT``,
+``OTEL_SPAN_EVENT_COUNT_LIMIT``) apply to exported spans as they do to the SDK's own."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+import pytest
+from conftest import clean_env
+from opentelemetry import trace
+
+import rltrace
+from rltrace.testing import capture_spans, read_jsonl
+
+
+@pytest.fixture(autouse=True)
+def _hermetic(monkeypatch: pytest.MonkeyPatch) -> None:
+    clean_env(monkeypatch, otel_prefix="OTEL_")
+
+
+def test_writes_to_an_ended_span_are_ignored_with_one_warning_and_counted(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with capture_spans(tmp_path) as cap:
+        with rltrace.trace_scope("done") as span:
+            span.set_attribute("inside", 1)
+        with caplog.at_level(logging.WARNING, logger="rltrace"):
+            span.set_attribute("late", 2)
+            span.set_attributes({"late2": 3})
+            span.add_event("late.event")
+            span.set_status(trace.StatusCode.ERROR, "late")
+            span.update_name("renamed")
+        exported = cap.one("done")
+        diag = rltrace.diagnostics()["span_api"]
+    assert dict(exported.attributes)["inside"] == 1
+    assert "late" not in exported.attributes and "late2" not in exported.attributes
+    assert not exported.events and exported.status.status_code == trace.StatusCode.UNSET
+    assert diag["writes_after_end"] == 5
+    assert sum("after it ended is ignored" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_set_attribute_racing_scope_exit_never_lands_after_the_end(tmp_path: Path) -> None:
+    """The review found 12,000 of 40,000 spans carrying attributes set after they ended.  A
+    thread keeps writing to the latest span while the main thread opens and closes them; every
+    write it issued to a span that had already ended must be refused and counted."""
+    import sys
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # interleave the two threads as finely as the GIL allows
+    stop = threading.Event()
+    current: list[object] = [None]
+    after_end: set[tuple[int, int]] = set()
+
+    def writer() -> None:
+        n = 0
+        while not stop.is_set():
+            span = current[0]
+            if span is not None:
+                n += 1
+                ended = span.end_ns != 0  # type: ignore[attr-defined]
+                span.set_attribute("racer", n)  # type: ignore[attr-defined]
+                if ended:
+                    after_end.add((id(span), n))
+
+    try:
+        with capture_spans(tmp_path) as cap:
+            t = threading.Thread(target=writer)
+            t.start()
+            try:
+                for i in range(3000):
+                    with rltrace.trace_scope(f"s{i % 4}") as span:
+                        current[0] = span
+            finally:
+                stop.set()
+                t.join(30)
+            spans = cap.spans()
+            counted = rltrace.diagnostics()["span_api"]["writes_after_end"]
+    finally:
+        sys.setswitchinterval(old)
+    assert len(spans) == 3000
+    assert after_end, "the race was not exercised"
+    assert counted >= len(after_end)
+    landed = {(id(s.rltrace_record), s.attributes["racer"]) for s in spans  # type: ignore[attr-defined]
+              if "racer" in s.attributes}
+    assert not landed & after_end, "attributes set after the span ended were exported"
+
+
+def test_add_event_is_bounded_by_the_span_event_limit_and_instants_are_not(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_SPAN_EVENT_COUNT_LIMIT", "10")
+    with capture_spans(tmp_path) as cap:
+        with rltrace.trace_scope("noisy") as span:
+            for i in range(1000):
+                span.add_event(f"e{i}")
+        with rltrace.trace_scope("marks"):
+            for i in range(30):
+                rltrace.instant(f"mark{i}")
+        noisy, marks = cap.one("noisy"), cap.one("marks")
+        diag = rltrace.diagnostics()["span_api"]
+        chrome = [e for f in cap.log_dir.rglob("traces-*.jsonl") for e in read_jsonl(f) if e.get("ph") == "i"]
+    assert [e.name for e in noisy.events] == [f"e{i}" for i in range(10)]
+    assert diag["dropped_events"] == 990 and diag["max_events"] == 10
+    assert len(marks.events) == 10  # the OTel span honours the limit ...
+    assert len([e for e in chrome if e["name"].startswith("mark")]) == 30  # ... the local file keeps all
+
+
+def test_span_attribute_count_and_value_length_limits_apply_to_exported_spans(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "8")
+    monkeypatch.setenv("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "5")
+    with capture_spans(tmp_path) as cap:
+        with rltrace.trace_scope("big", args={f"k{i}": "x" * 50 for i in range(20)}):
+            pass
+        span = cap.one("big")
+    assert len(span.attributes) == 8 and span.dropped_attributes > 0
+    assert all(len(v) <= 5 for v in span.attributes.values() if isinstance(v, str))
