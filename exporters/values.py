@@ -136,15 +136,21 @@ def category_name(category: Any, default: str = "misc") -> str:
 _last_names: dict[int, str] = {}
 
 
-def thread_name(ident: int) -> str:
-    """The name of the live thread with this ident, else the last name seen for it.
+def refresh_thread_names() -> None:
+    """Note the names of the live threads (the exporter calls this once per cycle)."""
+    for t in threading.enumerate():
+        if t.ident is not None:
+            _last_names[t.ident] = t.name
 
-    Looked up at export time (the hot path records only the ident).  A new thread that reuses
-    a finished thread's ident is seen under its own name.
+
+def thread_name(ident: int) -> str:
+    """The name of the thread with this ident as of the latest refresh (or now, if unseen).
+
+    Looked up at export time (the hot path records only the ident); refreshed every export
+    cycle, so a new thread that reuses a finished thread's ident is seen under its own name.
     """
-    t = threading._active.get(ident)  # type: ignore[attr-defined]
-    if t is not None:
-        name: str = t.name
-        _last_names[ident] = name
-        return name
-    return _last_names.get(ident) or f"thread-{ident}"
+    name = _last_names.get(ident)
+    if name is None:
+        refresh_thread_names()
+        name = _last_names.get(ident)
+    return name or f"thread-{ident}"

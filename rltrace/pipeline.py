@@ -30,8 +30,9 @@ from opentelemetry.sdk.trace import SpanProcessor, SynchronousMultiSpanProcessor
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from rltrace.exporters.sessions import SessionRecordWriter
+from rltrace.exporters.values import refresh_thread_names
 
-from . import device, sessions
+from . import device, otel_compat, sessions
 from .checks import check_optional_int
 from .config import ConfigError, TracerConfig, load_config, log_dir, redacted
 from .locks import FairRLock
@@ -229,14 +230,15 @@ class Pipeline:
             try:
                 if self._closed:
                     return  # a closed pipeline must not take records meant for its successor
-                self._cycle()
-                if everything:
-                    for q in self.queued:  # lines a disk fault held back are retried now
-                        q.force_flush()
-                    for rp in self.record_processors:
-                        flush = getattr(rp, "force_flush", None)
-                        if flush is not None:
-                            flush()
+                with otel_compat.instrumentation_suppressed():  # exporters never trace themselves
+                    self._cycle()
+                    if everything:
+                        for q in self.queued:  # lines a disk fault held back are retried now
+                            q.force_flush()
+                        for rp in self.record_processors:
+                            flush = getattr(rp, "force_flush", None)
+                            if flush is not None:
+                                flush()
             except Exception as exc:  # pragma: no cover - defensive
                 internal_error("exporter cycle", exc)
             finally:
@@ -248,6 +250,7 @@ class Pipeline:
             _resume_pending_signal()
 
     def _cycle(self) -> None:
+        refresh_thread_names()
         if device.pending_count():
             device.resolve_pending_events()
         buf = STATE.buffer
@@ -847,8 +850,7 @@ def remove_span_processor(processor: SpanProcessor) -> None:
         p = _PIPELINE
         if p is not None and processor in p.user_processors:
             p.user_processors.remove(processor)
-            procs = p.processor._span_processors  # the SDK keeps a tuple and no remove()
-            p.processor._span_processors = tuple(x for x in procs if x is not processor)
+            otel_compat.remove_span_processor(p.processor, processor)
             p._refresh_direct()
 
 

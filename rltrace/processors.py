@@ -20,6 +20,8 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from .otel_compat import instrumentation_suppressed
+
 logger = logging.getLogger("rltrace")
 
 
@@ -158,7 +160,8 @@ class BoundedBatchProcessor(SpanProcessor):
                 batch = [q.popleft() for _ in range(n)]
                 self._inflight = n
                 try:
-                    ok = self.exporter.export(batch) is SpanExportResult.SUCCESS
+                    with instrumentation_suppressed():  # an instrumented HTTP client stays quiet
+                        ok = self.exporter.export(batch) is SpanExportResult.SUCCESS
                 except Exception as exc:
                     logger.debug("rltrace: %s export raised %r", self.name, exc)
                     ok = False

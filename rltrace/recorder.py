@@ -21,9 +21,7 @@ from collections import deque
 from heapq import heappop, heappush
 from typing import Any
 
-from opentelemetry import context as otel_context
 from opentelemetry.context import Context
-from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
 from opentelemetry.trace import (
     INVALID_SPAN_CONTEXT,
     NonRecordingSpan,
@@ -31,9 +29,10 @@ from opentelemetry.trace import (
     SpanContext,
     TraceFlags,
 )
-from opentelemetry.trace.propagation import _SPAN_KEY
 from opentelemetry.trace.status import Status, StatusCode
 
+from .otel_compat import SPAN_KEY as _SPAN_KEY
+from .otel_compat import ctx_get, ctx_reset, ctx_set
 from .semconv import ATTR_STEP
 
 logger = logging.getLogger("rltrace")
@@ -60,15 +59,9 @@ def set_id_source(bits: Any) -> None:
 
 
 # ---- OTel context access: the fast path uses the contextvar behind OTel's runtime context ---
+# (taken in rltrace.otel_compat, the one module that reaches past OTel's public API)
 
-_runtime = otel_context._RUNTIME_CONTEXT
-if isinstance(_runtime, ContextVarsRuntimeContext):
-    _cv = _runtime._current_context
-    _ctx_get, _ctx_set, _ctx_reset = _cv.get, _cv.set, _cv.reset
-else:  # another runtime context was chosen with OTEL_PYTHON_CONTEXT: use the public API
-    _ctx_get, _ctx_set, _ctx_reset = (
-        otel_context.get_current, otel_context.attach, otel_context.detach
-    )
+_ctx_get, _ctx_set, _ctx_reset = ctx_get, ctx_set, ctx_reset
 
 _get_ident = threading.get_ident
 _get_running_loop = asyncio._get_running_loop
