@@ -98,6 +98,21 @@ class _Writer:
         self.count += 1
 
 
+def _onto_epoch(event: dict[str, Any], base_ns: int) -> None:
+    """Shift a Kineto event (``ts``/``dur`` in µs since ``base_ns``) onto the epoch, in whole µs.
+
+    Epoch microseconds as doubles keep only quarter-µs steps, so adding the base in floating
+    point moved starts and ends independently and a child could end past its parent (Perfetto
+    then drops it: ``slice_drop_overlapping_complete_event``).  Both ends are computed in
+    integer ns and floored to the µs: a monotone rounding, so nesting is preserved exactly.
+    """
+    start_ns = base_ns + round(event["ts"] * 1000)
+    event["ts"] = start_ns // 1000
+    dur = event.get("dur")
+    if isinstance(dur, (int, float)):
+        event["dur"] = (start_ns + round(dur * 1000)) // 1000 - event["ts"]
+
+
 def _events_of_json(path: Path) -> Iterator[dict[str, Any]]:
     """Events of a whole-file JSON trace, on rltrace's epoch-microsecond clock.
 
@@ -110,7 +125,7 @@ def _events_of_json(path: Path) -> Iterator[dict[str, Any]]:
     if not isinstance(events, list):
         raise ConvertError(f"rltrace convert: {path} holds no traceEvents list")
     base = doc.get("baseTimeNanoseconds") if isinstance(doc, dict) else None
-    shift = base / 1000.0 if isinstance(base, (int, float)) else 0.0
+    shift = isinstance(base, (int, float))
     m = re.search(r"-r(\d+)(?:-|$)", path.stem)  # ``[role-]step{n}-r{rank}[-...]``
     label = f"[Rank {m.group(1)}, torch.profiler]" if m and shift else None
     pids: set[Any] = set()
@@ -118,7 +133,7 @@ def _events_of_json(path: Path) -> Iterator[dict[str, Any]]:
         if not isinstance(e, dict):
             continue
         if shift and isinstance(e.get("ts"), (int, float)):
-            e["ts"] = round(e["ts"] + shift, 3)
+            _onto_epoch(e, int(base))  # type: ignore[arg-type]
         if label is not None and e.get("ph") == "M" and e.get("name") == "process_name":
             e["args"] = {"name": label}
             pids.add(e.get("pid"))

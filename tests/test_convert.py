@@ -240,3 +240,25 @@ def test_explicit_file_whose_path_contains_glob_characters_is_converted(tmp_path
     res = convert([path], tmp_path / "trace.json", progress=False)
     assert _names(tmp_path / "trace.json") == Counter({"r0.e0": 1, "r0.e1": 1})
     assert res.files == [path.resolve()]
+
+
+def test_kineto_events_shifted_onto_the_epoch_keep_their_nesting_exactly(tmp_path: Path) -> None:
+    """Epoch microseconds as doubles have quarter-µs steps: shifting Kineto's ``ts`` in floating
+    point once let a child that ends with its parent end 0.1 µs after it, and Perfetto dropped
+    it (``slice_drop_overlapping_complete_event``, seen as a flaky torch.profiler test)."""
+    import orjson
+
+    from rltrace.convert import convert
+
+    base = 1_795_469_024_000_000_000
+    parent = {"ph": "X", "name": "parent", "pid": 1, "tid": 1, "ts": 943236.087, "dur": 10.0}
+    child = {"ph": "X", "name": "child", "pid": 1, "tid": 1, "ts": 943236.126, "dur": 9.961}
+    trace = tmp_path / "step1-r0.json"
+    trace.write_bytes(orjson.dumps({"baseTimeNanoseconds": base, "traceEvents": [parent, child]}))
+    out = tmp_path / "merged.json"
+    convert([trace], out)
+    events = {e["name"]: e for e in orjson.loads(out.read_bytes())["traceEvents"] if e.get("ph") == "X"}
+    p, c = events["parent"], events["child"]
+    assert all(type(e[k]) is int for e in (p, c) for k in ("ts", "dur"))
+    assert p["ts"] <= c["ts"] and c["ts"] + c["dur"] <= p["ts"] + p["dur"]
+    assert p["ts"] == (base + 943_236_087) // 1000  # on the epoch, to the µs
