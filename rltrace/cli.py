@@ -1,4 +1,4 @@
-"""The ``rltrace`` command: ``demo``, ``convert``, ``report``."""
+"""The ``rltrace`` command: ``demo``, ``convert``, ``report``, ``top``."""
 
 from __future__ import annotations
 
@@ -34,8 +34,21 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         fileroot=args.fileroot, experiment_name=args.experiment, trial_name=args.trial,
         ranks=args.ranks, steps=args.steps, tasks_per_step=args.tasks, samples=args.samples,
         seed=args.seed, otlp_endpoint=args.otlp_endpoint, otlp_protocol=args.otlp_protocol,
+        live=args.live, time_scale=20.0 if args.live else 1.0,
     )
     return run_demo(opts)
+
+
+def _cmd_top(args: argparse.Namespace) -> int:
+    try:
+        from .top import run_top
+    except ImportError as exc:  # rich comes with the analysis extra
+        print(f"rltrace top needs rich ({exc}): pip install 'rltrace[analysis]'", file=sys.stderr)
+        return 2
+    if args.interval <= 0:
+        print("rltrace top: --interval must be > 0", file=sys.stderr)
+        return 2
+    return run_top(args.logdir, interval_s=args.interval, once=args.once)
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -97,7 +110,20 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--otlp-endpoint", default=None, help="also send spans to this OTLP endpoint")
     d.add_argument("--otlp-protocol", default=None, choices=["grpc", "http/protobuf"])
+    d.add_argument("--live", action="store_true",
+                   help="show `rltrace top` on the run while its ranks work (needs rich; "
+                        "simulated durations x20 so there is something to watch)")
     d.set_defaults(func=_cmd_demo)
+
+    t = sub.add_parser("top", help="live view of a run in progress: steps, sessions in flight, long tail",
+                       description="Show a run in progress, across ranks: current step per rank, sessions "
+                                   "in flight by phase and their age, the long tail forming, ranks "
+                                   "falling behind, acceptance and failure rates.  Reads the live files "
+                                   "ranks publish every live_interval_s (session tracing on).")
+    t.add_argument("logdir", help="log dir {fileroot}/logs/{user}/{experiment}/{trial} (or a folder above)")
+    t.add_argument("--interval", type=float, default=1.0, help="refresh every this many seconds (default 1)")
+    t.add_argument("--once", action="store_true", help="print one frame and exit")
+    t.set_defaults(func=_cmd_top)
 
     r = sub.add_parser("report", help="analyse a run: long tail, stragglers, phases, turns, status, summary",
                        description="Read every rank's session and trace files in LOGDIR (streaming) "

@@ -125,6 +125,9 @@ class TracerConfig:
     device: DeviceConfig = field(default_factory=DeviceConfig)
     #: the background exporter wakes at least this often (seconds)
     flush_interval_s: float = 1.0
+    #: with session tracing on, publish this rank's live state (open sessions, current step) to
+    #: ``live/live-r{rank}.json`` at most this often, for ``rltrace top`` (seconds; 0: off)
+    live_interval_s: float = 2.0
     #: most finished spans held in memory awaiting export; beyond it spans are counted as dropped
     max_queue_size: int = 262_144
     #: make rltrace's provider the global OTel tracer provider (if none is set yet)
@@ -469,6 +472,8 @@ def _check_values(cfg: TracerConfig) -> None:
     need(cfg.otlp.max_queue_size >= 1, "otlp.max_queue_size",
          f"must be >= 1, got {cfg.otlp.max_queue_size}")
     need(cfg.flush_interval_s > 0, "flush_interval_s", f"must be > 0, got {cfg.flush_interval_s}")
+    need(cfg.live_interval_s >= 0, "live_interval_s",
+         f"must be >= 0 (0 turns the live state off), got {cfg.live_interval_s}")
     need(cfg.rank is None or cfg.rank >= 0, "rank", f"must be >= 0, got {cfg.rank}")
     need(cfg.world_size is None or cfg.world_size >= 1, "world_size",
          f"must be >= 1, got {cfg.world_size}")

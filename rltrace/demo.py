@@ -5,7 +5,9 @@ Each rank is its own process.  Per step (``rltrace.step``) a rollout executor su
 toolcall / a custom ``verify`` phase / reward, with long-tailed durations; ~2% fail with a
 timeout, ~10% are rejected as stale), then a train step and a weight sync run.  Everything is
 written to the log dir, the per-rank Chrome traces are merged into one Perfetto file, and a
-summary (sessions by status, phase percentiles, slowest sessions) is printed.
+summary is printed: sessions by status, phase percentiles, and (with the analysis extra) the
+report's decomposition of session time, the sample that held each slowest group and why, and
+the slowest sessions by their own time.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ class DemoOptions:
     otlp_protocol: str | None = None
     #: scales every simulated duration (tests use a small value)
     time_scale: float = 1.0
+    #: show ``rltrace top`` on the run while the ranks work (ranks publish their live state often)
+    live: bool = False
 
 
 def _lognormal_s(rng: random.Random, median_ms: float, sigma: float, scale: float) -> float:
@@ -124,6 +128,7 @@ def _rank_main(opts: DemoOptions, rank: int) -> None:
                      fileroot=opts.fileroot, role="actor", world_size=opts.ranks,
                      session_tracer=SessionTracerConfig(enabled=True, flush_threshold=64)),
         rank=rank, otlp__endpoint=opts.otlp_endpoint, otlp__protocol=opts.otlp_protocol,
+        live_interval_s=0.5 if opts.live else None, flush_interval_s=0.5 if opts.live else None,
     )
     rltrace.register_phase("verify", category="compute")
     rng = random.Random(opts.seed * 1000 + rank)
@@ -152,10 +157,15 @@ def _quantiles(values: list[float]) -> tuple[float, float, float]:
     return q[49], q[89], q[98]
 
 
-def _summarise(logdir: Path) -> str:
+def _read_records(logdir: Path) -> list[dict[str, Any]]:
     records = []
     for f in sorted((logdir / "session_tracer").rglob("sessions-r*.jsonl")):  # [role/] folders
         records.extend(orjson.loads(line) for line in f.read_bytes().splitlines() if line)
+    return records
+
+
+def _phase_table(records: list[dict[str, Any]]) -> list[str]:
+    """Sessions by status, then count and P50/P90/P99 of every phase's executions."""
     by_status: dict[str, int] = defaultdict(int)
     phase_times: dict[str, list[float]] = defaultdict(list)
     for r in records:
@@ -168,12 +178,49 @@ def _summarise(logdir: Path) -> str:
     for name in sorted(phase_times, key=lambda n: -sum(phase_times[n])):
         p50, p90, p99 = _quantiles(phase_times[name])
         lines.append(f"{name:<12}{len(phase_times[name]):>7}{p50:>10.1f}{p90:>10.1f}{p99:>10.1f}")
-    lines.append("slowest sessions:")
-    for r in sorted(records, key=lambda r: -r["total_s"])[:3]:
-        parts = ", ".join(f"{k[:-2]} {r[k] * 1000:.0f}" for k in ("generate_s", "toolcall_s", "reward_s"))
-        lines.append(f"  {r['total_s'] * 1000:7.1f} ms  rank {r['rank']} step {r.get('step')} "
-                     f"task {r['task_id']} session {r['session_id']} ({r['status']}; {parts} ms; "
-                     f"{r['turns']} turn{'' if r['turns'] == 1 else 's'})")
+    return lines
+
+
+def _own_s(r: dict[str, Any]) -> float:
+    """Submit to the session's last phase end (its own time, without waiting for its group)."""
+    ends = [e["end_ts"] for execs in r["phases"].values() for e in execs]
+    return (max(ends) if ends else r["finalized_ts"]) - r["submit_ts"]
+
+
+def _plain_causes(records: list[dict[str, Any]]) -> list[str]:
+    """Without the analysis extra: the slowest sessions by their own time."""
+    lines = ["slowest sessions: (own time: submit to last phase; causes: pip install 'rltrace[analysis]')"]
+    for r in sorted(records, key=lambda r: -_own_s(r))[:3]:
+        lines.append(f"  {_own_s(r) * 1000:7.1f} ms  rank {r['rank']} step {r.get('step')} task "
+                     f"{r['task_id']} session {r['session_id']} ({r['status']}; {r['turns']} turns)")
+    return lines
+
+
+def _report_causes(logdir: Path) -> list[str]:
+    """The report's analysis (rltrace.analysis): where time goes, who held groups, slowest sessions."""
+    from .analysis import ReportOptions, build_report, load_run
+    from .analysis.report import fmt_pct, fmt_s, session_name, why_slow
+
+    rep = build_report(load_run(logdir, ReportOptions(progress=False)))
+    parts = ", ".join(f"{r['phase']} {fmt_pct(r['share'])}" for r in rep["phases"]["session"]["overall"][:6])
+    lines = [f"session time: {parts}", "slowest groups (the sample that held each, and why):"]
+    for g in rep["groups"]["groups"][:3]:
+        lines.append(f"  {fmt_s(g['span_s']):>9}  rank {g['rank']} step {g['step']} task {g['task_id']}: "
+                     f"session {g['holder']['session_id']} held it, {why_slow(g['holder'])}; "
+                     f"{len(g['siblings_own_s'])} sibling(s) waited {fmt_s(g['group_wait_s'])}")
+    lines.append("slowest sessions: (own time: submit to last phase)")
+    for b in rep["longtail"]["slowest_sessions"][:3]:
+        lines.append(f"  {fmt_s(b['own_s']):>9}  {session_name(b)} ({b['status']}): {why_slow(b)}")
+    return lines
+
+
+def _summarise(logdir: Path) -> str:
+    records = _read_records(logdir)
+    lines = _phase_table(records)
+    try:
+        lines += _report_causes(logdir)
+    except ImportError:  # the analysis extra is optional
+        lines += _plain_causes(records)
     return "\n".join(lines)
 
 
@@ -189,11 +236,21 @@ def run_demo(opts: DemoOptions) -> int:
         old.unlink()  # a fresh run replaces the previous demo's files
     for old in (logdir / "session_tracer").rglob("sessions-r*.jsonl"):
         old.unlink()
+    for old in (logdir / "live").rglob("live-r*.json"):
+        old.unlink()
     ctx = multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=_rank_main, args=(opts, r), name=f"rltrace-demo-r{r}")
              for r in range(opts.ranks)]
     for p in procs:
         p.start()
+    if opts.live:
+        from .top import watch
+
+        try:
+            watch(logdir, interval_s=1.0, until=lambda: not any(p.is_alive() for p in procs))
+        except KeyboardInterrupt:
+            for p in procs:
+                p.terminate()  # SIGTERM: each rank flushes what it has, then ends
     for p in procs:
         p.join()
     failed = [p.name for p in procs if p.exitcode != 0]

@@ -35,6 +35,7 @@ from rltrace.exporters.values import refresh_thread_names
 from . import device, otel_compat, sessions
 from .checks import check_optional_int
 from .config import ConfigError, TracerConfig, load_config, log_dir, redacted
+from .live import LivePublisher, live_path
 from .locks import FairRLock
 from .materialize import SpanBuilder
 from .otlp import make_metric_exporter, make_span_exporter
@@ -99,6 +100,15 @@ class Pipeline:
                 rank=rank, meter=meter, role=cfg.role,
             )
             self.record_processors.append(self.session_processor)
+        #: the live state ``rltrace top`` reads (open sessions, current step), when enabled
+        self.live: LivePublisher | None = None
+        if self.session_processor is not None and cfg.live_interval_s > 0:
+            self.live = LivePublisher(
+                live_path(logdir, self._file_name("live", os.getpid())),
+                interval_s=cfg.live_interval_s, session_processor=self.session_processor,
+                rank=rank, world_size=world_size, role=cfg.role, host=self.host,
+                experiment=cfg.experiment_name, trial=cfg.trial_name,
+            )
         self.summary: ScopeSummary | None = None
         if cfg.print_summary:  # collected only when asked for (it costs the exporter thread)
             self.summary = ScopeSummary()
@@ -307,6 +317,9 @@ class Pipeline:
             )
             self._dropped_reported = dropped
         self._report_otlp_loss(final=False)
+        live = self.live
+        if live is not None:
+            live.maybe_publish()  # rate-limited: one clock read when not due
 
     def _report_otlp_loss(self, final: bool) -> None:
         otlp = self.otlp
@@ -353,6 +366,8 @@ class Pipeline:
         if meters is not None:
             meters.join(timeout + 1.0)
         self._report_otlp_loss(final=True)
+        if self.live is not None:
+            self.live.close()
         if self.summary is not None:
             print(self.summary.render(), flush=True)
 
@@ -382,6 +397,8 @@ class Pipeline:
             self.sessions_path = self.log_dir / SESSIONS_DIR / self._file_name("sessions", pid, True)
             sp.writer.reset_after_fork(self.sessions_path)
             sp.reset_after_fork()
+            if self.live is not None:
+                self.live.reset_after_fork(live_path(self.log_dir, self._file_name("live", pid, True)))
         if self.otlp is not None:
             self.otlp.reset_after_fork()
         self.start()

@@ -57,7 +57,7 @@ from .semconv import (
     SESSION_SPAN,
     TASK_SPAN,
 )
-from .steps import _STEP_CV
+from .steps import _STEP_CV, scope_arg_step
 
 __all__ = [
     "FINAL_STATUSES",
@@ -132,7 +132,8 @@ class TaskScope(Scope):
         self._attrs: dict[str, Any] | None = None
         self.task_id = task_id
         self.open: set[Any] | None = set()  # ids of its open sessions; None once it ended
-        self.step = _STEP_CV.get()
+        step = _STEP_CV.get()
+        self.step = scope_arg_step() if step is None else step  # AReaL style: args.global_step
         self._start_under(None, False)
 
     def record_attrs(self) -> dict[str, Any]:
@@ -168,7 +169,9 @@ class SessionScope(Scope):
         self.open_phases: list[PhaseScope] = []
         # ``status`` and ``reason`` are set when it is finalized (the only way it ends)
         step = _STEP_CV.get()
-        self.step = task.step if step is None else step
+        if step is None:  # the task's, else AReaL style: the enclosing scope's args.global_step
+            step = task.step if task.step is not None else scope_arg_step()
+        self.step = step
         self._start_under(task, False)
 
     def record_attrs(self) -> dict[str, Any]:

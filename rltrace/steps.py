@@ -11,10 +11,11 @@ from __future__ import annotations
 from contextvars import ContextVar
 from typing import Any
 
-from .recorder import NOOP, STATE, Scope
+from .otel_compat import SPAN_KEY
+from .recorder import NOOP, STATE, Scope, _ctx_get
 from .semconv import ATTR_STEP
 
-__all__ = ["current_step", "step", "step_of"]
+__all__ = ["current_step", "scope_arg_step", "step", "step_of"]
 
 _STEP_CV: ContextVar[int | None] = ContextVar("rltrace_step", default=None)
 _MAX_DEPTH = 64
@@ -78,3 +79,29 @@ def step_of(rec: Scope) -> int | None:
             return step
         node = node.parent
     return None
+
+
+def scope_arg_step() -> int | None:
+    """The step AReaL-style code marks in a scope's args, for tasks/sessions without ``rltrace.step``.
+
+    AReaL's guide never calls ``rltrace.step``: it writes ``trace_scope("train.rollout",
+    args={"global_step": n, "epoch_step": i})``.  Returns the nearest enclosing scope's
+    ``global_step`` (else the nearest ``epoch_step``), or None.  Costs one context lookup when
+    no scope is open (e.g. a rollout executor thread, where the report assigns the step from the
+    trace instead).
+    """
+    node: Any = _ctx_get().get(SPAN_KEY)
+    epoch = None
+    for _ in range(_MAX_DEPTH):
+        if not isinstance(node, Scope):
+            break
+        args = node.args
+        if type(args) is dict:
+            v = args.get("global_step")
+            if type(v) is int:
+                return v
+            v = args.get("epoch_step")
+            if epoch is None and type(v) is int:
+                epoch = v
+        node = getattr(node, "parent", None)
+    return epoch

@@ -30,6 +30,8 @@ pytestmark = pytest.mark.skipif(areal_wheel.skip_reason() is not None,
 DIFFERENCES: dict[str, str] = {
     "config_yaml": "rank 0 writes the effective config to {log_dir}/config.yaml, so a run's "
                    "trace files say how they were produced",
+    "live_state": "with session tracing on, each rank publishes its live state (open sessions, "
+                  "current step) to {log_dir}/live/[{role}/]live-r{rank}.json for rltrace top",
     "record_fixed_schema": "every AReaL field is in every session record (reason null, "
                            "finalized_ts, total_s, generate_s/reward_s/toolcall_s 0.0 and phases "
                            "{} when AReaL omits them), so readers need no key checks",
@@ -161,7 +163,8 @@ def test_file_layout_matches_areal_role_folders_and_rank_file_names(outputs: dic
                 f"{_logdir()}/session_tracer/{ROLE}/sessions-r0.jsonl"}
     assert areal == expected
     extra = mine - areal
-    assert extra == {f"{_logdir()}/config.yaml"}, DIFFERENCES["config_yaml"]
+    assert extra == {f"{_logdir()}/config.yaml",  # DIFFERENCES["config_yaml"]
+                     f"{_logdir()}/live/{ROLE}/live-r0.json"}, DIFFERENCES["live_state"]
     assert areal <= mine
 
 

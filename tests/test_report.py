@@ -108,9 +108,9 @@ def test_turn_statistics_match_the_generated_sessions(planted: Any) -> None:
         g = truth.generate_by_turn[r["turn"]]
         assert r["executions"] == len(g)
         assert r["mean_s"] == pytest.approx(np.mean(g), rel=1e-9)
-    total = np.array(truth.total)
-    for r in tu["session_time_by_turns"]:
-        assert r["mean_s"] == pytest.approx(total[turns == r["turns"]].mean(), rel=1e-6)  # float32 totals
+    own = np.array(truth.own)
+    for r in tu["session_time_by_turns"]:  # own time: submit to the last phase's end
+        assert r["mean_s"] == pytest.approx(own[turns == r["turns"]].mean(), rel=1e-6)  # float32 columns
 
 
 def test_status_counts_and_run_summary_match_the_generated_run(planted: Any) -> None:
@@ -257,13 +257,17 @@ def test_json_report_field_by_field(tiny: Path, tmp_path: Path) -> None:
     assert lt["cdf"]["fraction"][0] == 0.0 and lt["cdf"]["fraction"][-1] == 1.0
     assert lt["cdf"]["completion_s"][0] == 1.25 and lt["cdf"]["completion_s"][-1] == 6.75
     top = lt["slowest_sessions"][0]
+    # the slow segment is one phase execution (with its turn) vs the median execution of that phase:
+    # generate executions 1, .5, 1.5, .5, .5, 2 (x3) and 2, 1, 3, 1, 1, 4: median 1.0
     assert {k: top[k] for k in ("rank", "step", "task_id", "session_id", "status", "reason", "turns",
-                                "completion_s", "slow_phase", "slow_phase_s", "slow_phase_median_s",
-                                "slow_phase_x_median")} == {
+                                "completion_s", "slow_phase", "slow_turn", "slow_kind", "slow_phase_s",
+                                "slow_phase_median_s", "slow_phase_x_median", "slow_share")} == {
         "rank": 1, "step": 1, "task_id": 1, "session_id": 5, "status": "failed", "reason": "TimeoutError",
-        "turns": 3, "completion_s": 6.75, "slow_phase": "generate", "slow_phase_s": 6.0,
-        "slow_phase_median_s": 2.0, "slow_phase_x_median": 3.0}
-    assert top["total_s"] == 6.75
+        "turns": 3, "completion_s": 6.75, "slow_phase": "generate", "slow_turn": 2, "slow_kind": "phase",
+        "slow_phase_s": 4.0, "slow_phase_median_s": 1.0, "slow_phase_x_median": 4.0, "slow_share": 4.0 / 6.75}
+    assert top["total_s"] == 6.75 and top["own_s"] == 6.75
+    assert top["decomposition_s"] == {"generate": 6.0, "toolcall": 0.5, "reward": 0.25}
+    assert sum(top["shares"].values()) == pytest.approx(1.0)
     assert top["phases_s"] == {"generate": 6.0, "toolcall": 0.5, "reward": 0.25}
     assert top["generate_by_turn_s"] == [1.0, 1.0, 4.0]
     assert len(lt["slowest_sessions"]) == 10
@@ -273,6 +277,10 @@ def test_json_report_field_by_field(tiny: Path, tmp_path: Path) -> None:
     assert sg["k"] == 3.0 and sg["ranks"] == [0, 1]
     assert sg["median_s"] == 4.25 and sg["mad_s"] == 0.0
     assert sg["threshold_s"] == pytest.approx(4.25 + 3 * 0.0425)  # MAD floored at 1% of the median
+    held = [r.pop("held_by") for r in sg["per_step"]]  # the slowest rank's last session to finish its work
+    assert [(h["rank"], h["step"], h["session_id"], h["slow_phase"], h["slow_turn"], h["slow_phase_s"])
+            for h in held] == [(0, 0, 2, "generate", 2, 2.0), (1, 1, 5, "generate", 2, 4.0)]
+    assert held[1]["slow_share"] == pytest.approx(4.0 / 6.75) and held[1]["completion_s"] == 6.75
     assert sg["per_step"] == [
         {"step": 0, "rollout_s": {"0": 4.25, "1": 4.25}, "fastest_rank": 0, "slowest_rank": 0,
          "fastest_s": 4.25, "slowest_s": 4.25, "barrier_wait_s": 0.0, "idle_rank_s": 0.0,
@@ -354,7 +362,12 @@ def test_json_report_field_by_field(tiny: Path, tmp_path: Path) -> None:
                                             "1": {"total": 6.0, "rate_per_s": pytest.approx(6 / 109.75)}}}]
 
     kinds = [f["kind"] for f in rep["findings"]]
-    assert kinds[0] == "straggler" and "Step 1: rank 1 rollout took 7.25 s" in rep["findings"][0]["text"]
+    assert kinds[0] == "group" and rep["findings"][0]["text"].startswith(
+        "Slowest group: rank 1 step 1 task 1 (3 sessions) took 6.75 s; session 5 held it: "
+        "generate turn 2 4.00 s (59.3% of its own time, 4.0× the median).")
+    straggler = rep["findings"][kinds.index("straggler")]["text"]
+    assert straggler.startswith("Step 1: rank 1 rollout took 7.25 s")
+    assert "held by rank 1 step 1 task 1 session 5" in straggler
     assert "longtail" in kinds and "status" in kinds
 
 

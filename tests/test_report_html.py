@@ -19,7 +19,7 @@ pytest.importorskip("matplotlib", reason="rltrace report needs the analysis extr
 pytest.importorskip("jinja2", reason="rltrace report needs the analysis extra")
 
 sys.path.insert(0, str(Path(__file__).parent / "helpers"))
-from synth_run import SynthSpec, write_run
+from synth_run import GrpoSpec, SynthSpec, grpo_ids, write_grpo_run, write_run
 
 from rltrace.analysis import report
 
@@ -66,7 +66,7 @@ def html_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[st
 def test_html_report_is_one_self_contained_file(html_report: Any) -> None:
     page, rep = html_report
     html = page.read_text()
-    assert len(rep["plots"]) == 8
+    assert len(rep["plots"]) == 11  # 8 + a timeline for each of the 3 slowest groups
     refs = re.findall(r'(?:src|href)="([^"]*)"', html)
     assert all(r.startswith(("data:image/png;base64,", "#")) for r in refs), refs
     assert "<link" not in html and "<script src" not in html and "@import" not in html
@@ -84,7 +84,7 @@ def test_every_plot_is_present_and_decoded_in_chromium_without_console_errors(ht
         assert 'data-decoded="1"' in tag, f"plot {key} not decoded: {tag[:120]}"
     n = len(rep["plots"])
     assert f'data-plots-decoded="{n}/{n}"' in proc.stdout
-    for section in ("findings", "longtail", "stragglers", "phases", "turns", "status", "summary"):
+    for section in ("findings", "groups", "longtail", "stragglers", "phases", "turns", "status", "summary"):
         assert f'<section id="{section}">' in proc.stdout
     assert "Step 3: rank 2 rollout took" in proc.stdout
 
@@ -118,3 +118,51 @@ def test_screenshot_of_the_html_report(html_report: Any, tmp_path: Path) -> None
     assert img[..., :3].std() > 0.1  # not a blank page
     header = img[5:60, 5:600, :3]  # the dark page header rendered
     assert header.mean() < 0.3
+
+
+# ---- the slow-group timeline: what a user looks at first ------------------------------------------
+
+GROUP_WAIT_RGB = (0xF2, 0xA8, 0xA0)  # plots.WAIT_STYLE["group"]
+GENERATE_RGB = (0x1F, 0x77, 0xB4)  # tab10 blue
+
+
+def colour_rows(img: Any, rgb: tuple[int, int, int], tol: float = 0.03) -> Any:
+    """Row indices of the screenshot holding pixels of colour ``rgb`` (within ``tol``)."""
+    import numpy as np
+
+    want = np.array(rgb) / 255.0
+    hit = np.all(np.abs(img[..., :3] - want) < tol, axis=-1)
+    return np.flatnonzero(hit.any(axis=1))
+
+
+def test_screenshot_of_the_slow_group_timeline(tmp_path_factory: pytest.TempPathFactory) -> None:
+    from matplotlib.image import imread
+
+    root = tmp_path_factory.mktemp("timeline")
+    spec = GrpoSpec()
+    write_grpo_run(root / "run", spec)
+    rep, files = report(root / "run", root / "out" / "report.html")
+    page = files[0]
+    _, sid = grpo_ids(spec, spec.slow_generate[0])  # type: ignore[index]
+    tmp = root / "chromium"
+    tmp.mkdir()
+    proc = chromium(tmp, page, "--dump-dom")
+    assert console_messages(proc.stderr) == []
+    imgs = plot_images(proc.stdout)
+    assert {"group_1", "group_2", "group_3"} <= set(imgs)
+    assert 'data-decoded="1"' in imgs["group_1"]
+    dom = proc.stdout
+    assert dom.index('<section id="groups">') < dom.index('<section id="longtail">')
+    assert f"held by session {sid}: generate turn 1 6.00 s" in dom
+    shot = page.with_name("timeline-screenshot.png")  # kept next to the report for people to look at
+    proc = chromium(tmp, page, "--hide-scrollbars", "--window-size=1300,1800", f"--screenshot={shot}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    img = imread(shot)
+    # the first timeline is on the first screen, below the findings: group wait (hatched red) on the
+    # siblings' rows and generate (blue) on every row
+    wait_rows, gen_rows = colour_rows(img, GROUP_WAIT_RGB), colour_rows(img, GENERATE_RGB)
+    assert wait_rows.size > 40 and gen_rows.size > 40, (wait_rows.size, gen_rows.size)
+    first = img[int(gen_rows.min()):int(gen_rows.max()) + 1]
+    assert first.shape[0] < 1800
+    g = rep["groups"]["groups"][0]
+    assert g["holder"]["session_id"] == sid and g["sessions"] == spec.samples

@@ -6,11 +6,12 @@ rich); the core package never imports it.
     from rltrace.analysis import ReportOptions, StepRange, report
     rep, files = report("logs/me/grpo/t0", "out/report.html", options=ReportOptions(steps=StepRange(10, 20)))
 
-Modules: ``load`` (files, streaming lines), ``sessions`` and ``traces`` (readers aggregating as
-they read), ``run`` (a log dir read into compact columns),
-``longtail``, ``stragglers``, ``phases``, ``turns``, ``status``, ``summary`` (one analysis
-each), ``report`` (all of them plus findings), ``plots`` (PNG), ``render`` (HTML, Markdown,
-JSON).
+Modules: ``load`` (files, streaming lines), ``timeline`` (one session's time decomposed:
+queue wait, phases by turn, gaps, group wait, before finalize), ``sessions`` and ``traces``
+(readers aggregating as they read), ``run`` (a log dir read into compact columns),
+``groups``, ``longtail``, ``stragglers``, ``phases``, ``turns``, ``status``, ``summary`` (one
+analysis each), ``report`` (all of them plus findings), ``plots`` (PNG), ``render`` (HTML,
+Markdown, JSON).
 """
 
 from __future__ import annotations

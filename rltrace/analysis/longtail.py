@@ -1,10 +1,13 @@
-"""1. Long tail: when do sessions finish, measured from their step's start?
+"""2. Long tail: when do sessions finish, measured from their step's start?
 
-Per step (all ranks pooled) and overall: P50/P90/P99/P99.9 and max of completion time, and
+A session completes when its own work ends (its last phase), not when its group is finalized:
+a GRPO sample that waits for its slowest sibling is done before it.  Per step (all ranks
+pooled) and overall: P50/P90/P99/P99.9 and max of completion time, and
 the *tail fraction* — the share of the step's rollout time (step start to the last session)
 spent after 80% of the sessions had finished, i.e. waiting for the last 20%.  Overall it is
-``sum(T_end - T_80) / sum(T_end)`` over steps.  The slowest sessions are listed with their
-phase breakdown and the phase that made them slow (largest excess over that phase's median).
+``sum(T_end - T_80) / sum(T_end)`` over steps.  The slowest sessions by their own time (submit
+to own end) are listed with their time decomposition and the segment that made them slow: the
+phase execution (with its turn), queue wait or gap with the largest excess over its median.
 """
 
 from __future__ import annotations

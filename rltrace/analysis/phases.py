@@ -1,12 +1,13 @@
-"""3. Phase breakdown: where does the time go, overall and per step?
+"""4. Time breakdown: where does the time go, overall and per step?
 
 Two views, because session time and step time are different clocks:
 
-* **session phases** (from the session records): each phase's share of the total session time
-  (``generate``, ``toolcall``, ``reward``, custom phases; ``other`` is session time outside
-  any phase — queueing, overhead).  Sessions run concurrently, so this is *where a session's
-  time goes*, not wall-clock time.  A step where a phase's share jumps (above the median over
-  steps by ``k * MAD`` and by at least 5 points) is flagged.
+* **session time** (from the session records), decomposed by :mod:`.timeline` into queue
+  wait, each phase, the gaps between phases (``after generate, before toolcall``), group wait
+  (done, waiting for the slowest sibling of its GRPO group) and ``before finalize``: shares add
+  up to 100%.  Sessions run concurrently, so this is *where a session's time goes*, not
+  wall-clock time.  A step where a bucket's share jumps (above the median over steps by
+  ``k * MAD`` and by at least 5 points) is flagged.
 * **train-side scopes** (from the traces): the ``train.*`` scopes directly under each
   ``train.step`` (``train.rollout``, ``train.ppo_update``, ``train.weight_sync``, ...) as a
   share of step wall time, summed over ranks; ``untracked`` is step time in no such scope.
@@ -18,61 +19,83 @@ from typing import Any
 
 import numpy as np
 
+from . import timeline
 from .run import Run
 from .stats import fnum, median_mad
 
 MIN_JUMP = 0.05
 
 
-def _session(run: Run) -> dict[str, Any]:
-    s = run.sessions
-    if s.size == 0:
-        return {"overall": [], "per_step": [], "anomalies": [], "phases": []}
-    cols: dict[str, np.ndarray] = {p: c for p, c in s.phases.items() if np.any(c > 0)}  # float32, no copies
-    other = run.other_s()
-    if other.sum() > 0:
-        cols["other"] = other
-    total = s.total
-    grand = float(total.sum(dtype=np.float64))
-    overall = []
-    for p, c in cols.items():
-        ran = c[c > 0]
+def _bucket_stats(run: Run) -> dict[str, dict[str, Any]]:
+    """Per bucket: sessions that had it, mean/P50/P99 of its seconds per session."""
+    out: dict[str, dict[str, Any]] = {}
+    for label, q in run.reader.bucket_q.items():
+        sm = q.summary((50.0, 99.0))
+        out[label] = {"sessions": sm["count"], "mean_s": fnum(sm["mean"]), "p50_s": fnum(sm["q"][0]),
+                      "p99_s": fnum(sm["q"][1])}
+    wait, fin, _ = run.tail()
+    for label, v in ((timeline.GROUP, wait), (timeline.FINALIZE, fin)):
+        ran = v[v > 0]
         pct = np.percentile(ran, (50, 99)) if ran.size else (None, None)
-        csum = float(c.sum(dtype=np.float64))
-        overall.append({"phase": p, "total_s": csum,
-                        "share": fnum(csum / grand) if grand > 0 else None,
-                        "sessions": int(ran.size),
-                        "mean_s": fnum(ran.mean(dtype=np.float64)) if ran.size else None,
-                        "p50_s": fnum(pct[0]), "p99_s": fnum(pct[1])})
-        del ran
-    overall.sort(key=lambda r: (r["phase"] == "other", -r["total_s"], r["phase"]))
+        out[label] = {"sessions": int(ran.size), "mean_s": fnum(ran.mean()) if ran.size else None,
+                      "p50_s": fnum(pct[0]), "p99_s": fnum(pct[1])}
+    return out
+
+
+def _session(run: Run) -> dict[str, Any]:
+    """Session time by bucket of :mod:`.timeline` (adding up to 100%), overall and per step."""
+    if run.sessions.size == 0:
+        return {"overall": [], "per_step": [], "anomalies": [], "phases": []}
+    by_step = run.buckets_by_step()
+    totals: dict[str, float] = {}
+    for d in by_step.values():
+        for label, v in d.items():
+            totals[label] = totals.get(label, 0.0) + v
+    grand = sum(totals.values())
+    stats = _bucket_stats(run)
+    overall = [{"phase": label, "kind": kind_of(label), "total_s": v,
+                "share": fnum(v / grand) if grand > 0 else None,
+                **stats.get(label, {"sessions": 0, "mean_s": None, "p50_s": None, "p99_s": None})}
+               for label, v in totals.items() if v > 0]
+    overall.sort(key=lambda r: (-r["total_s"], r["phase"]))
     names = [r["phase"] for r in overall]
-    steps, inv = np.unique(s.step, return_inverse=True)
-    inv = inv.reshape(-1)
-    tot_by = np.bincount(inv, weights=total, minlength=steps.size)
-    sums = {p: np.bincount(inv, weights=cols[p], minlength=steps.size) for p in names}
+    steps = sorted(by_step)
     per_step = []
-    shares = np.full((len(names), steps.size), np.nan)
-    for j, st in enumerate(steps.tolist()):
-        row: dict[str, Any] = {"step": None if st < 0 else st, "total_s": float(tot_by[j]),
-                               "phases_s": {p: float(sums[p][j]) for p in names}}
-        row["share"] = {p: fnum(sums[p][j] / tot_by[j]) if tot_by[j] > 0 else None for p in names}
+    shares = np.full((len(names), len(steps)), np.nan)
+    for j, st in enumerate(steps):
+        d = by_step[st]
+        tot = sum(d.values())
+        row: dict[str, Any] = {"step": None if st < 0 else st, "total_s": tot,
+                               "phases_s": {p: d.get(p, 0.0) for p in names}}
+        row["share"] = {p: fnum(d.get(p, 0.0) / tot) if tot > 0 else None for p in names}
         for i, p in enumerate(names):
-            if tot_by[j] > 0:
-                shares[i, j] = sums[p][j] / tot_by[j]
+            if tot > 0:
+                shares[i, j] = d.get(p, 0.0) / tot
         per_step.append(row)
-    anomalies = []
+    return {"overall": overall, "per_step": per_step, "anomalies": _anomalies(run, names, steps, shares),
+            "phases": names}
+
+
+def kind_of(label: str) -> str:
+    """What a bucket is: queue, phase, gap, group, finalize or none."""
+    return {timeline.QUEUE: "queue", timeline.GROUP: "group", timeline.FINALIZE: "finalize",
+            timeline.NO_PHASE: "none"}.get(label, "gap" if label.startswith("after ") else "phase")
+
+
+def _anomalies(run: Run, names: list[str], steps: list[int], shares: np.ndarray) -> list[dict[str, Any]]:
+    """Steps where a bucket's share jumps above the median over steps by k * MAD and 5 points."""
+    out = []
     k = run.options.k
-    if steps.size >= 3:
+    if len(steps) >= 3:
         for i, p in enumerate(names):
             med, mad = median_mad(shares[i])
-            for j, st in enumerate(steps.tolist()):
+            for j, st in enumerate(steps):
                 v = shares[i, j]
                 if np.isfinite(v) and v - med >= MIN_JUMP and v > med + k * mad:
-                    anomalies.append({"step": None if st < 0 else st, "phase": p, "share": float(v),
-                                      "median_share": med})
-    anomalies.sort(key=lambda a: -(a["share"] - a["median_share"]))
-    return {"overall": overall, "per_step": per_step, "anomalies": anomalies, "phases": names}
+                    out.append({"step": None if st < 0 else st, "phase": p, "share": float(v),
+                                "median_share": med})
+    out.sort(key=lambda a: -(a["share"] - a["median_share"]))
+    return out
 
 
 def _train(run: Run) -> dict[str, Any]:

@@ -31,12 +31,17 @@ def _colors(names: list[str]) -> dict[str, Any]:
 
     cmap = colormaps["tab10"]
     fixed = {"generate": cmap(0), "toolcall": cmap(1), "reward": cmap(3), "other": "#bbbbbb",
-             "untracked": "#bbbbbb"}
+             "untracked": "#bbbbbb", "queue wait": "#c9c9c9", "group wait": "#f2a8a0",
+             "before finalize": "#8c8c8c", "no phase recorded": "#dddddd"}
     extra = [cmap(i) for i in (2, 4, 5, 6, 8, 9)] + [colormaps["tab20b"](i) for i in range(20)]
-    out, j = {}, 0
+    out, j, k = {}, 0, 0
+    greys = ["#d9d9d9", "#b8b8b8", "#e8e8e8", "#a6a6a6", "#cfcfcf", "#f0f0f0"]
     for n in names:
         if n in fixed:
             out[n] = fixed[n]
+        elif n.startswith("after "):  # a gap between phases
+            out[n] = greys[k % len(greys)]
+            k += 1
         else:
             out[n] = extra[j % len(extra)]
             j += 1
@@ -275,8 +280,9 @@ PLOTS: list[tuple[str, str, str, Callable[[dict[str, Any]], Figure | None]]] = [
     ("stragglers", "Stragglers",
      "Rollout time of each rank relative to the fastest rank of the step (outliers boxed) and "
      "the barrier wait per step.", plot_stragglers),
-    ("session_phases", "Session time by phase, per step",
-     "Share of session time in each phase (other: outside any phase).", plot_session_phases),
+    ("session_phases", "Session time by phase and wait, per step",
+     "Share of session time in queue wait, each phase, gaps between phases, group wait (done, waiting "
+     "for the slowest sibling) and before finalize; each bar adds up to 100%.", plot_session_phases),
     ("train_phases", "Step time by train-side scope, per step",
      "Seconds per step in each train.* scope directly under train.step, mean over ranks.",
      plot_train_phases),
@@ -289,6 +295,76 @@ PLOTS: list[tuple[str, str, str, Callable[[dict[str, Any]], Figure | None]]] = [
 ]
 
 
+MAX_TIMELINES = 3
+MAX_TIMELINE_ROWS = 16
+WAIT_STYLE = {  # segment kind -> (colour, hatch, legend label)
+    "queue": ("#c9c9c9", "//", "queue wait"),
+    "gap": ("#e3e3e3", "", "between phases"),
+    "group": ("#f2a8a0", "xx", "group wait (for the holder)"),
+    "finalize": ("#8c8c8c", "", "before finalize"),
+    "none": ("#dddddd", "..", "no phase recorded"),
+}
+
+
+def _timeline_rows(g: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = g["members"][:MAX_TIMELINE_ROWS]
+    return rows
+
+
+def _segment_style(seg: dict[str, Any], colors: dict[str, Any]) -> tuple[Any, str, str]:
+    if seg["kind"] == "phase":
+        return colors[seg["label"]], "", seg["label"]
+    return WAIT_STYLE.get(seg["kind"], WAIT_STYLE["gap"])
+
+
+def plot_group_timeline(g: dict[str, Any]) -> Figure:
+    """One slow group: a row per session, its phases (with turn numbers) and waits on one time axis."""
+    rows = _timeline_rows(g)
+    phases = sorted({seg["label"] for m in rows for seg in m["segments"] if seg["kind"] == "phase"})
+    colors = _colors(phases)
+    fig = Figure(figsize=(10, 1.3 + 0.42 * len(rows)))
+    ax = fig.add_subplot()
+    span = max((seg["end_s"] for m in rows for seg in m["segments"]), default=1.0) or 1.0
+    seen: dict[str, Any] = {}
+    for y, m in enumerate(rows):
+        for seg in m["segments"]:
+            color, hatch, label = _segment_style(seg, colors)
+            w = seg["end_s"] - seg["start_s"]
+            bars = ax.broken_barh([(seg["start_s"], w)], (y - 0.36, 0.72), facecolors=color, hatch=hatch,
+                                  edgecolor="white" if not hatch else "#7a7a7a", linewidth=0.5)
+            seen.setdefault(label, bars)
+            if seg["kind"] == "phase" and seg["turn"] is not None and w > span * 0.035:
+                ax.text(seg["start_s"] + w / 2, y, f"t{seg['turn']}", ha="center", va="center", fontsize=7,
+                        color="white")
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([f"session {m['session_id']}" + (" — held the group" if m["held"] else "")
+                        for m in rows], fontsize=8)
+    for tick, m in zip(ax.get_yticklabels(), rows, strict=True):
+        if m["held"]:
+            tick.set_fontweight("bold")
+            tick.set_color("#c8372d")
+    ax.invert_yaxis()
+    ax.set_xlim(0, span * 1.01)
+    ax.set_xlabel("seconds since the group's first submit (t<n>: turn index)")
+    ax.grid(alpha=0.3, axis="x")
+    ax.legend(list(seen.values()), list(seen), fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return fig
+
+
+def _timeline_text(g: dict[str, Any]) -> tuple[str, str]:
+    h = g["holder"]
+    step = "–" if g["step"] is None else g["step"]
+    title = f"Slow group: rank {g['rank']} step {step} task {g['task_id']}"
+    turn = h.get("slow_turn")
+    turn = f" turn {turn}" if h.get("slow_kind") == "phase" and turn is not None else ""
+    share = h.get("slow_share")
+    caption = (f"{g['sessions']} sessions over {g['span_s']:.3g} s. Session {h['session_id']} held the "
+               f"group: {h['slow_phase']}{turn} took {h['slow_phase_s'] or 0:.3g} s"
+               + (f" ({share * 100:.0f}% of its own time)" if share is not None else "")
+               + "; every other row's hatched red tail is time spent waiting for it (group wait).")
+    return title, caption
+
+
 def write_plots(rep: dict[str, Any], directory: Path, stem: str) -> list[Plot]:
     """Render every plot that has data to ``directory/{stem}-{key}.png``."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -297,7 +373,14 @@ def write_plots(rep: dict[str, Any], directory: Path, stem: str) -> list[Plot]:
         fig = fn(rep)
         if fig is None:
             continue
-        path = directory / f"{stem}-{key}.png"
-        fig.savefig(path, dpi=DPI, bbox_inches="tight")
-        out.append(Plot(key, path, title, caption))
+        out.append(_save(fig, directory, stem, key, title, caption))
+    for i, g in enumerate(rep.get("groups", {}).get("groups", [])[:MAX_TIMELINES], 1):
+        title, caption = _timeline_text(g)
+        out.append(_save(plot_group_timeline(g), directory, stem, f"group_{i}", title, caption))
     return out
+
+
+def _save(fig: Figure, directory: Path, stem: str, key: str, title: str, caption: str) -> Plot:
+    path = directory / f"{stem}-{key}.png"
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    return Plot(key, path, title, caption)

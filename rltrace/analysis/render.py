@@ -16,7 +16,7 @@ import orjson
 
 from .load import ReportError
 from .plots import Plot, write_plots
-from .report import fmt_pct, fmt_s, public, session_name
+from .report import fmt_pct, fmt_s, public, session_name, why_slow
 from .template import HTML
 
 FORMATS = ("html", "md", "json")
@@ -58,7 +58,8 @@ def render_html(rep: dict[str, Any], plots: list[Plot]) -> str:
     import jinja2
 
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=False)
-    env.filters.update(s=fmt_s, pct=fmt_pct, x=_x, num=_num, step=_step, session=session_name)
+    env.filters.update(s=fmt_s, pct=fmt_pct, x=_x, num=_num, step=_step, session=session_name, why=why_slow,
+                       shares=_shares)
     uris = {p.key: {"title": p.title, "caption": p.caption,
                     "uri": "data:image/png;base64," + base64.b64encode(p.path.read_bytes()).decode("ascii")}
             for p in plots}
@@ -76,59 +77,97 @@ def _md_table(headers: list[str], rows: list[list[Any]]) -> list[str]:
     return [*out, ""]
 
 
-def render_md(rep: dict[str, Any], plots: list[Plot]) -> str:
-    img = {p.key: f"![{p.title}]({p.path.name})\n\n_{p.caption}_\n" for p in plots}
-    inp = rep["inputs"]
-    L = [f"# rltrace report — `{rep['logdir']}`", "",
-         f"{inp['sessions']} sessions · {len(inp['ranks'])} rank(s) · {len(inp['steps'])} step(s) · "
-         f"{inp['trace_events']} trace events · steps {rep['options']['steps']} · "
-         f"k = {rep['options']['k']} · "
-         f"generated {rep['generated_at']}", "", "## Findings", ""]
-    L += [f"- **{f['kind']}** {f['text']}" for f in rep["findings"]] or ["Nothing to report."]
+def _shares(m: dict[str, Any], least: float = 0.01) -> str:
+    """``group wait 72%, generate 15%, …``: buckets of 1% or more, the rest summed."""
+    parts = sorted(((v or 0.0, k) for k, v in m["shares"].items()), reverse=True)
+    big = [f"{k} {fmt_pct(v)}" for v, k in parts if v >= least]
+    rest = [v for v, _ in parts if 0 < v < least]
+    if rest:
+        big.append(f"{len(rest)} more {fmt_pct(sum(rest))}")
+    return ", ".join(big)
+
+
+def _md_groups(rep: dict[str, Any], img: dict[str, str]) -> list[str]:
+    gr = rep["groups"]
+    L = ["## 1. Slow groups", "",
+         "A group is the sessions of one task on one rank and step (GRPO samples, finalized together). "
+         "The session that finished its own work last held the group; the others' time after their own "
+         f"end is group wait. Group wait in all: {fmt_s(gr['total_group_wait_s'])} "
+         f"({fmt_pct(gr['group_wait_share'])} of session time).", ""]
+    if not gr["groups"]:
+        return [*L, "No group with two or more sessions.", ""]
+    for i, g in enumerate(gr["groups"], 1):
+        h = g["holder"]
+        L += [f"### rank {g['rank']} step {_step(g['step'])} task {g['task_id']}: {g['sessions']} sessions, "
+              f"{fmt_s(g['span_s'])}", "", f"Held by session {h['session_id']}: {why_slow(h)}.", ""]
+        L += [img.get(f"group_{i}", "")]
+        L += _md_table(["session", "status", "own time", "until finalize", "group wait", "slowest segment",
+                        "time by bucket (adds up to 100%)"],
+                       [[f"**{m['session_id']}** (held it)" if m["held"] else m["session_id"], m["status"],
+                         fmt_s(m["own_s"]), fmt_s(m["total_s"]), fmt_s(m["group_wait_s"]), why_slow(m),
+                         _shares(m)] for m in g["members"]])
+    return L
+
+
+def _md_longtail(rep: dict[str, Any], img: dict[str, str]) -> list[str]:
     lt = rep["longtail"]
     o = lt["overall"]
-    L += ["", "## 1. Long tail", "",
-          "Completion time since the step's start (rollout scope, else step scope, else first submit).", ""]
+    L = ["## 2. Long tail", "",
+         "Own completion time (last phase's end) since the step's start (rollout scope, else step scope, "
+         "else first submit).", ""]
     L += _md_table(["sessions", "P50", "P90", "P99", "P99.9", "max", "waiting for last 20%"],
                    [[o["count"], fmt_s(o["p50_s"]), fmt_s(o["p90_s"]), fmt_s(o["p99_s"]), fmt_s(o["p999_s"]),
                      fmt_s(o["max_s"]), fmt_pct(o["tail_fraction"])]])
-    L += [img.get("cdf", ""), img.get("step_tail", ""), "### Slowest sessions", ""]
-    L += _md_table(["session", "status", "total", "completion", "turns", "phases", "slow phase", "× median"],
-                   [[session_name(b), b["status"], fmt_s(b["total_s"]), fmt_s(b["completion_s"]), b["turns"],
-                     ", ".join(f"{p} {fmt_s(v)}" for p, v in b["phases_s"].items()),
-                     f"{b['slow_phase']} {fmt_s(b.get('slow_phase_s'))}", _x(b.get("slow_phase_x_median"))]
+    L += [img.get("cdf", ""), img.get("step_tail", ""), "### Slowest sessions (by their own time)", ""]
+    L += _md_table(["session", "status", "own time", "until finalize", "completion", "turns",
+                    "slowest segment", "time by bucket"],
+                   [[session_name(b), b["status"], fmt_s(b["own_s"]), fmt_s(b["total_s"]),
+                     fmt_s(b["completion_s"]), b["turns"], why_slow(b), _shares(b)]
                     for b in lt["slowest_sessions"]])
     L += ["### Per step", ""]
     L += _md_table(["step", "sessions", "P50", "P90", "P99", "P99.9", "max", "waiting for last 20%"],
                    [[_step(r["step"]), r["count"], fmt_s(r["p50_s"]), fmt_s(r["p90_s"]), fmt_s(r["p99_s"]),
                      fmt_s(r["p999_s"]), fmt_s(r["max_s"]), fmt_pct(r["tail_fraction"])]
                     for r in lt["per_step"]])
+    return L
+
+
+def _held(b: dict[str, Any] | None) -> str:
+    return "–" if not b else f"{session_name(b)}: {why_slow(b)}"
+
+
+def _md_stragglers(rep: dict[str, Any], img: dict[str, str]) -> list[str]:
     sg = rep["stragglers"]
-    L += ["## 2. Stragglers", "",
-          f"Outlier: rollout above median {fmt_s(sg['median_s'])} + {sg['k']} × MAD {fmt_s(sg['mad_s'])} = "
-          f"{fmt_s(sg['threshold_s'])}. Total barrier wait {fmt_s(sg['total_barrier_wait_s'])} "
-          f"({fmt_pct(sg['barrier_wait_share'])} of step time).", ""]
-    L += _md_table(["step", "rank", "rollout", "median", "+MADs", "last sessions to finish (slow phase)"],
+    L = ["## 3. Stragglers", "",
+         f"Outlier: rollout above median {fmt_s(sg['median_s'])} + {sg['k']} × MAD {fmt_s(sg['mad_s'])} = "
+         f"{fmt_s(sg['threshold_s'])}. Total barrier wait {fmt_s(sg['total_barrier_wait_s'])} "
+         f"({fmt_pct(sg['barrier_wait_share'])} of step time).", ""]
+    L += _md_table(["step", "rank", "rollout", "median", "+MADs",
+                    "last sessions to finish (slowest segment)"],
                    [[o["step"], o["rank"], fmt_s(o["rollout_s"]), fmt_s(o["median_s"]),
-                     _num(o["excess_mads"]),
-                     "; ".join(f"{session_name(b)}: {b['slow_phase']} {fmt_s(b.get('slow_phase_s'))} "
-                               f"({_x(b.get('slow_phase_x_median'))} median)" for b in o["sessions"])]
+                     _num(o["excess_mads"]), "; ".join(_held(b) for b in o["sessions"])]
                     for o in sg["outliers"]]) if sg["outliers"] else ["No outlier (rank, step).", ""]
     L += [img.get("stragglers", "")]
     L += _md_table(["rank", "steps", "mean rollout", "median × fastest", "slowest in steps", "outlier steps"],
                    [[r["rank"], r["steps"], fmt_s(r["mean_rollout_s"]), _x(r["median_ratio_to_fastest"]),
                      r["slowest_in_steps"], r["outlier_steps"]] for r in sg["per_rank"]])
-    L += _md_table(["step", "fastest rank", "fastest", "slowest rank", "slowest", "barrier wait"],
+    L += _md_table(["step", "fastest rank", "fastest", "slowest rank", "slowest", "barrier wait",
+                    "held by (slowest rank's last session)"],
                    [[r["step"], r.get("fastest_rank", "–"), fmt_s(r.get("fastest_s")),
-                     r.get("slowest_rank", "–"),
-                     fmt_s(r.get("slowest_s")), fmt_s(r.get("barrier_wait_s"))] for r in sg["per_step"]])
+                     r.get("slowest_rank", "–"), fmt_s(r.get("slowest_s")), fmt_s(r.get("barrier_wait_s")),
+                     _held(r.get("held_by"))] for r in sg["per_step"]])
+    return L
+
+
+def _md_phases(rep: dict[str, Any], img: dict[str, str]) -> list[str]:
     ps, tr = rep["phases"]["session"], rep["phases"]["train"]
-    L += ["## 3. Phase breakdown", "", "### Session phases (share of session time)", ""]
-    L += _md_table(["phase", "total", "share", "sessions", "mean", "P50", "P99"],
-                   [[r["phase"], fmt_s(r["total_s"]), fmt_pct(r["share"]), r["sessions"], fmt_s(r["mean_s"]),
-                     fmt_s(r["p50_s"]), fmt_s(r["p99_s"])] for r in ps["overall"]])
+    L = ["## 4. Time breakdown", "",
+         "### Session time: queue wait, phases, gaps, group wait (adds up to 100%)", ""]
+    L += _md_table(["bucket", "kind", "total", "share", "sessions", "mean", "P50", "P99"],
+                   [[r["phase"], r["kind"], fmt_s(r["total_s"]), fmt_pct(r["share"]), r["sessions"],
+                     fmt_s(r["mean_s"]), fmt_s(r["p50_s"]), fmt_s(r["p99_s"])] for r in ps["overall"]])
     if ps["anomalies"]:
-        L += _md_table(["step", "phase", "share", "median share"],
+        L += _md_table(["step", "bucket", "share", "median share"],
                        [[_step(a["step"]), a["phase"], fmt_pct(a["share"]), fmt_pct(a["median_share"])]
                         for a in ps["anomalies"]])
     L += [img.get("session_phases", "")]
@@ -140,16 +179,44 @@ def render_md(rep: dict[str, Any], plots: list[Plot]) -> str:
         L += _md_table(["scope", "total", "share"],
                        [[r["scope"], fmt_s(r["total_s"]), fmt_pct(r["share"])] for r in tr["overall"]])
         L += [img.get("train_phases", "")]
+    return L
+
+
+def _turn_cell(row: dict[str, Any], phase: str) -> str:
+    """``12.3 ms ×40``: mean seconds per execution and executions of a phase at one turn index."""
+    if phase not in row["mean_s"]:
+        return "–"
+    return f"{fmt_s(row['mean_s'][phase])} ×{row['executions'][phase]}"
+
+
+def _md_turns(rep: dict[str, Any], img: dict[str, str]) -> list[str]:
     tu = rep["turns"]
-    L += ["## 4. Turns", "", f"Mean turns per session: {_num(tu['mean_turns'])}.", ""]
-    L += _md_table(["turns", "sessions", "fraction", "mean session time"],
+    L = ["## 5. Turns, tools and workers", "", f"Mean turns per session: {_num(tu['mean_turns'])}.", ""]
+    L += _md_table(["turns", "sessions", "fraction", "mean own time"],
                    [[r["turns"], r["sessions"], fmt_pct(d["fraction"]), fmt_s(r["mean_s"])]
                     for r, d in zip(tu["session_time_by_turns"], tu["distribution"], strict=True)])
-    L += _md_table(["turn index", "generate executions", "mean generate time"],
-                   [[r["turn"], r["executions"], fmt_s(r["mean_s"])] for r in tu["generate_by_turn"]])
+    pbt = tu["phase_by_turn"]
+    L += ["### Time by turn index (mean per execution)", ""]
+    L += _md_table(["turn index", *pbt["phases"]],
+                   [[r["turn"], *(_turn_cell(r, p) for p in pbt["phases"])] for r in pbt["rows"]])
     L += [img.get("turns", "")]
+    if tu["tools"]:
+        L += ["### Tool calls by tool", ""]
+        L += _md_table(["tool", "calls", "total", "mean", "P50", "P99", "max"],
+                       [[t["tool"], t["calls"], fmt_s(t["total_s"]), fmt_s(t["mean_s"]), fmt_s(t["p50_s"]),
+                         fmt_s(t["p99_s"]), fmt_s(t["max_s"])] for t in tu["tools"]])
+    L += ["### By worker (rank) and step", ""]
+    L += _md_table(["rank", "step", "sessions", "mean own time", "max own time", "mean generate",
+                    "group wait"],
+                   [[w["rank"], _step(w["step"]), w["sessions"], fmt_s(w["mean_own_s"]),
+                     fmt_s(w["max_own_s"]), fmt_s(w["mean_generate_s"]), fmt_s(w["group_wait_s"])]
+                    for w in tu["workers"]])
+    return L
+
+
+def _md_status(rep: dict[str, Any], img: dict[str, str]) -> list[str]:
     st = rep["status"]
-    L += ["## 5. Status and staleness", "", f"Acceptance rate {fmt_pct(st['acceptance_rate'])}.", ""]
+    L = ["## 6. Status and staleness", "", f"Acceptance rate {fmt_pct(st['acceptance_rate'])}.", ""]
     L += _md_table(["status", "sessions"], [[k, v] for k, v in st["counts"].items()])
     L += _md_table(["status", "reason", "sessions", "share of status"],
                    [[r["status"], r["reason"], r["sessions"], fmt_pct(r["share_of_status"])]
@@ -162,15 +229,33 @@ def render_md(rep: dict[str, Any], plots: list[Plot]) -> str:
         L += _md_table(["rank", "task", "sessions", "accepted", "rate"],
                        [[x["rank"], x["task_id"], x["sessions"], x["accepted"], fmt_pct(x["acceptance_rate"])]
                         for x in t["lowest"]])
+    return L
+
+
+def _md_summary(rep: dict[str, Any], img: dict[str, str]) -> list[str]:
     sm = rep["summary"]
-    L += ["## 6. Run summary", "", f"Wall time {fmt_s(sm['wall_total_s'])} summed over ranks.", ""]
+    L = ["## 7. Run summary", "", f"Wall time {fmt_s(sm['wall_total_s'])} summed over ranks.", ""]
     L += _md_table(["scope", "count", "total", "mean", "P50", "P99", "max", "wall share"],
                    [[r["name"], r["count"], fmt_s(r["total_s"]), fmt_s(r["mean_s"]), fmt_s(r["p50_s"]),
                      fmt_s(r["p99_s"]), fmt_s(r["max_s"]), fmt_pct(r["wall_share"])] for r in sm["scopes"]])
     if sm["counters"]:
         L += _md_table(["counter", "total", "per second"],
                        [[c["name"], _num(c["total"]), _num(c["rate_per_s"])] for c in sm["counters"]])
-    L += [img.get("scopes", "")]
+    return [*L, img.get("scopes", "")]
+
+
+def render_md(rep: dict[str, Any], plots: list[Plot]) -> str:
+    img = {p.key: f"![{p.title}]({p.path.name})\n\n_{p.caption}_\n" for p in plots}
+    inp = rep["inputs"]
+    L = [f"# rltrace report — `{rep['logdir']}`", "",
+         f"{inp['sessions']} sessions · {len(inp['ranks'])} rank(s) · {len(inp['steps'])} step(s) · "
+         f"{inp['trace_events']} trace events · steps {rep['options']['steps']} · "
+         f"k = {rep['options']['k']} · "
+         f"generated {rep['generated_at']}", "", "## Findings", ""]
+    L += [f"- **{f['kind']}** {f['text']}" for f in rep["findings"]] or ["Nothing to report."]
+    L += [""]
+    for section in (_md_groups, _md_longtail, _md_stragglers, _md_phases, _md_turns, _md_status, _md_summary):
+        L += section(rep, img)
     if inp["skipped_lines"]:
         L += ["## Inputs", "", f"{inp['skipped_lines']} unreadable line(s) skipped:", ""]
         L += [f"- {m}" for m in inp["skipped"]]

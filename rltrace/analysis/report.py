@@ -5,13 +5,15 @@ from __future__ import annotations
 import datetime
 import math
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
-from . import longtail, phases, status, stragglers, summary, turns
+from . import groups, longtail, phases, status, stragglers, summary, turns
 from .run import Run
 
 SCHEMA_VERSION = 1
 MAX_OUTLIER_FINDINGS = 5
+MAX_GROUP_FINDINGS = 3
 
 
 def fmt_s(x: float | None) -> str:
@@ -37,12 +39,25 @@ def session_name(b: dict[str, Any]) -> str:
     return f"rank {b['rank']} step {step} task {b.get('task_id')} session {b.get('session_id')}"
 
 
-def why_slow(b: dict[str, Any]) -> str:
+def segment_name(b: dict[str, Any]) -> str:
+    """The slow segment of a described session: ``generate turn 1``, ``queue wait``, a gap."""
     p = b.get("slow_phase")
     if p is None:
         return "no phase recorded"
-    ratio = b.get("slow_phase_x_median")
-    return f"{p} {fmt_s(b.get('slow_phase_s'))}" + (f", {ratio:.1f}× its median" if ratio else "")
+    turn = b.get("slow_turn")
+    return f"{p} turn {turn}" if b.get("slow_kind") == "phase" and turn is not None else str(p)
+
+
+def why_slow(b: dict[str, Any]) -> str:
+    """``generate turn 1 0.90 s (75% of its own time, 9.0× the median)``."""
+    if b.get("slow_phase") is None:
+        return "no phase recorded"
+    parts = []
+    if b.get("slow_share") is not None:
+        parts.append(f"{fmt_pct(b['slow_share'])} of its own time")
+    if b.get("slow_phase_x_median"):
+        parts.append(f"{b['slow_phase_x_median']:.1f}× the median")
+    return f"{segment_name(b)} {fmt_s(b.get('slow_phase_s'))}" + (f" ({', '.join(parts)})" if parts else "")
 
 
 def build_report(run: Run) -> dict[str, Any]:
@@ -59,10 +74,12 @@ def build_report(run: Run) -> dict[str, Any]:
             "session_files": [str(p) for p in run.session_files],
             "trace_files": [str(p) for p in run.trace_files],
             "sessions": s.size, "sessions_outside_steps": run.reader.filtered,
+            "sessions_step_from_scopes": run.reader.resolved,
             "trace_events": run.traces.events, "ranks": run.ranks, "steps": run.steps,
             "skipped_lines": run.skipped.count, "skipped": list(run.skipped.messages),
         },
     }
+    rep["groups"] = groups.analyze(run)
     rep["longtail"] = longtail.analyze(run)
     rep["stragglers"] = stragglers.analyze(run)
     rep["phases"] = phases.analyze(run)
@@ -74,6 +91,9 @@ def build_report(run: Run) -> dict[str, Any]:
     return rep
 
 
+Add = Callable[..., None]
+
+
 def findings(rep: dict[str, Any]) -> list[dict[str, Any]]:
     """The report's headline observations, most actionable first."""
     out: list[dict[str, Any]] = []
@@ -81,13 +101,48 @@ def findings(rep: dict[str, Any]) -> list[dict[str, Any]]:
     def add(kind: str, text: str, **extra: Any) -> None:
         out.append({"kind": kind, "text": text, **extra})
 
+    for section in (_group_findings, _straggler_findings, _longtail_findings, _session_findings,
+                    _breakdown_findings, _turn_findings, _tool_findings, _status_findings, _input_findings):
+        section(rep, add)
+    return out
+
+
+def _group_findings(rep: dict[str, Any], add: Add) -> None:
+    for i, g in enumerate(rep["groups"]["groups"][:MAX_GROUP_FINDINGS]):
+        h = g["holder"]
+        head = "Slowest group" if i == 0 else "Group"
+        text = (f"{head}: rank {g['rank']} step {_step(g['step'])} task {g['task_id']} "
+                f"({g['sessions']} sessions) took {fmt_s(g['span_s'])}; session {h['session_id']} held it: "
+                f"{why_slow(h)}.")
+        sib = g["siblings_own_s"]
+        if sib:
+            lo, hi = fmt_s(min(sib)), fmt_s(max(sib))
+            rng = lo if lo == hi else f"{lo}–{hi}"
+            text += (f" Its {len(sib)} sibling(s) finished their own work in {rng}, then waited: group wait "
+                     f"{fmt_s(g['group_wait_s'])}, "
+                     f"{fmt_pct(g['group_wait_share'])} of the group's session time.")
+        add("group", text, rank=g["rank"], step=g["step"], task_id=g["task_id"], session_id=h["session_id"],
+            phase=h["slow_phase"], turn=h["slow_turn"])
+    gw = rep["groups"]
+    if gw["total_group_wait_s"] > 0:
+        add("group", f"Group wait (samples done, waiting for the slowest sibling of their group) totals "
+            f"{fmt_s(gw['total_group_wait_s'])}, {fmt_pct(gw['group_wait_share'])} of session time.")
+
+
+def _held(b: dict[str, Any] | None) -> str:
+    if not b:
+        return "no session records"
+    return (f"held by {session_name(b)}, done at {fmt_s(b.get('completion_s'))} after the step start: "
+            f"{why_slow(b)}")
+
+
+def _straggler_findings(rep: dict[str, Any], add: Add) -> None:
     sg = rep["stragglers"]
+    held = {r["step"]: r.get("held_by") for r in sg["per_step"]}
     for o in sg["outliers"][:MAX_OUTLIER_FINDINGS]:
-        who = "; ".join(f"{session_name(b)} finished at {fmt_s(b.get('completion_s'))} "
-                        f"({why_slow(b)})" for b in o["sessions"][:2])
         add("straggler", f"Step {o['step']}: rank {o['rank']} rollout took {fmt_s(o['rollout_s'])} "
-            f"(median {fmt_s(o['median_s'])}, +{(o['excess_mads'] or 0):.1f} MAD). "
-            f"Last to finish: {who or 'no session records'}.", step=o["step"], rank=o["rank"])
+            f"(median {fmt_s(o['median_s'])}, +{(o['excess_mads'] or 0):.1f} MAD); "
+            f"{_held(o['sessions'][0] if o['sessions'] else None)}.", step=o["step"], rank=o["rank"])
     if len(sg["outliers"]) > MAX_OUTLIER_FINDINGS:
         add("straggler", f"…and {len(sg['outliers']) - MAX_OUTLIER_FINDINGS} more outlier (rank, step) "
             f"rollouts (see Stragglers).")
@@ -99,55 +154,93 @@ def findings(rep: dict[str, Any]) -> list[dict[str, Any]]:
                 f"{n_steps} steps (median {worst['median_ratio_to_fastest'] or 0:.2f}× the fastest).",
                 rank=worst["rank"])
     if sg["barrier_wait_share"] is not None and sg["total_barrier_wait_s"] > 0:
+        top = max((r for r in sg["per_step"] if r.get("barrier_wait_s")), key=lambda r: r["barrier_wait_s"])
         add("barrier", f"Barrier wait (slowest minus fastest rank's rollout) totals "
-            f"{fmt_s(sg['total_barrier_wait_s'])}, {fmt_pct(sg['barrier_wait_share'])} of step time.")
-    lt = rep["longtail"]
-    ov = lt["overall"]
+            f"{fmt_s(sg['total_barrier_wait_s'])}, {fmt_pct(sg['barrier_wait_share'])} of step time; the "
+            f"longest, step {top['step']} ({fmt_s(top['barrier_wait_s'])}): the other ranks waited for rank "
+            f"{top['slowest_rank']}, {_held(held.get(top['step']))}.", step=top["step"],
+            rank=top["slowest_rank"])
+
+
+def _longtail_findings(rep: dict[str, Any], add: Add) -> None:
+    ov = rep["longtail"]["overall"]
     if ov["count"]:
         add("longtail", f"Long tail: the last 20% of sessions take {fmt_pct(ov['tail_fraction'])} of "
-            f"rollout time; completion after step start P50 {fmt_s(ov['p50_s'])}, P90 "
+            f"rollout time; own completion after step start P50 {fmt_s(ov['p50_s'])}, P90 "
             f"{fmt_s(ov['p90_s'])}, P99 {fmt_s(ov['p99_s'])}, max {fmt_s(ov['max_s'])}.")
-    slow = lt["slowest_sessions"]
-    if slow:
-        add("session", f"Slowest session: {session_name(slow[0])}, {fmt_s(slow[0]['total_s'])} "
-            f"({why_slow(slow[0])}).", slow_phase=slow[0].get("slow_phase"))
-        blame = Counter(b.get("slow_phase") for b in slow)
-        phase, n = blame.most_common(1)[0]
-        if len(slow) > 1 and phase is not None:
-            add("session", f"{n} of the {len(slow)} slowest sessions were slow in {phase}.",
-                slow_phase=phase)
+
+
+def _session_findings(rep: dict[str, Any], add: Add) -> None:
+    slow = rep["longtail"]["slowest_sessions"]
+    if not slow:
+        return
+    b = slow[0]
+    add("session", f"Slowest session by its own time: {session_name(b)}, {fmt_s(b['own_s'])} of "
+        f"{fmt_s(b['total_s'])} until finalize ({why_slow(b)}).", slow_phase=b.get("slow_phase"),
+        turn=b.get("slow_turn"))
+    blame = Counter(b.get("slow_phase") for b in slow)
+    phase, n = blame.most_common(1)[0]
+    if len(slow) > 1 and phase is not None:
+        add("session", f"{n} of the {len(slow)} slowest sessions were slow in {phase}.", slow_phase=phase)
+
+
+def _breakdown_findings(rep: dict[str, Any], add: Add) -> None:
     ph = rep["phases"]["session"]
     for a in ph["anomalies"][:MAX_OUTLIER_FINDINGS]:
-        add("phase", f"Step {a['step']}: {a['phase']} takes {fmt_pct(a['share'])} of session time "
+        add("phase", f"Step {_step(a['step'])}: {a['phase']} takes {fmt_pct(a['share'])} of session time "
             f"(median over steps {fmt_pct(a['median_share'])}).", step=a["step"], phase=a["phase"])
     if ph["overall"]:
-        parts = ", ".join(f"{r['phase']} {fmt_pct(r['share'])}" for r in ph["overall"][:4])
-        add("phase", f"Session time by phase: {parts}.")
+        parts = ", ".join(f"{r['phase']} {fmt_pct(r['share'])}" for r in ph["overall"][:5])
+        add("phase", f"Session time: {parts}.")
     tr = rep["phases"]["train"]
     if tr["overall"]:
         parts = ", ".join(f"{r['scope']} {fmt_pct(r['share'])}" for r in tr["overall"][:4])
         add("phase", f"Step time by train-side scope: {parts}.")
+
+
+def _turn_findings(rep: dict[str, Any], add: Add) -> None:
     tu = rep["turns"]
     bt = tu["session_time_by_turns"]
     if tu["mean_turns"] is not None and len(bt) > 1 and bt[0]["mean_s"] > 0:
         add("turns", f"Sessions take {tu['mean_turns']:.2f} turns on average; {bt[-1]['turns']}-turn "
-            f"sessions take {bt[-1]['mean_s'] / bt[0]['mean_s']:.1f}× as long as "
+            f"sessions take {bt[-1]['mean_s'] / bt[0]['mean_s']:.1f}× as long (own time) as "
             f"{bt[0]['turns']}-turn ones.")
+
+
+def _tool_findings(rep: dict[str, Any], add: Add) -> None:
+    tools = rep["turns"]["tools"]
+    if tools:
+        parts = "; ".join(f"{t['tool']}: {t['calls']} calls, P50 {fmt_s(t['p50_s'])}, "
+                          f"P99 {fmt_s(t['p99_s'])}, max {fmt_s(t['max_s'])}" for t in tools[:3])
+        add("tools", f"Tool calls by tool: {parts}.")
+
+
+def _status_findings(rep: dict[str, Any], add: Add) -> None:
     st = rep["status"]
-    if st["sessions"]:
-        parts = []
-        for name, c in st["counts"].items():
-            if name == "accepted":
-                continue
-            top = [r for r in st["reasons"] if r["status"] == name][:1]
-            why = f" (mostly {top[0]['reason']}: {fmt_pct(top[0]['share_of_status'])})" if top else ""
-            parts.append(f"{name} {fmt_pct(c / st['sessions'])}{why}")
-        add("status", f"Acceptance {fmt_pct(st['acceptance_rate'])}" + (f"; {', '.join(parts)}" if parts
-                                                                       else "") + ".")
-    if rep["inputs"]["skipped_lines"]:
-        add("input", f"{rep['inputs']['skipped_lines']} unreadable line(s) skipped: "
-            f"{rep['inputs']['skipped'][0]}.")
-    return out
+    if not st["sessions"]:
+        return
+    parts = []
+    for name, c in st["counts"].items():
+        if name == "accepted":
+            continue
+        top = [r for r in st["reasons"] if r["status"] == name][:1]
+        why = f" (mostly {top[0]['reason']}: {fmt_pct(top[0]['share_of_status'])})" if top else ""
+        parts.append(f"{name} {fmt_pct(c / st['sessions'])}{why}")
+    add("status", f"Acceptance {fmt_pct(st['acceptance_rate'])}" + (f"; {', '.join(parts)}" if parts
+                                                                   else "") + ".")
+
+
+def _input_findings(rep: dict[str, Any], add: Add) -> None:
+    inp = rep["inputs"]
+    if inp["skipped_lines"]:
+        add("input", f"{inp['skipped_lines']} unreadable line(s) skipped: {inp['skipped'][0]}.")
+    if inp["sessions_step_from_scopes"]:
+        add("input", f"{inp['sessions_step_from_scopes']} session record(s) had no step: each took the "
+            f"step of the trace scope on its rank whose args carry it (global_step).")
+
+
+def _step(v: Any) -> str:
+    return "–" if v is None else str(v)
 
 
 def public(obj: Any) -> Any:

@@ -3,8 +3,14 @@
 Step start (what session completion times are measured from), per rank and step: the start of
 the rollout scope (``train.rollout``) inside that step's ``train.step`` scope on that rank, else
 the start of the ``train.step`` scope, else the earliest ``submit_ts`` of the step's sessions on
-that rank.  Sessions without a step form their own group (step ``None``) measured from their
-rank's earliest submit.
+that rank.  Without ``train.step`` scopes (AReaL's guide marks steps only as
+``trace_scope("train.rollout", args={"global_step": n})``), a step on a rank is the span of the
+``train.*`` scopes whose args carry its number.  Sessions without a step form their own group
+(step ``None``) measured from their rank's earliest submit.
+
+Session times are decomposed once (:mod:`.timeline`): the record-only part while reading, the
+split of each session's tail into group wait and before-finalize here (:meth:`Run.tail`), and
+every section reads the same numbers.
 """
 
 from __future__ import annotations
@@ -16,11 +22,13 @@ from typing import Any
 
 import numpy as np
 
+from . import timeline
 from .load import Progress, ReportError, Skipped, StepRange, file_rank, find_files, iter_objects
-from .sessions import BAD_RECORD, SessionArrays, SessionReader
+from .sessions import BAD_RECORD, SessionArrays, SessionReader, StepResolver
 from .traces import StepInfo, TraceReader
 
 START_ROLLOUT, START_STEP, START_SUBMIT = "rollout scope", "step scope", "first submit"
+MAX_SEGMENTS = 200
 
 
 @dataclass
@@ -75,11 +83,12 @@ class Run:
     traces: TraceReader
     steps_info: dict[tuple[int, int], StepInfo]
     rank_steps: dict[tuple[int, int | None], RankStep]
-    #: per session: seconds from its step's start to its finalization
+    #: per session: seconds from its step's start to its own end (its last phase's end)
     completion: np.ndarray
-    #: per phase (and "other"): median seconds over the sessions that ran it
-    phase_median: dict[str, float]
-    _other: np.ndarray | None = None
+    #: per phase, queue wait and gap: median seconds of one execution (gaps: per session)
+    medians: dict[str, float]
+    _tail: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    _buckets: dict[int, dict[str, float]] | None = None
 
     @property
     def ranks(self) -> list[int]:
@@ -90,39 +99,72 @@ class Run:
         return sorted({k[1] for k in self.rank_steps if k[1] is not None}
                       | {k[1] for k in self.steps_info})
 
-    def other_s(self) -> np.ndarray:
-        """Per session: total time not in any phase (queueing, overhead), clipped at 0."""
-        if self._other is None:
+    def tail(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per session: group wait, before-finalize seconds, and its group's end (epoch s).
+
+        A group is the sessions of one task on one rank in one step; its end is the latest own
+        end among them (see :mod:`.timeline`).
+        """
+        if self._tail is None:
             s = self.sessions
-            acc = s.total.astype(np.float64)
-            for col in s.phases.values():
-                acc -= col
-            self._other = np.maximum(acc, 0.0, out=acc)
-        return self._other
+            group_end = timeline.group_reduce((s.task, s.step, s.rank), s.own_end)
+            wait, fin = timeline.split_tail(s.own_end, s.final, group_end)
+            self._tail = (wait, fin, group_end)
+        return self._tail
+
+    def buckets_by_step(self) -> dict[int, dict[str, float]]:
+        """step (-1: none) -> bucket -> seconds, every bucket of :mod:`.timeline` included."""
+        if self._buckets is None:
+            out = {st: dict(d) for st, d in self.reader.buckets.items()}
+            s = self.sessions
+            if s.size:
+                wait, fin, _ = self.tail()
+                steps, inv = np.unique(s.step, return_inverse=True)
+                inv = inv.reshape(-1)
+                for label, v in ((timeline.GROUP, wait), (timeline.FINALIZE, fin)):
+                    sums = np.bincount(inv, weights=v, minlength=steps.size)
+                    for st, x in zip(steps.tolist(), sums.tolist(), strict=True):
+                        if x > 0:
+                            out.setdefault(st, {})[label] = x
+            self._buckets = out
+        return self._buckets
 
     def explain(self, brief: dict[str, Any]) -> dict[str, Any]:
-        """A slow session with its completion time and the phase that made it slow."""
-        out = dict(brief)
-        step = brief.get("step")
-        rs = self.rank_steps.get((brief["rank"], step))
-        out["completion_s"] = (brief["finalized_ts"] - rs.start_s
-                               if rs is not None and brief.get("finalized_ts") is not None else None)
-        phases = dict(brief.get("phases_s") or {})
-        other = max(float(brief["total_s"]) - sum(phases.values()), 0.0)
-        if other > 0:
-            phases["other"] = other
-        best, best_excess = None, -math.inf
-        for p, v in phases.items():
-            med = self.phase_median.get(p, 0.0)
-            if v - med > best_excess:
-                best, best_excess = p, v - med
-        out["slow_phase"] = best
-        if best is not None:
-            med = self.phase_median.get(best, 0.0)
-            out["slow_phase_s"] = phases[best]
-            out["slow_phase_median_s"] = med
-            out["slow_phase_x_median"] = phases[best] / med if med > 0 else None
+        """A session with its completion time, time decomposition and the segment that made it slow."""
+        out = {k: v for k, v in brief.items() if not k.startswith("_")}
+        d: timeline.Decomposition = brief["_decomp"]
+        rs = self.rank_steps.get((brief["rank"], brief.get("step")))
+        out["completion_s"] = d.own_end - rs.start_s if rs is not None else None
+        group_end = float(self.tail()[2][brief["_index"]]) if self.sessions.size else d.own_end
+        segs = timeline.split_segments(d, group_end)
+        out.update(describe(segs, d.start, self.medians))
         return out
+
+
+def describe(segs: list[timeline.Segment], start: float, medians: dict[str, float]) -> dict[str, Any]:
+    """A session's decomposition, shares (adding up to 1) and its slowest segment vs the median."""
+    decomp: dict[str, float] = {}
+    for seg in segs:
+        decomp[seg.label] = decomp.get(seg.label, 0.0) + seg.dur
+    whole = sum(decomp.values())
+    own = sum(seg.dur for seg in segs if seg.kind not in (timeline.KIND_GROUP, timeline.KIND_FINALIZE))
+    out: dict[str, Any] = {
+        "decomposition_s": decomp,
+        "shares": {k: (v / whole if whole > 0 else None) for k, v in decomp.items()},
+        "group_wait_s": decomp.get(timeline.GROUP, 0.0),
+        "segments": [{"label": g.label, "kind": g.kind, "turn": g.turn, "start_s": g.start - start,
+                      "end_s": g.end - start} for g in segs[:MAX_SEGMENTS]],
+        "slow_phase": None, "slow_turn": None,
+    }
+    cands = [g for g in segs if g.kind in (timeline.KIND_PHASE, timeline.KIND_QUEUE, timeline.KIND_GAP)]
+    if not cands:
+        return out
+    best = max(cands, key=lambda g: g.dur - medians.get(g.label, 0.0))
+    med = medians.get(best.label, 0.0)
+    out.update(slow_phase=best.label, slow_turn=best.turn, slow_kind=best.kind, slow_phase_s=best.dur,
+               slow_phase_median_s=med, slow_phase_x_median=best.dur / med if med > 0 else None,
+               slow_share=best.dur / own if own > 0 else None)
+    return out
 
 
 def load_run(logdir: str | Path, options: ReportOptions | None = None) -> Run:
@@ -131,7 +173,6 @@ def load_run(logdir: str | Path, options: ReportOptions | None = None) -> Run:
     root = Path(logdir).expanduser()
     session_files, trace_files = find_files(root)
     skipped = Skipped()
-    reader = SessionReader(opts.steps, top=opts.top)
     traces = TraceReader(opts.steps, step_scope=opts.step_scope, rollout_scope=opts.rollout_scope,
                          train_prefix=opts.train_prefix)
     sizes = sum(p.stat().st_size for p in session_files + trace_files)
@@ -142,8 +183,10 @@ def load_run(logdir: str | Path, options: ReportOptions | None = None) -> Run:
         if not opts.steps.everything:
             for fi, path in enumerate(trace_files):
                 traces.prescan_windows(fi, path, skipped, progress)
+            traces.finish_prescan()
         for fi, path in enumerate(trace_files):
             traces.read(fi, path, skipped, progress)
+        reader = SessionReader(opts.steps, top=opts.top, resolver=StepResolver(traces.rank_step_windows()))
         for fi, path in enumerate(session_files):
             default_rank = file_rank(path, fi)
             add = reader.add
@@ -162,8 +205,8 @@ def load_run(logdir: str | Path, options: ReportOptions | None = None) -> Run:
     rank_steps, completion = _rank_steps(sessions, reader, steps_info)
     run = Run(logdir=root, options=opts, session_files=session_files, trace_files=trace_files,
               skipped=skipped, reader=reader, sessions=sessions, traces=traces,
-              steps_info=steps_info, rank_steps=rank_steps, completion=completion, phase_median={})
-    run.phase_median = _phase_medians(run)
+              steps_info=steps_info, rank_steps=rank_steps, completion=completion,
+              medians=_medians(reader))
     return run
 
 
@@ -193,7 +236,7 @@ def _rank_steps(s: SessionArrays, reader: SessionReader,
             out[(rank, step if step >= 0 else None)] = RankStep(
                 rank=rank, step=step if step >= 0 else None, start_s=start, start_source=src,
                 sessions=int(counts[i]), last_final_s=float(last[i]), info=info)
-        completion = s.final - starts[inv]
+        completion = s.own_end - starts[inv]
     for (rank, step), info in infos.items():
         if (rank, step) not in out:
             start = (info.rollout_start_us if info.rollout_start_us is not None else info.start_us) / 1e6
@@ -203,13 +246,11 @@ def _rank_steps(s: SessionArrays, reader: SessionReader,
     return out, completion
 
 
-def _phase_medians(run: Run) -> dict[str, float]:
+def _medians(reader: SessionReader) -> dict[str, float]:
+    """Median seconds of one phase execution or queue wait; of a gap bucket per session."""
     out = {}
-    for p, col in run.sessions.phases.items():
-        ran = col[col > 0]
-        out[p] = float(np.median(ran)) if ran.size else 0.0
-    if run.sessions.size:
-        other = run.other_s()
-        ran = other[other > 0]
-        out["other"] = float(np.median(ran)) if ran.size else 0.0
+    for label, q in (*reader.bucket_q.items(), *reader.exec_q.items()):
+        m = q.summary((50.0,))["q"][0]
+        if m is not None:
+            out[label] = float(m)
     return out

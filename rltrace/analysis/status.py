@@ -1,4 +1,4 @@
-"""5. Status and staleness: what happened to the sessions?
+"""6. Status and staleness: what happened to the sessions?
 
 Sessions by status over steps, acceptance rate per step, reasons for everything not accepted
 (``stale_weight``, exceptions, ...), and acceptance rate per task (a task = one dataset item

@@ -1,12 +1,14 @@
-"""2. Stragglers: which rank holds the step up, and what does it cost?
+"""3. Stragglers: which rank holds the step up, and what does it cost?
 
 Rollout time per (rank, step): the rollout scope's duration, else the last session's
 finalization minus the step start.  Per step: the fastest and slowest rank, the barrier wait
-(slowest minus fastest: what a synchronous step loses to its slowest rank) and the idle rank
-time (every rank's wait for the slowest).  Outliers: a (rank, step) whose rollout time exceeds
-``median + k * MAD`` over all (rank, step) rollout times (MAD floored at 1% of the median, so
-identical ranks do not flag noise); each names the rank and the sessions that finished last
-there, with the phase that made them slow.
+(slowest minus fastest: what a synchronous step loses to its slowest rank), the idle rank
+time (every rank's wait for the slowest) and who held the step: on the slowest rank, the
+session that finished its own work last, with its slowest segment (phase and turn).
+Outliers: a (rank, step) whose rollout time exceeds ``median + k * MAD`` over all (rank, step)
+rollout times (MAD floored at 1% of the median, so identical ranks do not flag noise); each
+names the rank and the sessions that finished their own work last there, with the segment
+that made them slow.
 """
 
 from __future__ import annotations
@@ -37,6 +39,19 @@ def matrix(run: Run) -> tuple[list[int], list[int], np.ndarray]:
     return ranks, steps, m
 
 
+HOLDER_KEYS = ("rank", "step", "task_id", "session_id", "own_s", "completion_s", "slow_phase", "slow_turn",
+               "slow_kind", "slow_phase_s", "slow_phase_x_median", "slow_share")
+
+
+def holder(run: Run, rank: int, step: int) -> dict[str, Any] | None:
+    """The session that held a step on its slowest rank: the last to finish its own work there."""
+    latest = run.reader.latest.get((rank, step))
+    if not latest:
+        return None
+    b = run.explain(max(latest, key=lambda t: (t[0], t[1]))[2])
+    return {k: b.get(k) for k in HOLDER_KEYS}
+
+
 def analyze(run: Run) -> dict[str, Any]:
     k = run.options.k
     ranks, steps, m = matrix(run)
@@ -64,6 +79,7 @@ def analyze(run: Run) -> dict[str, Any]:
                 for i in have:
                     if fast > 0:
                         ratios[ranks[i]].append(float(col[i]) / fast)
+            row["held_by"] = holder(run, ranks[slow_i], st)
             total_wait += slow - fast
             total_idle += row["idle_rank_s"]
             durs = [run.steps_info[(r, st)].dur_us / 1e6 for r in ranks if (r, st) in run.steps_info]

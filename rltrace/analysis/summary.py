@@ -1,4 +1,4 @@
-"""6. Run summary (the azul plan's ``print_summary``, from the trace files of every rank).
+"""7. Run summary (the azul plan's ``print_summary``, from the trace files of every rank).
 
 Per scope name: count, total, mean, p50, p99, max and share of wall time, where wall time is
 summed over ranks (each rank: first to last event), so a scope that runs on every rank for the

@@ -27,7 +27,8 @@ p.explain { color: var(--muted); margin: 4px 0 10px; max-width: 980px; }
 .findings li { margin: 4px 0; }
 .findings .kind { display: inline-block; min-width: 74px; font-size: 11px; font-weight: 700;
                   text-transform: uppercase; color: var(--muted); }
-.findings .straggler .kind, .findings .phase .kind { color: var(--bad); }
+.findings .straggler .kind, .findings .phase .kind, .findings .group .kind { color: var(--bad); }
+section#groups h3 { font-size: 13.5px; }
 table { border-collapse: collapse; margin: 6px 0 10px; font-size: 12.5px; }
 th, td { border-bottom: 1px solid var(--line); padding: 3px 10px; text-align: right; white-space: nowrap; }
 th { background: #f0f2f5; font-weight: 600; }
@@ -51,9 +52,9 @@ details summary { cursor: pointer; color: var(--accent); margin: 6px 0; }
     · k = {{ rep.options.k }} · generated {{ rep.generated_at }}</div>
 </header>
 <nav>
-  <a href="#findings">Findings</a><a href="#longtail">1 Long tail</a><a href="#stragglers">2 Stragglers</a>
-  <a href="#phases">3 Phases</a><a href="#turns">4 Turns</a><a href="#status">5 Status</a>
-  <a href="#summary">6 Run summary</a><a href="#inputs">Inputs</a>
+  <a href="#findings">Findings</a><a href="#groups">1 Slow groups</a><a href="#longtail">2 Long tail</a>
+  <a href="#stragglers">3 Stragglers</a><a href="#phases">4 Time breakdown</a><a href="#turns">5 Turns, tools, workers</a>
+  <a href="#status">6 Status</a><a href="#summary">7 Run summary</a><a href="#inputs">Inputs</a>
 </nav>
 <main>
 {% macro plot(key) -%}
@@ -74,9 +75,27 @@ details summary { cursor: pointer; color: var(--accent); margin: 6px 0; }
 {% else %}<p class="note">Nothing to report.</p>{% endif %}
 </section>
 
+<section id="groups">
+<h2>1. Slow groups: who held them</h2>
+{% set gr = rep.groups %}
+<p class="explain">A group is the sessions of one task on one rank and step (GRPO samples, finalized together,
+so every sample's time until finalize carries its slowest sibling's). The session that finished its own work
+last <b>held</b> the group; every other session's time after its own end is <i>group wait</i>, caused by it.
+Group wait in all: {{ gr.total_group_wait_s|s }} ({{ gr.group_wait_share|pct }} of session time). Each row of
+a timeline is a session: its phases (t<i>n</i>: turn index), queue wait, gaps between phases and group wait.</p>
+{% for g in gr.groups %}
+<h3>rank {{ g.rank }} step {{ g.step|step }} task {{ g.task_id }}: {{ g.sessions }} sessions, {{ g.span_s|s }} — held by session {{ g.holder.session_id }}: {{ g.holder|why }}</h3>
+{{ plot("group_" ~ loop.index) }}
+<details{% if loop.first %} open{% endif %}><summary>Sessions of this group ({{ g.members|length }})</summary>
+<div class="scroll"><table><tr><th class="l">session</th><th>status</th><th>own time</th><th>until finalize</th><th>group wait</th><th class="l">slowest segment</th><th class="l">time by bucket (adds up to 100%)</th></tr>
+{% for m in g.members %}<tr{% if m.held %} class="flag"{% endif %}><td class="l">{{ m.session_id }}{% if m.held %} <b>(held it)</b>{% endif %}</td><td>{{ m.status }}</td><td>{{ m.own_s|s }}</td><td>{{ m.total_s|s }}</td><td>{{ m.group_wait_s|s }}</td><td class="l">{{ m|why }}</td><td class="wrap">{{ m|shares }}</td></tr>
+{% endfor %}</table></div></details>
+{% else %}<p class="note">No group with two or more sessions.</p>{% endfor %}
+</section>
+
 <section id="longtail">
-<h2>1. Long tail</h2>
-<p class="explain">Session completion time is measured from the step's start on the session's rank (the
+<h2>2. Long tail</h2>
+<p class="explain">Session completion (the end of its own last phase, not its group's finalize) is measured from the step's start on the session's rank (the
 <code>{{ rep.options.rollout_scope }}</code> scope inside <code>{{ rep.options.step_scope }}</code>, else the step
 scope, else the step's first submitted session). The tail fraction is the share of the step's rollout
 (start to last session) spent after 80% of its sessions had finished.</p>
@@ -85,13 +104,12 @@ scope, else the step's first submitted session). The tail fraction is the share 
 <tr><td class="l">{{ o.count }}</td><td>{{ o.p50_s|s }}</td><td>{{ o.p90_s|s }}</td><td>{{ o.p99_s|s }}</td><td>{{ o.p999_s|s }}</td><td>{{ o.max_s|s }}</td><td>{{ o.tail_fraction|pct }}</td></tr></table>
 {{ plot("cdf") }}
 {{ plot("step_tail") }}
-<h3>Slowest sessions</h3>
+<h3>Slowest sessions (by their own time: submit to their last phase's end)</h3>
 <div class="scroll"><table>
-<tr><th class="l">session</th><th>status</th><th>total</th><th>completion</th><th>turns</th><th class="l">phases</th><th class="l">slow phase</th><th>× median</th><th class="l">trace id</th></tr>
+<tr><th class="l">session</th><th>status</th><th>own time</th><th>until finalize</th><th>completion</th><th>turns</th><th class="l">slowest segment</th><th class="l">time by bucket</th><th class="l">trace id</th></tr>
 {% for b in rep.longtail.slowest_sessions %}
-<tr><td class="l">{{ b|session }}</td><td>{{ b.status }}</td><td>{{ b.total_s|s }}</td><td>{{ b.completion_s|s }}</td><td>{{ b.turns }}</td>
-<td class="wrap">{% for p, v in b.phases_s.items() %}{{ p }} {{ v|s }}{% if not loop.last %}, {% endif %}{% endfor %}</td>
-<td class="l"><b>{{ b.slow_phase }}</b> {{ b.slow_phase_s|s }}</td><td>{{ b.slow_phase_x_median|x }}</td><td class="l"><code>{{ b.trace_id }}</code></td></tr>
+<tr><td class="l">{{ b|session }}</td><td>{{ b.status }}</td><td>{{ b.own_s|s }}</td><td>{{ b.total_s|s }}</td><td>{{ b.completion_s|s }}</td><td>{{ b.turns }}</td>
+<td class="l">{{ b|why }}</td><td class="wrap">{{ b|shares }}</td><td class="l"><code>{{ b.trace_id }}</code></td></tr>
 {% endfor %}
 </table></div>
 <details><summary>Per step ({{ rep.longtail.per_step|length }})</summary>{{ capped(rep.longtail.per_step) }}
@@ -102,7 +120,7 @@ scope, else the step's first submitted session). The tail fraction is the share 
 </section>
 
 <section id="stragglers">
-<h2>2. Stragglers</h2>
+<h2>3. Stragglers</h2>
 {% set sg = rep.stragglers %}
 <p class="explain">Rollout time per rank and step (the rollout scope, else last session finished minus step
 start). Barrier wait = slowest − fastest rank of the step. An outlier is a (rank, step) above
@@ -114,7 +132,7 @@ time {{ sg.total_idle_rank_s|s }}.</p>
 <div class="scroll"><table><tr><th>step</th><th>rank</th><th>rollout</th><th>median</th><th>+MADs</th><th class="l">last sessions to finish (slow phase)</th></tr>
 {% for o in sg.outliers[:max_rows] %}
 <tr class="flag"><td>{{ o.step }}</td><td>{{ o.rank }}</td><td>{{ o.rollout_s|s }}</td><td>{{ o.median_s|s }}</td><td>{{ o.excess_mads|num }}</td>
-<td class="wrap">{% for b in o.sessions %}{{ b|session }}: done at {{ b.completion_s|s }}, <b>{{ b.slow_phase }}</b> {{ b.slow_phase_s|s }} ({{ b.slow_phase_x_median|x }} median){% if not loop.last %}<br>{% endif %}{% endfor %}</td></tr>
+<td class="wrap">{% for b in o.sessions %}{{ b|session }}: done at {{ b.completion_s|s }}, {{ b|why }}{% if not loop.last %}<br>{% endif %}{% endfor %}</td></tr>
 {% endfor %}</table></div>{{ capped(sg.outliers) }}
 {% else %}<p class="note">No outlier (rank, step).</p>{% endif %}
 {{ plot("stragglers") }}
@@ -123,20 +141,22 @@ time {{ sg.total_idle_rank_s|s }}.</p>
 {% for r in sg.per_rank %}<tr><td>{{ r.rank }}</td><td>{{ r.steps }}</td><td>{{ r.mean_rollout_s|s }}</td><td>{{ r.median_ratio_to_fastest|x }}</td><td>{{ r.slowest_in_steps }}</td><td>{{ r.outlier_steps }}</td></tr>
 {% endfor %}</table>
 <details><summary>Per step ({{ sg.per_step|length }})</summary>{{ capped(sg.per_step) }}
-<div class="scroll"><table><tr><th>step</th><th>fastest rank</th><th>fastest</th><th>slowest rank</th><th>slowest</th><th>barrier wait</th><th>slowest × fastest</th></tr>
-{% for r in sg.per_step[:max_rows] %}<tr><td>{{ r.step }}</td><td>{{ r.fastest_rank }}</td><td>{{ r.fastest_s|s }}</td><td>{{ r.slowest_rank }}</td><td>{{ r.slowest_s|s }}</td><td>{{ r.barrier_wait_s|s }}</td><td>{{ r.slowest_over_fastest|x }}</td></tr>
+<div class="scroll"><table><tr><th>step</th><th>fastest rank</th><th>fastest</th><th>slowest rank</th><th>slowest</th><th>barrier wait</th><th>slowest × fastest</th><th class="l">held by (slowest rank's last session)</th></tr>
+{% for r in sg.per_step[:max_rows] %}<tr><td>{{ r.step }}</td><td>{{ r.fastest_rank }}</td><td>{{ r.fastest_s|s }}</td><td>{{ r.slowest_rank }}</td><td>{{ r.slowest_s|s }}</td><td>{{ r.barrier_wait_s|s }}</td><td>{{ r.slowest_over_fastest|x }}</td><td class="l">{% if r.held_by %}session {{ r.held_by.session_id }} (task {{ r.held_by.task_id }}): {{ r.held_by|why }}{% else %}–{% endif %}</td></tr>
 {% endfor %}</table></div></details>
 </section>
 
 <section id="phases">
-<h2>3. Phase breakdown</h2>
+<h2>4. Time breakdown</h2>
 {% set ps = rep.phases.session %}
-<p class="explain">Session phases: share of total session time (sessions overlap, so this is where a session's
-time goes; <i>other</i> is time outside every phase). Train-side scopes: <code>{{ rep.options.train_prefix }}*</code>
+<p class="explain">Session time, split into queue wait (submit to first phase), each phase, the gaps between
+phases (named by what precedes and follows), group wait (done, waiting for the slowest sibling) and the time
+before finalize; the shares add up to 100%. Sessions overlap, so this is where a session's time goes, not wall
+time. Train-side scopes: <code>{{ rep.options.train_prefix }}*</code>
 scopes directly under <code>{{ rep.options.step_scope }}</code>, as a share of step wall time summed over ranks.</p>
-<h3>Session phases</h3>
-<table><tr><th class="l">phase</th><th>total</th><th>share</th><th>sessions</th><th>mean</th><th>P50</th><th>P99</th></tr>
-{% for r in ps.overall %}<tr><td class="l">{{ r.phase }}</td><td>{{ r.total_s|s }}</td><td>{{ r.share|pct }}</td><td>{{ r.sessions }}</td><td>{{ r.mean_s|s }}</td><td>{{ r.p50_s|s }}</td><td>{{ r.p99_s|s }}</td></tr>
+<h3>Session time by bucket</h3>
+<table><tr><th class="l">bucket</th><th class="l">kind</th><th>total</th><th>share</th><th>sessions</th><th>mean</th><th>P50</th><th>P99</th></tr>
+{% for r in ps.overall %}<tr><td class="l">{{ r.phase }}</td><td class="l">{{ r.kind }}</td><td>{{ r.total_s|s }}</td><td>{{ r.share|pct }}</td><td>{{ r.sessions }}</td><td>{{ r.mean_s|s }}</td><td>{{ r.p50_s|s }}</td><td>{{ r.p99_s|s }}</td></tr>
 {% endfor %}</table>
 {% if ps.anomalies %}<table><tr><th>step</th><th class="l">phase</th><th>share</th><th>median share</th></tr>
 {% for a in ps.anomalies[:max_rows] %}<tr class="flag"><td>{{ a.step|step }}</td><td class="l">{{ a.phase }}</td><td>{{ a.share|pct }}</td><td>{{ a.median_share|pct }}</td></tr>
@@ -157,22 +177,31 @@ scopes directly under <code>{{ rep.options.step_scope }}</code>, as a share of s
 </section>
 
 <section id="turns">
-<h2>4. Turns</h2>
+<h2>5. Turns, tools and workers</h2>
 {% set tu = rep.turns %}
-<p class="explain">Mean turns per session: {{ tu.mean_turns|num }}. Generate time by turn index counts every
-<code>generate</code> execution by its turn.</p>
+<p class="explain">Mean turns per session: {{ tu.mean_turns|num }}. Session time by turns is own time (to the
+last phase's end). Time by turn index: mean per execution of each phase at that turn (× executions).</p>
 <div class="scroll" style="display:flex; gap:28px; flex-wrap:wrap">
 <table><tr><th>turns</th><th>sessions</th><th>fraction</th><th>mean session time</th></tr>
 {% for r in tu.session_time_by_turns %}<tr><td>{{ r.turns }}</td><td>{{ r.sessions }}</td><td>{{ tu.distribution[loop.index0].fraction|pct }}</td><td>{{ r.mean_s|s }}</td></tr>
 {% endfor %}</table>
-<table><tr><th>turn index</th><th>generate executions</th><th>mean generate time</th></tr>
-{% for r in tu.generate_by_turn %}<tr><td>{{ r.turn }}</td><td>{{ r.executions }}</td><td>{{ r.mean_s|s }}</td></tr>
+{% set pbt = tu.phase_by_turn %}
+<table><tr><th>turn index</th>{% for p in pbt.phases %}<th>{{ p }}</th>{% endfor %}</tr>
+{% for r in pbt.rows[:max_rows] %}<tr><td>{{ r.turn }}</td>{% for p in pbt.phases %}<td>{% if p in r.mean_s %}{{ r.mean_s[p]|s }} ×{{ r.executions[p] }}{% else %}–{% endif %}</td>{% endfor %}</tr>
 {% endfor %}</table></div>
 {{ plot("turns") }}
+{% if tu.tools %}<h3>Tool calls by tool</h3>
+<table><tr><th class="l">tool</th><th>calls</th><th>total</th><th>mean</th><th>P50</th><th>P99</th><th>max</th></tr>
+{% for t in tu.tools[:max_rows] %}<tr><td class="l">{{ t.tool }}</td><td>{{ t.calls }}</td><td>{{ t.total_s|s }}</td><td>{{ t.mean_s|s }}</td><td>{{ t.p50_s|s }}</td><td>{{ t.p99_s|s }}</td><td>{{ t.max_s|s }}</td></tr>
+{% endfor %}</table>{% endif %}
+<details><summary>By worker (rank) and step ({{ tu.workers|length }})</summary>{{ capped(tu.workers) }}
+<div class="scroll"><table><tr><th>rank</th><th>step</th><th>sessions</th><th>mean own time</th><th>max own time</th><th>mean generate</th><th>group wait</th></tr>
+{% for w in tu.workers[:max_rows] %}<tr><td>{{ w.rank }}</td><td>{{ w.step|step }}</td><td>{{ w.sessions }}</td><td>{{ w.mean_own_s|s }}</td><td>{{ w.max_own_s|s }}</td><td>{{ w.mean_generate_s|s }}</td><td>{{ w.group_wait_s|s }}</td></tr>
+{% endfor %}</table></div></details>
 </section>
 
 <section id="status">
-<h2>5. Status and staleness</h2>
+<h2>6. Status and staleness</h2>
 {% set st = rep.status %}
 <p class="explain">Acceptance rate {{ st.acceptance_rate|pct }} over {{ st.sessions }} sessions.</p>
 <div class="scroll" style="display:flex; gap:28px; flex-wrap:wrap">
@@ -198,7 +227,7 @@ scopes directly under <code>{{ rep.options.step_scope }}</code>, as a share of s
 </section>
 
 <section id="summary">
-<h2>6. Run summary</h2>
+<h2>7. Run summary</h2>
 {% set sm = rep.summary %}
 <p class="explain">Every scope name in the trace files. Wall time {{ sm.wall_total_s|s }} summed over ranks
 ({% for r, w in sm.wall_s.items() %}rank {{ r }} {{ w|s }}{% if not loop.last %}, {% endif %}{% endfor %}); concurrent
@@ -219,7 +248,8 @@ scopes can exceed 100%.</p>
 <section id="inputs">
 <h2>Inputs</h2>
 <p class="note">{{ rep.inputs.session_files|length }} session file(s), {{ rep.inputs.trace_files|length }} trace file(s);
-{{ rep.inputs.sessions_outside_steps }} session(s) outside the selected steps.</p>
+{{ rep.inputs.sessions_outside_steps }} session(s) outside the selected steps; {{ rep.inputs.sessions_step_from_scopes }} session(s)
+without a step took theirs from the trace scopes' <code>global_step</code>.</p>
 {% if rep.inputs.skipped_lines %}<p class="note">{{ rep.inputs.skipped_lines }} unreadable line(s) skipped:</p>
 <ul class="note">{% for m in rep.inputs.skipped %}<li>{{ m }}</li>{% endfor %}</ul>{% endif %}
 </section>

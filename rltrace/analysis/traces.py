@@ -72,35 +72,50 @@ class TraceReader:
         self.pid_rank: dict[tuple[int, int], int] = {}
         self.file_ranks: list[int] = []
         self.counters: dict[tuple[int, int, str], CounterInfo] = {}
+        #: tool name -> durations (µs) of the tool-call phase spans
+        self.tools: dict[str, BoundedQuantiles] = {}
         #: (file index, pid, tid, ts, dur, name, step arg) of train.* scopes
         self._train: list[tuple[int, Any, Any, float, float, str, Any]] = []
         #: with a step range: (file index, pid) -> (lo, hi) µs window of the selected steps
         self.windows: dict[tuple[int, int], tuple[float, float]] | None = None
+        #: with a step range: the step-defining scopes of every step, seen by the prescan
+        self._prescan: list[tuple[int, Any, Any, float, float, str, Any]] | None = None
 
     # -- reading --------------------------------------------------------------------------
 
     def prescan_windows(self, fi: int, path: Path, skipped: Skipped, progress: Progress) -> None:
-        """With a step range: find the selected steps' time window per process."""
-        if self.windows is None:
-            self.windows = {}
-        needle = orjson.dumps(self.step_scope)
-        steps_seen: dict[tuple[int, Any], int] = {}
-        for _, ev in iter_objects(path, skipped, progress, want=lambda raw: needle in raw):
-            if ev.get("ph") != "X" or ev.get("name") != self.step_scope:
+        """With a step range: collect the step-defining scopes (and process ranks) of one file.
+
+        Call :meth:`finish_prescan` after the last file, before :meth:`read`.
+        """
+        if self._prescan is None:
+            self._prescan = []
+        needles = (orjson.dumps(self.step_scope), orjson.dumps(self.train_prefix)[:-1], b"process_labels")
+        want = lambda raw: any(n in raw for n in needles)  # noqa: E731
+        for _, ev in iter_objects(path, skipped, progress, want=want):
+            if ev.get("ph") == "M":
+                self._meta(fi, ev)
                 continue
-            key = (fi, ev.get("pid"))
-            n = _step_arg(ev.get("args"))
-            if n is None:
-                n = steps_seen.get(key, 0)  # no step number: count the step scopes
-                steps_seen[key] = n + 1
-            if n in self.steps:
-                try:
-                    ts = float(ev["ts"])
-                    end = ts + float(ev.get("dur") or 0.0)
-                except BAD_EVENT:
-                    continue  # reported by the main pass
-                w = self.windows.get(key)
-                self.windows[key] = (ts, end) if w is None else (min(w[0], ts), max(w[1], end))
+            name = ev.get("name")
+            if ev.get("ph") != "X" or not isinstance(name, str):
+                continue
+            if name != self.step_scope and not name.startswith(self.train_prefix):
+                continue
+            try:
+                ts = float(ev["ts"])
+                end = ts + float(ev.get("dur") or 0.0)
+            except BAD_EVENT:
+                continue  # reported by the main pass
+            self._prescan.append((fi, ev.get("pid"), None, ts, end - ts, name, _step_arg(ev.get("args"))))
+
+    def finish_prescan(self) -> None:
+        """The selected steps' time window per process, from the scopes :meth:`prescan_windows` saw."""
+        self.windows = {}
+        for key, lst in step_windows(self._prescan or [], self.step_scope).items():
+            for s, e, n in lst:
+                if n in self.steps:
+                    w = self.windows.get(key)
+                    self.windows[key] = (s, e) if w is None else (min(w[0], s), max(w[1], e))
 
     def read(self, fi: int, path: Path, skipped: Skipped, progress: Progress) -> None:
         rank_of_file = file_rank(path, fi)
@@ -146,20 +161,37 @@ class TraceReader:
                         if end > e[1]:
                             e[1] = end
                     if name.startswith(prefix) or name == self.step_scope:
-                        stepval = _step_arg(ev.get("args")) if name == self.step_scope else None
-                        train.append((fi, ev.get("pid"), ev.get("tid"), ts, dur, name, stepval))
+                        train.append((fi, ev.get("pid"), ev.get("tid"), ts, dur, name,
+                                      _step_arg(ev.get("args"))))
+                    elif name.startswith(TOOL_PHASES) or "gen_ai.tool.name" in (ev.get("args") or ()):
+                        self._tool(ev, dur)
                 elif ph == "C":
                     self.events += 1
                     self._counter(fi, ev)
                 elif ph == "M":
-                    if ev.get("name") == "process_labels":
-                        labels = _labels((ev.get("args") or {}).get("labels"))
-                        if "rank" in labels:
-                            self.pid_rank[(fi, ev.get("pid"))] = int(labels["rank"])
+                    self._meta(fi, ev)
                 else:
                     self.events += 1
             except BAD_EVENT as exc:
                 skipped.add(f"{path}:{lineno}: malformed trace event ({exc!r}), skipped")
+
+    def _meta(self, fi: int, ev: dict[str, Any]) -> None:
+        if ev.get("name") == "process_labels":
+            labels = _labels((ev.get("args") or {}).get("labels"))
+            if "rank" in labels:
+                self.pid_rank[(fi, ev.get("pid"))] = int(labels["rank"])
+
+    def _tool(self, ev: dict[str, Any], dur: float) -> None:
+        """A tool call's duration, by tool name (``gen_ai.tool.name``, else the phase name)."""
+        args = ev.get("args")
+        tool = args.get("gen_ai.tool.name") if isinstance(args, dict) else None
+        name = str(tool if tool is not None else ev.get("name"))
+        q = self.tools.get(name)
+        if q is None:
+            if len(self.tools) >= MAX_SCOPE_NAMES:
+                return
+            q = self.tools[name] = BoundedQuantiles()
+        q.add(dur)
 
     def _counter(self, fi: int, ev: dict[str, Any]) -> None:
         ts, name = ev.get("ts"), ev.get("name")
@@ -209,21 +241,12 @@ class TraceReader:
 
     def step_infos(self) -> dict[tuple[int, int], StepInfo]:
         """(rank, step) -> :class:`StepInfo` for every selected step scope in the traces."""
-        by_proc: dict[tuple[int, Any], list[tuple[float, float, int]]] = {}
-        others: list[tuple[int, Any, Any, float, float, str]] = []
-        ordinal: dict[tuple[int, Any], int] = {}
-        for fi, pid, tid, ts, dur, name, stepval in sorted(self._train, key=lambda t: (t[0], t[3])):
-            if name == self.step_scope:
-                if stepval is None:
-                    stepval = ordinal.get((fi, pid), 0)
-                    ordinal[(fi, pid)] = stepval + 1
-                by_proc.setdefault((fi, pid), []).append((ts, ts + dur, int(stepval)))
-            else:
-                others.append((fi, pid, tid, ts, dur, name))
+        by_proc = step_windows(self._train, self.step_scope)
+        others = [(fi, pid, tid, ts, dur, name) for fi, pid, tid, ts, dur, name, _ in self._train
+                  if name != self.step_scope]
         infos: dict[tuple[int, int], StepInfo] = {}
         starts: dict[tuple[int, Any], list[float]] = {}
         for proc, lst in by_proc.items():
-            lst.sort()
             starts[proc] = [s for s, _, _ in lst]
             for s, e, n in lst:
                 if n not in self.steps:
@@ -269,6 +292,16 @@ class TraceReader:
                 info.breakdown[name] = info.breakdown.get(name, 0.0) + dur
         return infos
 
+    def rank_step_windows(self) -> dict[int, list[tuple[float, float, int]]]:
+        """rank -> sorted (start, end, step) µs windows of every step (selected or not)."""
+        events = self._prescan if self._prescan is not None else self._train
+        out: dict[int, list[tuple[float, float, int]]] = {}
+        for (fi, pid), lst in step_windows(events, self.step_scope).items():
+            out.setdefault(self.rank_of(fi, pid), []).extend(lst)
+        for lst in out.values():
+            lst.sort()
+        return out
+
     def counter_totals(self) -> dict[str, dict[int, float]]:
         """name -> rank -> counter increase over the window (last value minus the value before)."""
         out: dict[str, dict[int, float]] = {}
@@ -281,10 +314,46 @@ class TraceReader:
         return out
 
 
+def step_windows(events: list[tuple[int, Any, Any, float, float, str, Any]],
+                 step_scope: str) -> dict[tuple[int, Any], list[tuple[float, float, int]]]:
+    """(file index, pid) -> sorted (start, end, step) windows of its steps.
+
+    A process with step scopes (``train.step``): one window per step scope, numbered by its
+    step argument, else in order.  A process without (AReaL's guide marks steps only as
+    ``trace_scope("train.rollout", args={"global_step": n})``): per step number, the hull of
+    the ``train.*`` scopes carrying it.
+    """
+    scoped: dict[tuple[int, Any], list[tuple[float, float, Any]]] = {}
+    by_arg: dict[tuple[int, Any], dict[int, list[float]]] = {}
+    for fi, pid, _tid, ts, dur, name, stepval in events:
+        if name == step_scope:
+            scoped.setdefault((fi, pid), []).append((ts, ts + dur, stepval))
+        elif stepval is not None:
+            w = by_arg.setdefault((fi, pid), {}).get(stepval)
+            if w is None:
+                by_arg[(fi, pid)][stepval] = [ts, ts + dur]
+            else:
+                w[0], w[1] = min(w[0], ts), max(w[1], ts + dur)
+    out: dict[tuple[int, Any], list[tuple[float, float, int]]] = {}
+    for proc, lst in scoped.items():
+        lst.sort(key=lambda t: t[0])
+        out[proc] = [(s, e, i if n is None else int(n)) for i, (s, e, n) in enumerate(lst)]
+    for proc, d in by_arg.items():
+        if proc not in out:
+            out[proc] = sorted((s, e, n) for n, (s, e) in d.items())
+    return out
+
+
+#: step arguments, most specific first (AReaL's guide: ``global_step``, and ``epoch_step``)
+STEP_ARGS = ("rl.step", "global_step", "step", "epoch_step")
+#: phase spans counted as tool calls (besides any span with a ``gen_ai.tool.name``)
+TOOL_PHASES = ("toolcall",)
+
+
 def _step_arg(args: Any) -> int | None:
     if not isinstance(args, dict):
         return None
-    for k in ("rl.step", "global_step", "step"):
+    for k in STEP_ARGS:
         v = args.get(k)
         if isinstance(v, int) or (isinstance(v, float) and v.is_integer()):
             return int(v)

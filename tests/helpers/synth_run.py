@@ -50,11 +50,12 @@ class SynthSpec:
 
 @dataclass
 class SynthTruth:
-    completion: list[float] = field(default_factory=list)  # final - rollout start, per session
+    completion: list[float] = field(default_factory=list)  # own end (last phase) - rollout start
     step: list[int] = field(default_factory=list)
     rank: list[int] = field(default_factory=list)
     turns: list[int] = field(default_factory=list)
     total: list[float] = field(default_factory=list)
+    own: list[float] = field(default_factory=list)  # submit to own end (last phase's end)
     status: list[str] = field(default_factory=list)
     generate_by_turn: dict[int, list[float]] = field(default_factory=dict)
     rollout_s: dict[tuple[int, int], float] = field(default_factory=dict)
@@ -144,7 +145,8 @@ def write_run(logdir: Path, spec: SynthSpec) -> SynthTruth:
                             and i % spec.slow_reward_every == 0)
                     r = REWARD_S * (spec.slow_reward_factor if slow else 1.0)
                     phases["reward"] = [(t, t + r, turns - 1)]
-                    final = t + r + GAP_S
+                    own_end = t + r
+                    final = own_end + GAP_S
                     sid = step * n + i
                     if spec.fail_every and i % spec.fail_every == 7:
                         status, reason = "failed", "TimeoutError: inference server timed out"
@@ -165,11 +167,12 @@ def write_run(logdir: Path, spec: SynthSpec) -> SynthTruth:
                     if slow:
                         truth.slow_reward_sessions.append((rank, step, sid))
                     if spec.truth:
-                        truth.completion.append(final - start)
+                        truth.completion.append(own_end - start)
                         truth.step.append(step)
                         truth.rank.append(rank)
                         truth.turns.append(turns)
                         truth.total.append(final - submit)
+                        truth.own.append(own_end - submit)
                         truth.status.append(status)
                 sf.writelines(lines)
                 rollout = last_final + 0.01 - start
@@ -197,3 +200,126 @@ def _dur_as_read(start_s: float, dur_s: float) -> float:
 
 def _last_step_len(truth: SynthTruth, rank: int, spec: SynthSpec) -> float:
     return truth.rollout_s[(rank, spec.steps - 1)] + PPO_S + SYNC_S
+
+
+# ---- GRPO groups with planted causes --------------------------------------------------------------
+#
+# ``write_grpo_run`` writes a run where every task is a GRPO group of ``samples`` sessions finalized
+# together (AReaL's definition: ``finalized_ts`` is the group's, so ``total_s`` of every sample runs
+# to its slowest sibling's end), with deterministic durations and three planted causes: one
+# sample's generate in one turn is slow, one sample waits in a queue before its first phase, one
+# tool call is slow.  ``areal_style=True`` marks steps exactly as AReaL's guide does: no
+# ``rltrace.step`` (records carry ``"step": null``, no ``train.step`` scope), only
+# ``trace_scope("train.rollout", args={"global_step": n, "epoch_step": n})`` and
+# ``train.ppo_update`` with ``{"global_step": n}``.
+
+Where = tuple[int, int, int, int]  # rank, step, task index in the step, sample index in the task
+
+
+@dataclass
+class GrpoSpec:
+    ranks: int = 2
+    steps: int = 4
+    tasks: int = 4  # per rank and step
+    samples: int = 4  # per task: one GRPO group
+    turns: int = 2
+    gen_s: float = 0.5
+    tool_s: float = 0.1
+    reward_s: float = 0.05
+    gap_s: float = 0.001  # workflow code between two phases
+    finalize_s: float = 0.002  # after the group's last phase, before mark_finalized
+    slow_generate: tuple[Where, int] | None = ((1, 2, 1, 2), 1)  # (where, turn)
+    slow_generate_s: float = 6.0
+    queued: Where | None = (0, 1, 3, 0)
+    queue_s: float = 3.0
+    slow_tool: tuple[Where, int] | None = ((0, 3, 2, 1), 0)  # (where, turn)
+    slow_tool_s: float = 4.0
+    tools: tuple[str, ...] = ("python", "search")  # the tool of turn t: tools[t % len(tools)]
+    areal_style: bool = False
+    step_period_s: int = 100
+    t0: int = 1_800_000_000
+
+
+def grpo_ids(spec: GrpoSpec, where: Where) -> tuple[int, int]:
+    """(task id, session id) of a sample: both count up per rank."""
+    _, step, task, sample = where
+    tid = step * spec.tasks + task
+    return tid, tid * spec.samples + sample
+
+
+def _grpo_phases(spec: GrpoSpec, where: Where, submit: float) -> dict[str, list[tuple[float, float, int]]]:
+    t = submit + (spec.queue_s if spec.queued == where else 0.0)
+    phases: dict[str, list[tuple[float, float, int]]] = {"generate": []}
+    for turn in range(spec.turns):
+        g = spec.slow_generate_s if spec.slow_generate == (where, turn) else spec.gen_s
+        phases["generate"].append((t, t + g, turn))
+        t += g + spec.gap_s
+        if turn < spec.turns - 1:
+            d = spec.slow_tool_s if spec.slow_tool == (where, turn) else spec.tool_s
+            phases.setdefault("toolcall", []).append((t, t + d, turn))
+            t += d + spec.gap_s
+    phases["reward"] = [(t, t + spec.reward_s, spec.turns - 1)]
+    return phases
+
+
+def _grpo_spans(pid: int, tid: int, sid: int, task: int, spec: GrpoSpec,
+                phases: dict[str, list[tuple[float, float, int]]]) -> list[bytes]:
+    out = []
+    for p, ex in phases.items():
+        for s, e, turn in ex:
+            args: dict[str, Any] = {"rl.phase": p, "rl.turn": turn, "rl.session.id": sid, "rl.task.id": task}
+            if p == "toolcall":
+                args["gen_ai.tool.name"] = spec.tools[turn % len(spec.tools)]
+            out.append(x_event(pid, tid, s, e - s, p, "io" if p == "toolcall" else "compute", args))
+    return out
+
+
+def _grpo_step_scopes(pid: int, spec: GrpoSpec, step: int, start: float, rollout: float) -> list[bytes]:
+    out = []
+    if spec.areal_style:
+        out.append(x_event(pid, 1, start, rollout, "train.rollout",
+                           args={"global_step": step, "epoch_step": step}))
+        out.append(x_event(pid, 1, start + rollout, PPO_S, "train.ppo_update", args={"global_step": step}))
+        out.append(x_event(pid, 1, start + rollout + PPO_S, SYNC_S, "train.weight_sync", "comm"))
+    else:
+        out.append(x_event(pid, 1, start, rollout, "train.rollout", args={"global_step": step}))
+        out.append(x_event(pid, 1, start + rollout, PPO_S, "train.ppo_update"))
+        out.append(x_event(pid, 1, start + rollout + PPO_S, SYNC_S, "train.weight_sync", "comm"))
+        out.append(x_event(pid, 1, start, rollout + PPO_S + SYNC_S, "train.step", args={"rl.step": step}))
+    return out
+
+
+def write_grpo_run(logdir: Path, spec: GrpoSpec) -> list[dict[str, Any]]:
+    """Write the run; return every session record written (with ``own_end`` added, not on disk)."""
+    (logdir / "session_tracer").mkdir(parents=True, exist_ok=True)
+    (logdir / "perf_tracer").mkdir(parents=True, exist_ok=True)
+    written: list[dict[str, Any]] = []
+    for rank in range(spec.ranks):
+        pid = 2000 + rank
+        lines, events = [], meta_events(pid, rank, spec.ranks)
+        for step in range(spec.steps):
+            start = float(spec.t0 + step * spec.step_period_s)
+            last = start
+            for task in range(spec.tasks):
+                group = []
+                for sample in range(spec.samples):
+                    where = (rank, step, task, sample)
+                    tid, sid = grpo_ids(spec, where)
+                    submit = start + 0.01 * (task + 1)
+                    phases = _grpo_phases(spec, where, submit)
+                    own_end = max(e for ex in phases.values() for _, e, _ in ex)
+                    group.append((tid, sid, submit, phases, own_end))
+                    events += _grpo_spans(pid, 2 + task * spec.samples + sample, sid, tid, spec, phases)
+                final = max(g[4] for g in group) + spec.finalize_s
+                last = max(last, final)
+                for tid, sid, submit, phases, own_end in group:
+                    rec = session_record(task_id=tid, session_id=sid, rank=rank,
+                                         step=None if spec.areal_style else step, status="accepted",
+                                         reason=None, submit=submit, phases=phases, final=final,
+                                         trace_id=f"{rank:08x}{sid:024x}")
+                    lines.append(orjson.dumps(rec) + b"\n")
+                    written.append({**rec, "own_end": own_end, "true_step": step})
+            events += _grpo_step_scopes(pid, spec, step, start, last + 0.01 - start)
+        (logdir / "session_tracer" / f"sessions-r{rank}.jsonl").write_bytes(b"".join(lines))
+        (logdir / "perf_tracer" / f"traces-r{rank}.jsonl").write_bytes(b"".join(events))
+    return written

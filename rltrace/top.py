@@ -1,0 +1,377 @@
+"""``rltrace top LOGDIR``: a live terminal view of a run in progress, across ranks.
+
+It reads the small live-state files every rank's exporter thread publishes
+(``{log_dir}/live/[{role}/]live-r{rank}[-p{pid}].json``, see :mod:`rltrace.live`), so a refresh
+costs the same whatever the number of sessions, also on a shared file system, and renders
+them with ``rich``: the current step and sessions in flight by phase per rank, ranks falling
+behind, the long tail forming (the duration CDF of the current step against the previous
+steps, and its sessions in flight already older than their P90), the oldest sessions in
+flight, acceptance and failure rates.  Files older than a few publish intervals are shown as
+the last state of a run that is not live.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from .live import EDGES, FORMAT, LIVE_DIR, bucket_upper
+
+__all__ = ["RankState", "TopView", "find_live_files", "read_states", "render", "run_top", "watch"]
+
+#: a file is live while younger than ``max(STALE_INTERVALS × its interval, STALE_MIN_S)``
+STALE_INTERVALS = 3
+STALE_MIN_S = 5.0
+#: steps shown in the long-tail table, and sessions in the oldest-in-flight table
+STEPS_SHOWN = 6
+OLDEST_SHOWN = 8
+#: characters of the per-step CDF (share of the step's sessions done within log-spaced durations)
+CDF_WIDTH = 16
+_FIRST_PHASES = ("generate", "toolcall", "reward")
+_SPARK = "▁▂▃▄▅▆▇█"
+
+
+@dataclass
+class RankState:
+    """One live file as read now: its document, its age, and whether it is live."""
+
+    path: Path
+    doc: dict[str, Any]
+    age_s: float
+    #: ``live``, ``stale`` (not updated for a few intervals) or ``closed`` (the rank shut down)
+    state: str
+
+    @property
+    def rank(self) -> int:
+        """The file's rank (-1 when absent)."""
+        r = self.doc.get("rank")
+        return r if isinstance(r, int) else -1
+
+
+def find_live_files(logdir: Path) -> list[Path]:
+    """Every ``live-r*.json`` under ``logdir``'s ``live`` folders (``logdir`` itself a log dir
+    or any folder above log dirs)."""
+    logdir = Path(logdir)
+    top = logdir / LIVE_DIR
+    roots = [top] if top.is_dir() else [d for d in logdir.rglob(LIVE_DIR) if d.is_dir()]
+    if logdir.name == LIVE_DIR:
+        roots.append(logdir)
+    return sorted({f for r in roots for f in r.rglob("live-r*.json")})
+
+
+def read_states(files: Iterable[Path], now: float | None = None) -> list[RankState]:
+    """Read live files (unreadable or foreign ones are skipped), ordered by rank, role, pid."""
+    now = time.time() if now is None else now
+    out = []
+    for f in files:
+        try:
+            doc = orjson.loads(f.read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            continue  # removed meanwhile; os.replace never leaves a partial file
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            continue
+        age = max(0.0, now - float(doc.get("ts") or 0.0))
+        limit = max(STALE_INTERVALS * float(doc.get("interval_s") or 1.0), STALE_MIN_S)
+        state = "closed" if doc.get("closed") else ("live" if age <= limit else "stale")
+        out.append(RankState(f, doc, age, state))
+    out.sort(key=lambda s: (s.rank, str(s.doc.get("role") or ""), s.doc.get("pid") or 0))
+    return out
+
+
+# ---- figures ---------------------------------------------------------------------------------
+
+
+def _fmt_s(s: float | None) -> str:
+    if s is None:
+        return "-"
+    if s < 1:
+        return f"{s * 1000:.0f}ms"
+    if s < 120:
+        return f"{s:.1f}s"
+    if s < 7200:
+        return f"{s / 60:.1f}m"
+    return f"{s / 3600:.1f}h"
+
+
+def _pct(part: int, whole: int) -> str:
+    return f"{100.0 * part / whole:.1f}%" if whole else "-"
+
+
+def _quantile(hist: Counter[int], q: float) -> float | None:
+    """Upper edge of the bucket holding quantile ``q`` of a histogram (19% resolution)."""
+    n = sum(hist.values())
+    if not n:
+        return None
+    want = q * n
+    cum = 0
+    for b in sorted(hist):
+        cum += hist[b]
+        if cum >= want:
+            return bucket_upper(b)
+    return bucket_upper(max(hist))
+
+
+@dataclass
+class _Step:
+    step: Any
+    done: int = 0
+    open: int = 0
+    by_status: Counter[str] = field(default_factory=Counter)
+    hist: Counter[int] = field(default_factory=Counter)
+    age_hist: Counter[int] = field(default_factory=Counter)
+    max_s: float = 0.0
+    oldest_s: float | None = None
+
+
+def _merge_steps(states: list[RankState]) -> list[_Step]:
+    steps: dict[Any, _Step] = {}
+    for st in states:
+        for e in st.doc.get("steps") or ():
+            s = steps.setdefault(e.get("step"), _Step(e.get("step")))
+            s.done += int(e.get("done") or 0)
+            s.by_status.update(e.get("by_status") or {})
+            for b, c in e.get("hist") or ():
+                s.hist[int(b)] += int(c)
+            s.max_s = max(s.max_s, float(e.get("max_s") or 0.0))
+        open_ = st.doc.get("open") or {}
+        for e in open_.get("by_step") or ():
+            if e.get("step") == "older":
+                continue
+            s = steps.setdefault(e.get("step"), _Step(e.get("step")))
+            s.open += int(e.get("open") or 0)
+            for b, c in e.get("age_hist") or ():
+                s.age_hist[int(b)] += int(c)
+        for item in open_.get("listed") or ():
+            s = steps.get(item.get("step"))
+            if s is not None:
+                age = float(item.get("age_s") or 0.0)
+                s.oldest_s = age if s.oldest_s is None else max(s.oldest_s, age)
+    for s in steps.values():
+        if s.oldest_s is None and s.age_hist:
+            s.oldest_s = bucket_upper(max(s.age_hist))
+    ordered = sorted(steps.values(), key=lambda s: s.step if isinstance(s.step, int) else -math.inf)
+    return ordered[-STEPS_SHOWN:]
+
+
+def _spark(s: _Step, points: list[float]) -> str:
+    """Share of the step's sessions (done and in flight) finished within each duration."""
+    total = s.done + s.open
+    if not total:
+        return " " * len(points)
+    cum, chars, buckets = 0, [], sorted(s.hist)
+    i = 0
+    for t in points:
+        while i < len(buckets) and bucket_upper(buckets[i]) <= t:
+            cum += s.hist[buckets[i]]
+            i += 1
+        frac = cum / total
+        chars.append(" " if frac <= 0 else _SPARK[min(len(_SPARK) - 1, int(frac * (len(_SPARK) - 1) + 0.5))])
+    return "".join(chars)
+
+
+# ---- rendering -------------------------------------------------------------------------------
+
+
+def render(states: list[RankState], logdir: Path | str, *, interval_s: float = 1.0) -> Any:
+    """The frame for ``states`` as a ``rich`` renderable (a group of tables)."""
+    from rich import box
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    title = Text.assemble(("rltrace top", "bold"), f"  {logdir}  ")
+    if not states:
+        title.append("no live files yet", style="yellow")
+        hint = Text(f"waiting for {LIVE_DIR}/live-r*.json (written by ranks with session tracing on "
+                    "and live_interval_s > 0)")
+        return Group(title, hint)
+    live = [s for s in states if s.state == "live"]
+    newest = min(s.age_s for s in states)
+    if live:
+        title.append(f"{len(live)}/{len(states)} rank file(s) live", style="bold green")
+    elif all(s.state == "closed" for s in states):
+        title.append(f"run finished: not live (last update {_fmt_s(newest)} ago)", style="bold yellow")
+    else:
+        title.append(f"not live: last update {_fmt_s(newest)} ago (the run stopped or is stuck)",
+                     style="bold red")
+    doc0 = states[0].doc
+    title.append(f"  experiment {doc0.get('experiment')} / {doc0.get('trial')}")
+
+    ref = live or states
+    steps_now = [s.doc.get("step") for s in ref if isinstance(s.doc.get("step"), int)]
+    max_step = max(steps_now) if steps_now else None
+    phases: list[str] = [p for p in _FIRST_PHASES if any(p in (s.doc.get("open") or {}).get("by_phase", {})
+                                                          for s in states)]
+    extra = sorted({p for s in states for p in (s.doc.get("open") or {}).get("by_phase", {})} - set(phases))
+    phases += extra
+
+    # role, host and pid only when they tell ranks apart (a narrow terminal keeps the figures)
+    show_role = any(s.doc.get("role") for s in states)
+    show_host = len({s.doc.get("host") for s in states}) > 1
+    show_pid = len({(s.rank, s.doc.get("role")) for s in states}) < len(states)
+    ranks = Table(box=box.SIMPLE_HEAD, title="ranks", title_justify="left", pad_edge=False,
+                  collapse_padding=True)
+    cols = ["rank", *(["role"] if show_role else []), *(["host"] if show_host else []),
+            *(["pid"] if show_pid else []), "step", "lag", "flight", *phases, "idle", "oldest", "done",
+            "acc%", "fail%", "upd", "state"]
+    for name in cols:
+        ranks.add_column(name, justify="left" if name in ("role", "host", "state") else "right",
+                         no_wrap=True)
+    tot_done, tot_status, missed = 0, Counter[str](), 0
+    for s in states:
+        d = s.doc
+        open_ = d.get("open") or {}
+        fin = d.get("finished") or {}
+        by_status = Counter(fin.get("by_status") or {})
+        done = int(fin.get("total") or 0)
+        tot_done += done
+        tot_status.update(by_status)
+        missed += int(fin.get("missed") or 0)
+        step = d.get("step")
+        behind = max_step - step if isinstance(step, int) and max_step is not None else None
+        approx = "~" if (open_.get("sampled_every") or 1) > 1 else ""
+        by_phase = open_.get("by_phase") or {}
+        state = s.state
+        style = {"stale": "red", "closed": "dim"}.get(state)
+        if state == "live" and behind:
+            state, style = "behind", "yellow"
+        who = [str(d.get(k) or "-") for k, on in (("role", show_role), ("host", show_host),
+                                                   ("pid", show_pid)) if on]
+        ranks.add_row(
+            str(s.rank), *who,
+            str(step) if step is not None else "-", str(behind) if behind is not None else "-",
+            str(open_.get("sessions", 0)), *(f"{approx}{by_phase.get(p, 0)}" for p in phases),
+            f"{approx}{open_.get('between_phases', 0)}", _fmt_s(open_.get("oldest_age_s")), str(done),
+            _pct(by_status.get("accepted", 0), by_status.total()),
+            _pct(by_status.get("failed", 0), by_status.total()),
+            _fmt_s(s.age_s), state, style=style,
+        )
+
+    merged = _merge_steps(states)
+    top_edge = max([bucket_upper(max(s.hist)) for s in merged if s.hist]
+                   + [bucket_upper(max(s.age_hist)) for s in merged if s.age_hist] + [EDGES[0]])
+    tail = Table(box=box.SIMPLE_HEAD, title="long tail: session duration by step (submit to finalize)",
+                 title_justify="left", pad_edge=False,
+                  collapse_padding=True)
+    for name in ("step", "done", "flight", "p50", "p90", "p99", "max", "oldest", ">p90prev"):
+        tail.add_column(name, justify="right", no_wrap=True)
+    lows = [min(h) for s in merged for h in (s.hist, s.age_hist) if h]
+    lo = max(EDGES[0], EDGES[min(lows) - 1] if lows and min(lows) > 0 else EDGES[0])
+    top_edge = max(top_edge, lo * 2)
+    points = [lo * (top_edge / lo) ** (i / (CDF_WIDTH - 1)) for i in range(CDF_WIDTH)]
+    tail.add_column(f"CDF {_fmt_s(lo)}..{_fmt_s(top_edge)}", no_wrap=True)
+    for i, s in enumerate(merged):
+        prev = Counter[int]()
+        for p in merged[:i]:
+            prev.update(p.hist)
+        p90 = _quantile(prev, 0.9)
+        over = None
+        if p90 is not None and s.open:
+            over = sum(c for b, c in s.age_hist.items() if (EDGES[b - 1] if b > 0 else 0.0) >= p90)
+        current = i == len(merged) - 1 and s.open > 0
+        tail.add_row(
+            str(s.step) if s.step is not None else "-", str(s.done), str(s.open),
+            *(_fmt_s(min(q, s.max_s)) if q is not None else "-"
+              for q in (_quantile(s.hist, x) for x in (0.5, 0.9, 0.99))),
+            _fmt_s(s.max_s) if s.done else "-", _fmt_s(s.oldest_s) if s.open else "-",
+            str(over) if over is not None else "-", _spark(s, points),
+            style="bold" if current else None,
+        )
+
+    oldest = Table(box=box.SIMPLE_HEAD, title="oldest sessions in flight", title_justify="left",
+                   pad_edge=False,
+                  collapse_padding=True)
+    for name in ("rank", "session", "task", "step", "age", "open phases", "phase age", "turn"):
+        oldest.add_column(name, justify="left" if name == "open phases" else "right", no_wrap=True)
+    items = [(s, it) for s in live or states for it in (s.doc.get("open") or {}).get("listed") or ()]
+    items.sort(key=lambda x: -float(x[1].get("age_s") or 0.0))
+    for s, it in items[:OLDEST_SHOWN]:
+        oldest.add_row(str(s.rank), str(it.get("session_id")), str(it.get("task_id")),
+                       str(it.get("step")), _fmt_s(it.get("age_s")), ",".join(it.get("phases") or ()) or "-",
+                       _fmt_s(it.get("phase_age_s")), str(it.get("turn")))
+
+    rated = tot_status.total()
+    foot = Text(f"finished {tot_done} sessions: accepted {_pct(tot_status.get('accepted', 0), rated)}, "
+                f"rejected {_pct(tot_status.get('rejected', 0), rated)}, "
+                f"failed {_pct(tot_status.get('failed', 0), rated)}"
+                + (f" ({missed} in bursts not in the rates and step figures)" if missed else "")
+                + f"   refresh {interval_s:g}s, Ctrl-C quits", style="dim")
+    parts: list[Any] = [title, ranks, tail]
+    if items:
+        parts.append(oldest)
+    parts.append(foot)
+    return Group(*parts)
+
+
+class TopView:
+    """Reads a log dir's live files and renders frames; the file list is re-scanned every
+    ``rescan_s`` (a run's ranks appear as they start)."""
+
+    def __init__(self, logdir: Path | str, *, interval_s: float = 1.0, rescan_s: float = 5.0) -> None:
+        self.logdir = Path(logdir)
+        self.interval_s = interval_s
+        self.rescan_s = rescan_s
+        self._files: list[Path] = []
+        self._scanned = -math.inf
+        self._missing = True
+
+    def states(self) -> list[RankState]:
+        """The live files as read now (re-scanned sooner while ranks are missing)."""
+        now = time.monotonic()
+        if now - self._scanned >= self.rescan_s or self._missing:
+            self._files = find_live_files(self.logdir)
+            self._scanned = now
+        states = read_states(self._files)
+        world = max((s.doc.get("world_size") or 0 for s in states), default=0)
+        self._missing = not states or len({s.rank for s in states}) < world
+        return states
+
+    def frame(self) -> Any:
+        """One frame as a ``rich`` renderable."""
+        return render(self.states(), self.logdir, interval_s=self.interval_s)
+
+
+def _console() -> Any:
+    """A console for the view: off a terminal (a pipe, a file) 200 columns, not rich's 80."""
+    from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal else Console(width=200)
+
+
+def watch(logdir: Path | str, *, interval_s: float = 1.0, until: Callable[[], bool] | None = None,
+          console: Any = None, screen: bool = False) -> None:
+    """Render the live view, refreshed every ``interval_s``, until ``until()`` is true or Ctrl-C."""
+    from rich.live import Live
+
+    view = TopView(logdir, interval_s=interval_s)
+    console = console or _console()
+    with Live(view.frame(), console=console, auto_refresh=False, screen=screen) as live:
+        while until is None or not until():
+            deadline = time.monotonic() + interval_s
+            while time.monotonic() < deadline and (until is None or not until()):
+                time.sleep(min(0.1, interval_s))  # the refresh cadence, not a synchronisation
+            live.update(view.frame(), refresh=True)
+    if not console.is_terminal:
+        console.line()  # the last frame ends without a newline off a terminal
+
+
+def run_top(logdir: Path | str, *, interval_s: float = 1.0, once: bool = False,
+            console: Any = None) -> int:
+    """``rltrace top``: print one frame (``once``) or refresh until Ctrl-C; returns an exit code."""
+    console = console or _console()
+    if once:
+        console.print(TopView(logdir, interval_s=interval_s).frame())
+        return 0
+    try:
+        watch(logdir, interval_s=interval_s, console=console, screen=console.is_terminal)
+    except KeyboardInterrupt:
+        pass
+    return 0
