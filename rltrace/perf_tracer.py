@@ -66,7 +66,7 @@ from .spans import atrace_scope as _atrace_scope
 from .spans import instant as _instant
 from .spans import trace_perf
 from .spans import trace_scope as _trace_scope
-from .steps import current_step
+from .steps import current_step, enclosing_scope_args
 
 __all__ = [
     "GLOBAL_TRACER",
@@ -158,14 +158,9 @@ def _global_step(args: dict[str, Any] | None) -> Any:
     """AReaL's step of a scope: its ``global_step`` arg, an enclosing scope's, or rltrace.step."""
     if args and "global_step" in args:
         return args["global_step"]
-    scope = _recorder.current_scope()
-    while scope is not None:
-        a = scope.args
-        if a and "global_step" in a:
+    for a in enclosing_scope_args():
+        if "global_step" in a:
             return a["global_step"]
-        scope = getattr(scope, "parent", None)
-        if scope is not None and not isinstance(scope, _recorder.Scope):
-            break
     return current_step()
 
 

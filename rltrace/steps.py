@@ -8,6 +8,7 @@ their spans and session records, which is what per-step analyses group by.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextvars import ContextVar
 from typing import Any
 
@@ -81,6 +82,18 @@ def step_of(rec: Scope) -> int | None:
     return None
 
 
+def enclosing_scope_args() -> Iterator[dict[str, Any]]:
+    """The ``args`` of the open rltrace scopes in this context, innermost first."""
+    node: Any = _ctx_get().get(SPAN_KEY)
+    for _ in range(_MAX_DEPTH):
+        if not isinstance(node, Scope):
+            return
+        args = node.args
+        if type(args) is dict:
+            yield args
+        node = getattr(node, "parent", None)
+
+
 def scope_arg_step() -> int | None:
     """The step AReaL-style code marks in a scope's args, for tasks/sessions without ``rltrace.step``.
 
@@ -90,18 +103,12 @@ def scope_arg_step() -> int | None:
     no scope is open (e.g. a rollout executor thread, where the report assigns the step from the
     trace instead).
     """
-    node: Any = _ctx_get().get(SPAN_KEY)
     epoch = None
-    for _ in range(_MAX_DEPTH):
-        if not isinstance(node, Scope):
-            break
-        args = node.args
-        if type(args) is dict:
-            v = args.get("global_step")
-            if type(v) is int:
-                return v
-            v = args.get("epoch_step")
-            if epoch is None and type(v) is int:
-                epoch = v
-        node = getattr(node, "parent", None)
+    for args in enclosing_scope_args():
+        v = args.get("global_step")
+        if type(v) is int:
+            return v
+        v = args.get("epoch_step")
+        if epoch is None and type(v) is int:
+            epoch = v
     return epoch
