@@ -41,6 +41,35 @@ def exception_event(error: tuple[str, str, str], ts: int) -> Event:
     }, ts)
 
 
+def span_attributes(rec: Scope) -> dict[str, Any]:
+    """A record's OTel span attributes, in the order every encoding of it uses.
+
+    Category, thread and lane first, then ``args.<key>`` (flattened), the record's own
+    attributes, the instant flag, and ``rl.step`` inherited from the nearest enclosing scope
+    that has one.  Shared by :meth:`SpanBuilder.build` and the direct OTLP encoder
+    (:mod:`rltrace.otlp_encode`), so both send the same attributes.
+    """
+    attrs: dict[str, Any] = {
+        ATTR_CATEGORY: category_name(rec.category),
+        ATTR_THREAD_ID: rec.thread,
+        ATTR_THREAD_NAME: thread_name(rec.thread),
+        ATTR_LANE: rec.lane,
+    }
+    if rec.args:
+        flatten_into(attrs, ARGS_PREFIX, rec.args)
+    own = rec.record_attrs()
+    if own:
+        flatten_into(attrs, "", own)
+    extra = rec.extra
+    if extra is not None and extra.get("instant"):
+        attrs[ATTR_INSTANT] = True
+    if ATTR_STEP not in attrs:
+        step = step_of(rec)
+        if step is not None:
+            attrs[ATTR_STEP] = step
+    return attrs
+
+
 class SpanBuilder:
     """Builds ``ReadableSpan``s for one pipeline (its resource and instrumentation scope)."""
 
@@ -53,24 +82,12 @@ class SpanBuilder:
         self.limits = limits if limits is not None else SpanLimits()
 
     def build(self, rec: Scope) -> ReadableSpan:
-        attrs: dict[str, Any] = {
-            ATTR_CATEGORY: category_name(rec.category),
-            ATTR_THREAD_ID: rec.thread,
-            ATTR_THREAD_NAME: thread_name(rec.thread),
-            ATTR_LANE: rec.lane,
-        }
-        if rec.args:
-            flatten_into(attrs, ARGS_PREFIX, rec.args)
+        attrs = span_attributes(rec)
         events: list[Event] = []
         links: list[Link] = []
         status = _UNSET
-        own = rec.record_attrs()
-        if own:
-            flatten_into(attrs, "", own)
         extra = rec.extra
         if extra is not None:
-            if extra.get("instant"):
-                attrs[ATTR_INSTANT] = True
             for name, ts, ev_args, ev_cat in extra.get("events", ()):
                 ev_attrs: dict[str, Any] = {}
                 if ev_cat is not None:
@@ -87,10 +104,6 @@ class SpanBuilder:
             if error is not None:
                 status = Status(StatusCode.ERROR, f"{error[0]}: {error[1]}")
                 events.append(exception_event(error, rec.end_ns))
-        if ATTR_STEP not in attrs:
-            step = step_of(rec)
-            if step is not None:
-                attrs[ATTR_STEP] = step
         limits = self.limits
         if len(events) > limits.max_events:
             events = events[:limits.max_events]

@@ -16,6 +16,19 @@ them, so an upgrade that changes them is caught in CI, not in a user's training 
   so an instrumented HTTP client inside an exporter does not trace itself.
 - ``remove_span_processor``: ``SynchronousMultiSpanProcessor`` has no ``remove``; its
   ``_span_processors`` tuple is replaced.
+- ``encoded_span_exporter``: the SDK's OTLP span exporters take ``ReadableSpan``s only; rltrace
+  encodes its records into the ``ExportTraceServiceRequest`` itself (:mod:`rltrace.otlp_encode`)
+  and hands the request to the same exporter, keeping its transport, retries, headers,
+  compression, TLS and timeouts.  gRPC: the exporter's ``_translate_data`` hook passes a
+  pre-built request through; HTTP: ``_client.export(bytes)`` is what the exporter's own
+  ``export`` calls after encoding.  Where the hook is missing the exporter is left as it is and
+  rltrace builds ``ReadableSpan``s for it instead (slower, same spans).
+- ``add_collect_source`` / ``reader_histogram_settings``: the SDK has no public way to add
+  pre-aggregated points to what a ``MetricReader`` collects (the spec's MetricProducer is not
+  in the Python SDK).  The reader's collect callback (``_collect``, set by the MeterProvider)
+  is wrapped to append rltrace's session metrics, and the reader's preferred temporality and
+  histogram aggregation (``_instrument_class_temporality``/``_aggregation``) are read so the
+  points are what the SDK would have produced.  Without them rltrace records through the SDK.
 """
 
 from __future__ import annotations
@@ -55,3 +68,104 @@ def remove_span_processor(multi: Any, processor: Any) -> None:
     """Remove ``processor`` from an SDK multi span processor (there is no public ``remove``)."""
     procs = multi._span_processors
     multi._span_processors = tuple(p for p in procs if p is not processor)
+
+
+class EncodedBatch:
+    """A request rltrace encoded itself, passed through an exporter's ``export``."""
+
+    __slots__ = ("count", "request")
+
+    def __init__(self, request: Any, count: int) -> None:
+        self.request = request
+        self.count = count
+
+    def __len__(self) -> int:
+        return self.count
+
+
+def encoded_exporter_class(base: type) -> type | None:
+    """A subclass of the SDK OTLP span exporter ``base`` that also sends an :class:`EncodedBatch`.
+
+    None when ``base`` is not one of the SDK's OTLP span exporters or lacks the hook this
+    relies on; the caller then uses ``base`` and exports ``ReadableSpan``s as usual.  An
+    instance's ``accepts_encoded`` says whether it can take an :class:`EncodedBatch`.
+    """
+    module = base.__module__
+    if module.startswith("opentelemetry.exporter.otlp.proto.grpc") and callable(
+            getattr(base, "_translate_data", None)):
+
+        class GrpcEncoded(base):  # type: ignore[valid-type,misc]
+            accepts_encoded = True
+
+            def _translate_data(self, data: Any) -> Any:
+                if isinstance(data, EncodedBatch):
+                    return data.request
+                return super()._translate_data(data)
+
+        return GrpcEncoded
+    if module.startswith("opentelemetry.exporter.otlp.proto.http") and "export" in vars(base):
+
+        class HttpEncoded(base):  # type: ignore[valid-type,misc]
+            @property
+            def accepts_encoded(self) -> bool:
+                return callable(getattr(getattr(self, "_client", None), "export", None))
+
+            def export(self, spans: Any) -> Any:
+                if not isinstance(spans, EncodedBatch):
+                    return super().export(spans)
+                from opentelemetry.sdk.trace.export import SpanExportResult
+
+                if getattr(self, "_shutdown", False):
+                    return SpanExportResult.FAILURE
+                result = self._client.export(spans.request.SerializePartialToString())
+                return SpanExportResult.SUCCESS if result.success else SpanExportResult.FAILURE
+
+        return HttpEncoded
+    return None
+
+
+def reader_histogram_settings(reader: Any) -> tuple[tuple[float, ...], bool, bool, bool] | None:
+    """``(bounds, record_min_max, histogram_is_delta, counter_is_delta)`` a metric reader wants
+    for rltrace's histograms and counter, or None when it wants something else (or the SDK
+    keeps these settings elsewhere)."""
+    from opentelemetry.sdk.metrics._internal.aggregation import (
+        _DEFAULT_EXPLICIT_BUCKET_HISTOGRAM_AGGREGATION_BOUNDARIES,
+    )
+    from opentelemetry.sdk.metrics._internal.instrument import _Counter, _Histogram
+    from opentelemetry.sdk.metrics.export import AggregationTemporality
+    from opentelemetry.sdk.metrics.view import (
+        DefaultAggregation,
+        ExplicitBucketHistogramAggregation,
+        SumAggregation,
+    )
+
+    temporality = getattr(reader, "_instrument_class_temporality", None)
+    aggregation = getattr(reader, "_instrument_class_aggregation", None)
+    if not isinstance(temporality, dict) or not isinstance(aggregation, dict) \
+            or getattr(reader, "_collect", None) is None:
+        return None
+    hist_agg, counter_agg = aggregation.get(_Histogram), aggregation.get(_Counter)
+    if type(hist_agg) is DefaultAggregation:
+        bounds, min_max = tuple(_DEFAULT_EXPLICIT_BUCKET_HISTOGRAM_AGGREGATION_BOUNDARIES), True
+    elif type(hist_agg) is ExplicitBucketHistogramAggregation:
+        given = getattr(hist_agg, "_boundaries", None)
+        bounds = tuple(_DEFAULT_EXPLICIT_BUCKET_HISTOGRAM_AGGREGATION_BOUNDARIES if given is None
+                       else given)
+        min_max = bool(getattr(hist_agg, "_record_min_max", True))
+    else:
+        return None
+    if type(counter_agg) not in (DefaultAggregation, SumAggregation):
+        return None
+    delta = AggregationTemporality.DELTA
+    return (bounds, min_max, temporality.get(_Histogram) is delta,
+            temporality.get(_Counter) is delta)
+
+
+def add_collect_source(reader: Any, merge: Any) -> None:
+    """Make ``reader`` pass what it collects through ``merge(metrics_data) -> metrics_data``."""
+    original = reader._collect
+
+    def collect(r: Any, *args: Any, **kwargs: Any) -> Any:
+        return merge(original(r, *args, **kwargs))
+
+    reader._collect = collect

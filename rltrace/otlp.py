@@ -8,6 +8,7 @@ from typing import Any
 from opentelemetry.sdk.trace.export import SpanExporter
 
 from .config import ConfigError, OTLPConfig
+from .otel_compat import encoded_exporter_class
 
 
 def _env(*names: str) -> str | None:
@@ -91,7 +92,11 @@ def _http_endpoint(cfg: OTLPConfig, path: str) -> dict[str, Any]:
 
 
 def make_span_exporter(cfg: OTLPConfig) -> SpanExporter | None:
-    """Build an OTLP span exporter, or None when no endpoint is configured."""
+    """Build an OTLP span exporter, or None when no endpoint is configured.
+
+    The SDK's exporter, subclassed (:func:`rltrace.otel_compat.encoded_exporter_class`) so that
+    it also sends requests rltrace encoded from its records directly.
+    """
     if not otlp_endpoint(cfg):
         return None
     proto = otlp_protocol(cfg)
@@ -99,10 +104,12 @@ def make_span_exporter(cfg: OTLPConfig) -> SpanExporter | None:
     if proto == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-        return OTLPSpanExporter(endpoint=cfg.endpoint or None, **kwargs)
+        cls: type = encoded_exporter_class(OTLPSpanExporter) or OTLPSpanExporter
+        return cls(endpoint=cfg.endpoint or None, **kwargs)  # type: ignore[no-any-return]
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HTTPExporter
 
-    return HTTPExporter(**_http_endpoint(cfg, "/v1/traces"), **kwargs)
+    cls = encoded_exporter_class(HTTPExporter) or HTTPExporter
+    return cls(**_http_endpoint(cfg, "/v1/traces"), **kwargs)  # type: ignore[no-any-return]
 
 
 def make_metric_exporter(cfg: OTLPConfig) -> Any:

@@ -38,7 +38,9 @@ from .config import ConfigError, TracerConfig, load_config, log_dir, redacted
 from .live import LivePublisher, live_path
 from .locks import FairRLock
 from .materialize import SpanBuilder
+from .metrics_agg import make_aggregates
 from .otlp import make_metric_exporter, make_span_exporter
+from .otlp_encode import RecordEncoder
 from .processors import BoundedBatchProcessor, QueuedExportProcessor
 from .provider import DelegatingTracerProvider
 from .ranks import detect_rank
@@ -90,14 +92,21 @@ class Pipeline:
         self.sessions_path: Path | None = None
         self.record_processors: list[Any] = []
         self.session_processor: SessionMetricsProcessor | None = None
+        self.metric_readers: list[Any] = []
         self.meter_provider = self._meter_provider(cfg, metric_readers or [])
         if cfg.session_tracer.enabled:
             self.sessions_path = logdir / SESSIONS_DIR / self._file_name("sessions", os.getpid())
-            meter = (self.meter_provider.get_meter("rltrace", __version__)
-                     if self.meter_provider is not None else None)
+            meter = aggregates = None
+            if self.meter_provider is not None:
+                # aggregated in place and handed to the readers as finished points; through the
+                # SDK one measurement at a time only if a reader wants another aggregation
+                aggregates = make_aggregates(self.metric_readers, self.resource,
+                                             InstrumentationScope("rltrace", __version__))
+                if aggregates is None:
+                    meter = self.meter_provider.get_meter("rltrace", __version__)
             self.session_processor = SessionMetricsProcessor(
                 SessionRecordWriter(self.sessions_path, cfg.session_tracer.flush_threshold),
-                rank=rank, meter=meter, role=cfg.role,
+                rank=rank, meter=meter, role=cfg.role, aggregates=aggregates,
             )
             self.record_processors.append(self.session_processor)
         #: the live state ``rltrace top`` reads (open sessions, current step), when enabled
@@ -132,6 +141,7 @@ class Pipeline:
             self.otlp = BoundedBatchProcessor(
                 otlp, max_queue_size=cfg.otlp.max_queue_size,
                 shutdown_timeout_s=cfg.otlp.timeout_s if cfg.otlp.timeout_s is not None else 5.0,
+                encoder=RecordEncoder(self.builder),
             )
             self._own(self.otlp)
         for p in self.user_processors:
@@ -168,6 +178,7 @@ class Pipeline:
             return None  # no consumer: skip recording metrics altogether
         from opentelemetry.sdk.metrics import MeterProvider
 
+        self.metric_readers = readers
         return MeterProvider(metric_readers=readers, resource=self.resource,
                              shutdown_on_exit=False)
 
@@ -191,8 +202,14 @@ class Pipeline:
         # When every consumer is one of rltrace's queued exporters, they take the records
         # themselves and no ReadableSpan needs to be built (the common offline case).
         self._direct = not self.user_processors and all(
-            isinstance(p, QueuedExportProcessor) for p in self.owned
+            isinstance(p, QueuedExportProcessor)
+            or (isinstance(p, BoundedBatchProcessor) and p.takes_records) for p in self.owned
         )
+        #: in direct mode, everything that is handed the records themselves
+        self._record_sinks: list[Any] = [
+            p for p in self.owned
+            if isinstance(p, (QueuedExportProcessor, BoundedBatchProcessor))
+        ]
 
     # -- the exporter thread ------------------------------------------------------------------
     def start(self) -> None:
@@ -267,7 +284,7 @@ class Pipeline:
         popleft = buf.popleft
         record_procs = self.record_processors
         if self._direct:
-            queued = self.queued
+            queued = self._record_sinks
             for _ in range(len(buf)):
                 try:
                     rec = popleft()

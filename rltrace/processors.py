@@ -20,7 +20,8 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from .otel_compat import instrumentation_suppressed
+from .otel_compat import EncodedBatch, instrumentation_suppressed
+from .recorder import Scope
 
 logger = logging.getLogger("rltrace")
 
@@ -110,8 +111,13 @@ class BoundedBatchProcessor(SpanProcessor):
         self, exporter: SpanExporter, *, max_queue_size: int = 65_536,
         max_export_batch_size: int = 512, schedule_delay_s: float = 1.0,
         shutdown_timeout_s: float = 5.0, name: str = "rltrace-otlp",
+        encoder: Any = None,
     ) -> None:
         self.exporter = exporter
+        #: builds requests from rltrace's records (:class:`rltrace.otlp_encode.RecordEncoder`)
+        #: when the exporter takes them; otherwise records become ``ReadableSpan``s first
+        self.encoder = encoder if getattr(exporter, "accepts_encoded", False) else None
+        self._builder = getattr(encoder, "builder", None)
         self.max_queue_size = max_queue_size
         self.max_export_batch_size = max_export_batch_size
         self.schedule_delay_s = schedule_delay_s
@@ -136,11 +142,19 @@ class BoundedBatchProcessor(SpanProcessor):
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         return None
 
-    def on_end(self, span: ReadableSpan) -> None:
+    @property
+    def takes_records(self) -> bool:
+        """Whether rltrace's records can be queued as they are (no ``ReadableSpan`` built)."""
+        return self._builder is not None
+
+    def on_end(self, span: Any) -> None:
+        """Queue a span: a ``ReadableSpan``, or an rltrace record (:attr:`takes_records`)."""
         q = self._queue
         if self._stop or len(q) >= self.max_queue_size:
             self.dropped += 1
             return
+        if self.encoder is not None:  # a span built from a record: encode from the record
+            span = getattr(span, "rltrace_record", span)
         q.append(span)
         if len(q) >= self.max_export_batch_size:
             self._wake.set()
@@ -161,7 +175,7 @@ class BoundedBatchProcessor(SpanProcessor):
                 self._inflight = n
                 try:
                     with instrumentation_suppressed():  # an instrumented HTTP client stays quiet
-                        ok = self.exporter.export(batch) is SpanExportResult.SUCCESS
+                        ok = self.exporter.export(self._prepare(batch)) is SpanExportResult.SUCCESS
                 except Exception as exc:
                     logger.debug("rltrace: %s export raised %r", self.name, exc)
                     ok = False
@@ -172,6 +186,15 @@ class BoundedBatchProcessor(SpanProcessor):
                     else:
                         self.failed += n
             self._idle.set()
+
+    def _prepare(self, batch: list[Any]) -> Any:
+        """What the exporter is given: an encoded request, or ``ReadableSpan``s."""
+        if self.encoder is not None:
+            return EncodedBatch(self.encoder.request(batch), len(batch))
+        builder = self._builder
+        if builder is None:
+            return batch
+        return [builder.build(s) if isinstance(s, Scope) else s for s in batch]
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         deadline = time.monotonic() + timeout_millis / 1000
@@ -205,5 +228,9 @@ class BoundedBatchProcessor(SpanProcessor):
         self._init_runtime()
 
     def stats(self) -> dict[str, Any]:
-        return {"exported": self.exported, "dropped": self.dropped, "failed": self.failed,
-                "queued": len(self._queue)}
+        out = {"exported": self.exported, "dropped": self.dropped, "failed": self.failed,
+               "queued": len(self._queue)}
+        enc = self.encoder
+        if enc is not None:  # spans encoded from records directly / through the SDK's encoder
+            out.update(encoded_direct=enc.fast, encoded_by_sdk=enc.slow)
+        return out

@@ -46,7 +46,7 @@ class SessionMetricsProcessor(SpanProcessor):
     """Builds one record per finished session; writes it and records OTel metrics."""
 
     def __init__(self, writer: Any = None, *, rank: int = 0, meter: Any = None,
-                 max_open: int = 65_536, role: str | None = None) -> None:
+                 max_open: int = 65_536, role: str | None = None, aggregates: Any = None) -> None:
         self.writer = writer
         self.rank = rank
         #: AReaL's ``role`` field, written after ``rank`` when set
@@ -65,8 +65,11 @@ class SessionMetricsProcessor(SpanProcessor):
         self._done: list[set[Any]] = [set(), set()]
         self._acc: OrderedDict[Any, dict[str, list[tuple[int, int, Any, bool]]]] = OrderedDict()
         self.listeners: list[Callable[[dict[str, Any]], None]] = []
+        #: :class:`rltrace.metrics_agg.SessionAggregates`: the metrics aggregated in place for
+        #: the pipeline's readers (``meter`` records through the SDK one measurement at a time)
+        self._aggregates = aggregates
         self._metrics = None
-        if meter is not None:
+        if meter is not None and aggregates is None:
             self._metrics = (
                 meter.create_histogram("rl.session.duration", unit="s",
                                        description="session time from register to finalize"),
@@ -206,7 +209,9 @@ class SessionMetricsProcessor(SpanProcessor):
             if p not in _BUILTIN_SET:
                 record[p + "_s"] = total
         record["phase_counts"] = counts
-        if self._metrics is not None:
+        if self._aggregates is not None:
+            self._aggregates.record(status, record["total_s"], phases)
+        elif self._metrics is not None:
             h_session, h_phase, c_sessions = self._metrics
             labels = {ATTR_STATUS: status}
             h_session.record(record["total_s"], labels)

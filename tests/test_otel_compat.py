@@ -84,3 +84,29 @@ def test_export_runs_with_instrumentation_suppressed(tmp_path: Path) -> None:
         rltrace.shutdown()
         rltrace.pipeline.remove_span_processor(processor)
     assert exporter.suppressed and all(exporter.suppressed)
+
+
+def test_the_sdk_otlp_exporters_take_requests_rltrace_encoded_itself() -> None:
+    """gRPC: ``_translate_data`` is the hook the exporter encodes through; HTTP: ``_client.export``
+    sends the bytes.  On an SDK without them rltrace falls back to ReadableSpans (slower): this
+    test says so by failing."""
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as Grpc
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as Http
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    from rltrace.otlp_receiver import OTLPReceiver
+
+    with OTLPReceiver() as rx:
+        for base, endpoint in ((Grpc, rx.grpc_endpoint), (Http, rx.http_endpoint + "/v1/traces")):
+            cls = otel_compat.encoded_exporter_class(base)
+            assert cls is not None and issubclass(cls, base)
+            kwargs = {"insecure": True} if base is Grpc else {}
+            exporter = cls(endpoint=endpoint, **kwargs)
+            assert exporter.accepts_encoded
+            req = ExportTraceServiceRequest()
+            span = req.resource_spans.add().scope_spans.add().spans.add()
+            span.name, span.trace_id, span.span_id = f"via-{base.__module__}", b"\1" * 16, b"\2" * 8
+            assert exporter.export(otel_compat.EncodedBatch(req, 1)) is SpanExportResult.SUCCESS
+            exporter.shutdown()
+        names = {s.name for s in rx.wait_for_spans(2)}
+    assert names == {f"via-{Grpc.__module__}", f"via-{Http.__module__}"}
