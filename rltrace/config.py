@@ -30,6 +30,7 @@ __all__ = [
     "DeviceConfig",
     "ExportersConfig",
     "OTLPConfig",
+    "SamplingConfig",
     "SessionTracerConfig",
     "TracerConfig",
     "load_config",
@@ -73,6 +74,28 @@ class OTLPConfig:
     #: also export the session metrics over OTLP (off as well when OTEL_METRICS_EXPORTER=none;
     #: some trace-only backends, e.g. Phoenix, refuse metrics)
     metrics: bool = True
+
+
+@dataclass
+class SamplingConfig:
+    """Which traces leave the process over OTel (OTLP, span processors); see :mod:`rltrace.sampling`.
+
+    The Chrome file, session records and metrics always see every span and session.
+    """
+
+    #: ``parent`` (follow a foreign parent's flag, sample roots), ``ratio`` (that fraction of
+    #: traces, by trace id, whole), ``always_off``, ``sessions`` (whole task traces for OTLP: a
+    #: ``ratio`` of tasks plus every task with a failed, rejected or slow session, decided
+    #: when the task ends); None follows ``OTEL_TRACES_SAMPLER``/``OTEL_TRACES_SAMPLER_ARG``
+    mode: str | None = None
+    #: fraction kept by ``ratio``/``sessions``; None: ``OTEL_TRACES_SAMPLER_ARG`` or 1.0
+    ratio: float | None = None
+    #: ``sessions``: keep every task with a session finalized with one of these statuses
+    keep_statuses: list[str] = field(default_factory=lambda: ["failed", "rejected"])
+    #: ``sessions``: and every task with a session this slow or slower (seconds); None: off
+    slow_s: float | None = None
+    #: ``sessions``: most spans held awaiting their task's decision (then the oldest is decided)
+    max_held: int = 65_536
 
 
 @dataclass
@@ -121,6 +144,8 @@ class TracerConfig:
     rank: int | None = None
     world_size: int | None = None
     otlp: OTLPConfig = field(default_factory=OTLPConfig)
+    #: which traces are sent over OTel (the local files always get everything)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
     exporters: ExportersConfig = field(default_factory=ExportersConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
     #: the background exporter wakes at least this often (seconds)
@@ -488,6 +513,18 @@ def _check_values(cfg: TracerConfig) -> None:
     proto = cfg.otlp.protocol
     need(proto in (None, "grpc", "http/protobuf", "http"), "otlp.protocol",
          f"must be 'grpc' or 'http/protobuf', got {proto!r}")
+    smp = cfg.sampling
+    modes = ("parent", "ratio", "always_off", "sessions")
+    need(smp.mode is None or smp.mode in modes, "sampling.mode",
+         f"must be one of {', '.join(modes)} (or unset to follow OTEL_TRACES_SAMPLER), "
+         f"got {smp.mode!r}" + _suggest(smp.mode, modes))
+    need(smp.ratio is None or 0.0 <= smp.ratio <= 1.0, "sampling.ratio",
+         f"must be in [0, 1], got {smp.ratio!r}")
+    need(smp.slow_s is None or smp.slow_s > 0, "sampling.slow_s", f"must be > 0, got {smp.slow_s!r}")
+    need(smp.max_held >= 1, "sampling.max_held", f"must be >= 1, got {smp.max_held}")
+    statuses = ("accepted", "rejected", "failed", "dropped", "pending")
+    bad = [x for x in smp.keep_statuses if x not in statuses]
+    need(not bad, "sampling.keep_statuses", f"must be among {', '.join(statuses)}, got {bad}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -500,6 +537,11 @@ def current_user() -> str:
         return getpass.getuser()
     except Exception:
         return "unknown"
+
+
+def _suggest(value: Any, choices: tuple[str, ...]) -> str:
+    close = difflib.get_close_matches(str(value), choices, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def log_dir(cfg: TracerConfig) -> Path:

@@ -45,6 +45,7 @@ from .processors import BoundedBatchProcessor, QueuedExportProcessor
 from .provider import DelegatingTracerProvider
 from .ranks import detect_rank
 from .recorder import SPAN_API, STATE, Scope, _noop, internal_error
+from .sampling import HeadSampling, TaskTailSampler, head_sampler
 from .session_metrics import SessionMetricsProcessor
 from .spans import DEVICE_DEFAULTS
 from .summary import ScopeSummary, counters_snapshot
@@ -62,6 +63,7 @@ class Pipeline:
     def __init__(
         self, cfg: TracerConfig, rank: int, world_size: int, logdir: Path,
         user_processors: list[SpanProcessor], metric_readers: list[Any] | None = None,
+        sampler: Any = None,
     ) -> None:
         self.cfg = cfg
         self.rank = rank
@@ -81,8 +83,12 @@ class Pipeline:
             attrs["service.name"] = "rltrace"
         self.resource = Resource.create(attrs)
         self.processor = SynchronousMultiSpanProcessor()
-        self.provider = TracerProvider(
-            resource=self.resource, shutdown_on_exit=False, active_span_processor=self.processor
+        head = head_sampler(cfg.sampling, sampler)
+        #: decides rltrace's trace roots (None: the default, roots sampled at no cost)
+        self.head_sampling = HeadSampling(head) if head is not None else None
+        self.provider = TracerProvider(  # other instrumentation's spans: the same sampler
+            resource=self.resource, shutdown_on_exit=False, active_span_processor=self.processor,
+            sampler=head,
         )
         self.builder = SpanBuilder(self.resource, InstrumentationScope("rltrace", __version__))
         self.queued: list[QueuedExportProcessor] = []
@@ -136,6 +142,7 @@ class Pipeline:
             )
             self.add_queued(self.chrome)
         self.otlp: BoundedBatchProcessor | None = None
+        self.tail_sampler: TaskTailSampler | None = None
         otlp = make_span_exporter(cfg.otlp)
         if otlp is not None:
             self.otlp = BoundedBatchProcessor(
@@ -143,7 +150,11 @@ class Pipeline:
                 shutdown_timeout_s=cfg.otlp.timeout_s if cfg.otlp.timeout_s is not None else 5.0,
                 encoder=RecordEncoder(self.builder),
             )
-            self._own(self.otlp)
+            if cfg.sampling.mode == "sessions":  # whole task traces, decided when the task ends
+                self.tail_sampler = TaskTailSampler(self.otlp, cfg.sampling)
+                self._own(self.tail_sampler)
+            else:
+                self._own(self.otlp)
         for p in self.user_processors:
             self.processor.add_span_processor(p)
         self._refresh_direct()
@@ -202,13 +213,13 @@ class Pipeline:
         # When every consumer is one of rltrace's queued exporters, they take the records
         # themselves and no ReadableSpan needs to be built (the common offline case).
         self._direct = not self.user_processors and all(
-            isinstance(p, QueuedExportProcessor)
-            or (isinstance(p, BoundedBatchProcessor) and p.takes_records) for p in self.owned
+            isinstance(p, QueuedExportProcessor) or getattr(p, "takes_records", False)
+            for p in self.owned
         )
         #: in direct mode, everything that is handed the records themselves
         self._record_sinks: list[Any] = [
             p for p in self.owned
-            if isinstance(p, (QueuedExportProcessor, BoundedBatchProcessor))
+            if isinstance(p, QueuedExportProcessor) or getattr(p, "takes_records", False)
         ]
 
     # -- the exporter thread ------------------------------------------------------------------
@@ -430,6 +441,12 @@ class Pipeline:
             out[type(q.exporter).__name__] = q.stats()
         if self.otlp is not None:
             out["otlp"] = self.otlp.stats()
+        sampling: dict[str, Any] = {"mode": self.cfg.sampling.mode or "parent"}
+        if self.head_sampling is not None:
+            sampling.update(self.head_sampling.stats())
+        if self.tail_sampler is not None:
+            sampling.update(self.tail_sampler.stats())
+        out["sampling"] = sampling
         out["device_events"] = {**device.STATS, "pending": device.pending_count()}
         sp = self.session_processor
         if sp is not None:
@@ -464,6 +481,7 @@ def configure(
     rank: int | None = None,
     role: str | None = None,
     metric_readers: list[Any] | None = None,
+    sampler: Any = None,
     **overrides: Any,
 ) -> TracerConfig:
     """Configure tracing for this process (call once per rank; calling again reconfigures).
@@ -473,19 +491,23 @@ def configure(
     and keyword ``overrides`` (nested keys as ``session_tracer__enabled=True``) win over it.
     Rank and world size default from ``RANK``/``WORLD_SIZE``, torch.distributed or JAX.
     Rank 0 writes the effective config to ``{log_dir}/config.yaml``.  ``metric_readers``
-    (OTel ``MetricReader`` objects) receive the session metrics.  Raises
+    (OTel ``MetricReader`` objects) receive the session metrics.  ``sampler`` (an OTel SDK
+    ``Sampler``) decides which traces are sent over OTel, once per trace (see
+    :mod:`rltrace.sampling`; the local files always get everything).  Raises
     :class:`~rltrace.config.ConfigError` for bad input; the previous pipeline is left intact
     in that case.
     """
     try:
-        return _configure(config, rank=rank, role=role, metric_readers=metric_readers, **overrides)
+        return _configure(config, rank=rank, role=role, metric_readers=metric_readers,
+                          sampler=sampler, **overrides)
     finally:
         if _PENDING_SIGNAL:
             _resume_pending_signal()
 
 
 def _configure(config: Any, *, rank: int | None, role: str | None,
-               metric_readers: list[Any] | None, **overrides: Any) -> TracerConfig:
+               metric_readers: list[Any] | None, sampler: Any = None,
+               **overrides: Any) -> TracerConfig:
     global _PIPELINE, _CONFIG, _GLOBAL_SET, _ATEXIT
     with _LOCK:
         cfg = load_config(config, rank=rank, role=role, **overrides)
@@ -494,7 +516,7 @@ def _configure(config: Any, *, rank: int | None, role: str | None,
         if cfg.enabled or cfg.session_tracer.enabled:
             logdir = log_dir(cfg)
             _ensure_writable(logdir, cfg)
-            new = Pipeline(cfg, rk, world, logdir, _USER_PROCESSORS, metric_readers)
+            new = Pipeline(cfg, rk, world, logdir, _USER_PROCESSORS, metric_readers, sampler)
             if rk == 0 and not cfg.per_process_files:
                 _write_config(logdir, cfg, world)
         old = _PIPELINE
@@ -502,6 +524,7 @@ def _configure(config: Any, *, rank: int | None, role: str | None,
             STATE.enabled = False
             old.close()
         _PIPELINE, _CONFIG = new, cfg
+        STATE.sampling = new.head_sampling if new is not None else None
         if new is None:
             STATE.enabled = False
             sessions.FLAGS.enabled = False

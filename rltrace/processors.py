@@ -126,6 +126,8 @@ class BoundedBatchProcessor(SpanProcessor):
         self.exported = 0
         self.dropped = 0
         self.failed = 0
+        #: spans not sent because their trace was not sampled
+        self.unsampled = 0
         self._init_runtime()
 
     def _init_runtime(self) -> None:
@@ -149,12 +151,20 @@ class BoundedBatchProcessor(SpanProcessor):
 
     def on_end(self, span: Any) -> None:
         """Queue a span: a ``ReadableSpan``, or an rltrace record (:attr:`takes_records`)."""
+        rec = getattr(span, "rltrace_record", span)
+        if isinstance(rec, Scope):
+            if not rec.get_span_context().trace_flags.sampled:
+                self.unsampled += 1  # its trace was not sampled (rltrace.sampling): not sent
+                return
+            if self.encoder is not None:  # a span built from a record: encode from the record
+                span = rec
+        elif not span.context.trace_flags.sampled:  # a foreign span recorded, not sampled
+            self.unsampled += 1
+            return
         q = self._queue
         if self._stop or len(q) >= self.max_queue_size:
             self.dropped += 1
             return
-        if self.encoder is not None:  # a span built from a record: encode from the record
-            span = getattr(span, "rltrace_record", span)
         q.append(span)
         if len(q) >= self.max_export_batch_size:
             self._wake.set()
@@ -229,7 +239,7 @@ class BoundedBatchProcessor(SpanProcessor):
 
     def stats(self) -> dict[str, Any]:
         out = {"exported": self.exported, "dropped": self.dropped, "failed": self.failed,
-               "queued": len(self._queue)}
+               "queued": len(self._queue), "unsampled": self.unsampled}
         enc = self.encoder
         if enc is not None:  # spans encoded from records directly / through the SDK's encoder
             out.update(encoded_direct=enc.fast, encoded_by_sdk=enc.slow)

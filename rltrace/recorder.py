@@ -67,6 +67,7 @@ _get_ident = threading.get_ident
 _get_running_loop = asyncio._get_running_loop
 _current_task = asyncio.current_task
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_UNSAMPLED = TraceFlags(TraceFlags.DEFAULT)
 _ID_LOCK = threading.RLock()  # reentrant: a SIGTERM drain may interrupt a holder
 _dict_set = dict.__setitem__
 
@@ -77,7 +78,8 @@ _dict_set = dict.__setitem__
 class RecorderState:
     """Mutable state shared by the hot path and the exporter thread."""
 
-    __slots__ = ("buffer", "cap", "dropped", "enabled", "overflow", "pid", "wake", "wake_at")
+    __slots__ = ("buffer", "cap", "dropped", "enabled", "overflow", "pid", "sampling", "wake",
+                 "wake_at")
 
     def __init__(self) -> None:
         self.enabled = False
@@ -90,6 +92,9 @@ class RecorderState:
         self.overflow: Any = None
         self.dropped = 0
         self.pid = os.getpid()
+        #: the configured head sampler (:class:`rltrace.sampling.HeadSampling`), or None for
+        #: the default: roots sampled, a foreign parent's flag followed
+        self.sampling: Any = None
 
 
 def _noop() -> None:
@@ -381,13 +386,25 @@ class Scope(Span):
         if sc is not None:
             return sc
         parent = self.parent if hasattr(self, "parent") else None
-        trace_id = parent.get_span_context().trace_id if parent is not None else 0
+        # sampled or not is decided once per trace, by its root (rltrace.sampling); spans under
+        # an rltrace parent inherit its flags, spans under a foreign span follow the sampler
+        sampling = STATE.sampling
+        if parent is None:
+            psc = None
+            trace_id = 0
+            flags = _SAMPLED
+        else:
+            psc = parent.get_span_context()
+            trace_id = psc.trace_id
+            flags = psc.trace_flags if isinstance(parent, Scope) or psc.trace_flags.sampled \
+                else _UNSAMPLED
         with _ID_LOCK:  # ids are drawn once, whichever thread asks first
             sc = getattr(self, "_sc", None)
             if sc is None:
-                sc = self._sc = SpanContext(
-                    trace_id or rand_bits(128) or 1, rand_bits(64) or 1, False, _SAMPLED
-                )
+                trace_id = trace_id or rand_bits(128) or 1
+                if sampling is not None and not isinstance(parent, Scope):
+                    flags = sampling.flags(self, trace_id, parent)
+                sc = self._sc = SpanContext(trace_id, rand_bits(64) or 1, False, flags)
         return sc
 
     def is_recording(self) -> bool:

@@ -403,3 +403,38 @@ def test_standard_otel_env_variables_select_endpoint_and_protocol(
     [c] = by_name(spans, "phoenix.env.child")
     assert r["parent_id"] is None and c["parent_id"] == sid(r)
     assert attrs(r)["args.marker"] == marker
+
+
+def test_session_sampling_sends_phoenix_only_the_tasks_worth_keeping(tmp_path: Path,
+                                                                     phoenix: Phoenix) -> None:
+    """Mode ``sessions`` at ratio 0: of four tasks only the one with a rejected session (and a
+    plain train-step trace) reaches Phoenix, whole; the session records keep all four."""
+    ids = [uid(f"phoenix-sampled-{i}") for i in range(4)]
+    rltrace.configure(
+        fileroot=tmp_path, experiment_name="phoenix-sampling", trial_name="t4",
+        service_name="rltrace-phoenix-sampling", session_tracer={"enabled": True},
+        sampling={"mode": "sessions", "ratio": 0.0},
+        otlp={"endpoint": f"http://{HOST}:{phoenix.http_port}", "protocol": "http/protobuf",
+              "metrics": False},
+    )
+    kept = ids[2]
+    sessions = {}
+    for task_id in ids:  # run_episode rejects its odd sessions: make that one task's only
+        sessions[task_id] = run_episode(task_id, 2 if task_id == kept else 1)
+    step_name = uid("phoenix-step")
+    with rltrace.trace_scope(step_name):
+        pass
+    stats = otlp_stats()
+    diag = rltrace.diagnostics()["sampling"]
+    rltrace.shutdown()
+    assert diag["tasks_kept"] == {"ratio": 0, "status": 1, "slow": 0}
+    assert diag["tasks_dropped"] == 3 and stats["exported"] == 7 + 1
+    spans = phoenix.wait_spans(7, attribute=f"rl.task.id:{kept}")
+    check_task_tree(spans, kept, sessions[kept])
+    phoenix.wait_spans(1, name=step_name)  # ingested after the task: the dropped ones are not
+    for task_id in ids:
+        if task_id != kept:
+            assert phoenix.spans(attribute=f"rl.task.id:{task_id}") == []
+    records = [json.loads(line) for f in tmp_path.rglob("sessions-r0*.jsonl")
+               for line in f.read_text().splitlines()]
+    assert sorted({r["task_id"] for r in records}) == sorted(ids)

@@ -1,0 +1,243 @@
+"""Sampling (``rltrace.sampling``) with the real OTLP receiver: whole traces kept or dropped.
+
+Each test runs an RL-shaped workload (tasks of two sessions with generate/reward phases, a
+user scope nested in a phase, plain train-step traces), exports over OTLP/gRPC to the
+in-process receiver, and checks (a) exactly the traces the sampler keeps arrive, computed
+independently from the trace ids in the session records on disk, (b) every kept trace arrives
+whole, (c) the session records and the Chrome file still hold 100%, (d) ``diagnostics()``
+shows the decisions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult, TraceIdRatioBased
+
+import rltrace
+from rltrace import pipeline
+from rltrace.otlp_receiver import OTLPReceiver
+
+N_TASKS = 60
+SPANS_PER_TASK = 1 + 2 * (1 + 2) + 1  # task, 2 x (session + generate + reward), a user scope
+
+
+@pytest.fixture
+def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[OTLPReceiver]:
+    for k in list(os.environ):
+        if k.startswith("OTEL_"):
+            monkeypatch.delenv(k, raising=False)
+    with OTLPReceiver() as rx:
+        yield rx
+
+
+def _configure(tmp_path: Path, rx: OTLPReceiver, **kw: Any) -> None:
+    rltrace.configure(fileroot=str(tmp_path), session_tracer={"enabled": True, "flush_threshold": 1},
+                      otlp={"endpoint": rx.grpc_endpoint, "protocol": "grpc", "timeout_s": 5.0,
+                            "metrics": False},
+                      flush_at_exit=False, **kw)
+
+
+def _workload(statuses: dict[int, str] | None = None, slow: set[int] = frozenset()) -> None:
+    """``N_TASKS`` tasks of two sessions; task i's first session gets ``statuses[i]``."""
+    statuses = statuses or {}
+    for i in range(N_TASKS):
+        task = rltrace.register_task(f"task-{i}")
+        sids = [rltrace.register_session(task) for _ in range(2)]
+        for j, sid in enumerate(sids):
+            with rltrace.trace_session_phase("generate", session_id=sid):
+                if j == 0:
+                    with rltrace.trace_scope("tokenize"):
+                        pass
+            with rltrace.trace_session_phase("reward", session_id=sid):
+                pass
+            if i in slow and j == 1:
+                # a slow session, planted by its clock: its finalize comes 2 s "later"
+                sess = rltrace.sessions._SESSIONS[sid]
+                sess.start_ns -= 2_000_000_000
+            status = statuses.get(i, "accepted") if j == 0 else "accepted"
+            rltrace.trace_session_event("mark_finalized", session_id=sid, status=status)
+    with rltrace.step(7):  # a plain trace, not a task's
+        with rltrace.trace_scope("optimizer"):
+            pass
+
+
+def _finish(tmp_path: Path) -> tuple[dict[str, Any], list[dict[str, Any]], int]:
+    """Flush, shut down; returns (diagnostics, session records, Chrome X events)."""
+    p = pipeline.get_pipeline()
+    assert p is not None
+    rltrace.shutdown()
+    diag = p.diagnostics()
+    records = [json.loads(line) for f in tmp_path.rglob("sessions-r0*.jsonl")
+               for line in f.read_text().splitlines()]
+    chrome = sum(1 for f in tmp_path.rglob("traces-r0*.jsonl")
+                 for line in f.read_text().splitlines() if '"ph":"X"' in line)
+    return diag, records, chrome
+
+
+def _task_traces(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    by: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        by.setdefault(r["trace_id"], []).append(r)
+    return by
+
+
+def _received(rx: OTLPReceiver, expected: int) -> dict[str, list[Any]]:
+    spans = rx.wait_for_spans(expected) if expected else rx.spans()
+    by: dict[str, list[Any]] = {}
+    for s in spans:
+        by.setdefault(s.trace_id, []).append(s)
+    return by
+
+
+def _ratio_keeps(trace_hex: str, ratio: float) -> bool:
+    return TraceIdRatioBased(ratio).should_sample(None, int(trace_hex, 16), "x").decision.is_sampled()
+
+
+def test_ratio_mode_keeps_whole_traces_by_trace_id_and_the_local_files_keep_all(
+        tmp_path: Path, receiver: OTLPReceiver) -> None:
+    _configure(tmp_path, receiver, sampling={"mode": "ratio", "ratio": 0.3})
+    _workload()
+    diag, records, chrome = _finish(tmp_path)
+    tasks = _task_traces(records)
+    assert len(records) == 2 * N_TASKS  # session records: 100%
+    assert chrome == N_TASKS * SPANS_PER_TASK + 2  # Chrome: 100% (+ the step and optimizer)
+    want = {t for t in tasks if _ratio_keeps(t, 0.3)}
+    assert 0 < len(want) < N_TASKS  # the ratio does select (60 tasks at 0.3)
+    step_trace_kept = diag["sampling"]["traces_sampled"] - len(want)
+    got = _received(receiver, len(want) * SPANS_PER_TASK + 2 * step_trace_kept)
+    got_tasks = {t for t in got if t in tasks}
+    assert got_tasks == want
+    for t in want:  # whole: task, sessions, phases and the nested user scope
+        assert Counter(s.name for s in got[t]) == Counter(
+            {"rl.task": 1, "rl.session": 2, "generate": 2, "reward": 2, "tokenize": 1})
+    s = diag["sampling"]
+    assert s["mode"] == "ratio" and s["traces_sampled"] + s["traces_unsampled"] == N_TASKS + 1
+    assert diag["otlp"]["unsampled"] == (N_TASKS - len(want)) * SPANS_PER_TASK + 2 * (1 - step_trace_kept)
+
+
+def test_the_standard_env_variables_choose_the_sampler(tmp_path: Path, receiver: OTLPReceiver,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_off")
+    _configure(tmp_path, receiver)
+    _workload()
+    diag, records, chrome = _finish(tmp_path)
+    assert receiver.spans() == [] and diag["otlp"]["exported"] == 0
+    assert diag["sampling"]["traces_unsampled"] == N_TASKS + 1
+    assert len(records) == 2 * N_TASKS and chrome == N_TASKS * SPANS_PER_TASK + 2
+
+
+class _KeepNamed(Sampler):
+    """A user's sampler: keeps traces whose root's name starts with ``keep``."""
+
+    def should_sample(self, parent_context: Any, trace_id: int, name: str, kind: Any = None,
+                      attributes: Any = None, links: Any = None, trace_state: Any = None
+                      ) -> SamplingResult:
+        return SamplingResult(Decision.RECORD_AND_SAMPLE if name.startswith("keep")
+                              else Decision.DROP)
+
+    def get_description(self) -> str:
+        return "KeepNamed"
+
+
+def test_a_users_sampler_decides_once_per_trace_and_children_follow(
+        tmp_path: Path, receiver: OTLPReceiver) -> None:
+    _configure(tmp_path, receiver, sampler=_KeepNamed())
+    for name in ("keep.a", "drop.b", "keep.c"):
+        with rltrace.trace_scope(name), rltrace.trace_scope("child"):
+            with rltrace.trace_scope("grandchild"):
+                pass
+    diag, _, chrome = _finish(tmp_path)
+    spans = receiver.wait_for_spans(6)
+    assert Counter(s.name for s in spans) == Counter({"keep.a": 1, "keep.c": 1, "child": 2,
+                                                      "grandchild": 2})
+    assert diag["sampling"]["sampler"] == "KeepNamed"
+    assert (diag["sampling"]["traces_sampled"], diag["sampling"]["traces_unsampled"]) == (2, 1)
+    assert chrome == 9
+
+
+def test_by_default_a_foreign_parents_flag_is_followed_and_travels_on(
+        tmp_path: Path, receiver: OTLPReceiver) -> None:
+    _configure(tmp_path, receiver)
+    headers: dict[str, dict[str, str]] = {}
+    for flag, label in ((0, "unsampled"), (1, "sampled")):
+        remote = trace.NonRecordingSpan(trace.SpanContext(
+            0xABC0 + flag, 0x1234, is_remote=True, trace_flags=trace.TraceFlags(flag)))
+        with trace.use_span(remote), rltrace.trace_scope(f"server.{label}"):
+            headers[label] = dict(rltrace.inject_headers())
+    with rltrace.trace_scope("root"):
+        pass
+    diag, _, _ = _finish(tmp_path)
+    spans = receiver.wait_for_spans(2)
+    assert sorted(s.name for s in spans) == ["root", "server.sampled"]
+    assert headers["unsampled"]["traceparent"].endswith("-00")  # downstream sees the decision
+    assert headers["sampled"]["traceparent"].endswith("-01")
+    assert diag["sampling"] == {"mode": "parent"}  # the default path: no sampler consulted
+
+
+def test_session_mode_sends_whole_failed_rejected_slow_and_ratio_tasks(
+        tmp_path: Path, receiver: OTLPReceiver) -> None:
+    statuses = {3: "failed", 10: "rejected", 11: "failed"}
+    slow = {20, 21}
+    _configure(tmp_path, receiver, sampling={"mode": "sessions", "ratio": 0.1, "slow_s": 1.0})
+    _workload(statuses, slow)
+    diag, records, chrome = _finish(tmp_path)
+    tasks = _task_traces(records)
+    assert len(records) == 2 * N_TASKS and chrome == N_TASKS * SPANS_PER_TASK + 2
+    by_task = {r["task_id"]: r["trace_id"] for r in records}
+    interesting = {by_task[f"task-{i}"] for i in (*statuses, *slow)}
+    by_ratio = {t for t in tasks if _ratio_keeps(t, 0.1)} - interesting
+    want = interesting | by_ratio
+    got = _received(receiver, len(want) * SPANS_PER_TASK + 2)  # + the step trace, always sent
+    assert {t for t in got if t in tasks} == want
+    for t in want:
+        assert len(got[t]) == SPANS_PER_TASK  # whole
+    s = diag["sampling"]
+    assert s["tasks_kept"] == {"status": 3, "slow": 2, "ratio": len(by_ratio)}
+    assert s["tasks_dropped"] == N_TASKS - len(want) and s["spans_held"] == 0
+    assert s["spans_dropped"] == (N_TASKS - len(want)) * SPANS_PER_TASK
+
+
+def test_session_mode_holds_at_most_max_held_spans_deciding_the_oldest_early(
+        tmp_path: Path, receiver: OTLPReceiver) -> None:
+    """Tasks left open: each holds its spans; past ``max_held`` the oldest is decided early
+    (ratio 1: kept, so nothing is lost)."""
+    _configure(tmp_path, receiver, sampling={"mode": "sessions", "ratio": 1.0, "max_held": 5})
+    sids = []
+    for i in range(6):
+        task = rltrace.register_task(f"open-{i}")
+        sid = rltrace.register_session(task)
+        rltrace.register_session(task)  # never finalized: the task stays open
+        with rltrace.trace_session_phase("generate", session_id=sid):
+            pass
+        rltrace.trace_session_event("mark_finalized", session_id=sid, status="accepted")
+        sids.append(sid)
+        rltrace.flush()
+        s = rltrace.diagnostics()["sampling"]
+        assert s["spans_held"] <= 5
+    s = rltrace.diagnostics()["sampling"]
+    assert s["decided_early"] >= 2
+    diag, _, _ = _finish(tmp_path)  # shutdown writes the open sessions as pending, ends the tasks
+    spans = receiver.wait_for_spans(24)
+    assert Counter(s.name for s in spans) == Counter({"rl.session": 12, "generate": 6, "rl.task": 6})
+    assert diag["sampling"]["spans_held"] == 0 and diag["sampling"]["spans_dropped"] == 0
+
+
+def test_bad_sampling_settings_name_the_key_and_the_fix(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(rltrace.config.ConfigError, match=r"sampling.mode.*did you mean 'ratio'"):
+        rltrace.configure(fileroot=str(tmp_path), sampling={"mode": "ratoi"})
+    with pytest.raises(rltrace.config.ConfigError, match=r"sampling.ratio.*\[0, 1\]"):
+        rltrace.configure(fileroot=str(tmp_path), sampling={"mode": "ratio", "ratio": 2})
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "sometimes")
+    with pytest.raises(rltrace.config.ConfigError, match="OTEL_TRACES_SAMPLER"):
+        rltrace.configure(fileroot=str(tmp_path))
+    with pytest.raises(TypeError, match="sampler must be"):
+        rltrace.configure(fileroot=str(tmp_path), sampler="half")
