@@ -209,6 +209,11 @@ class Pipeline:
         self.processor.add_span_processor(processor)
         self._refresh_direct()
 
+    @property
+    def on_start_hooks(self) -> tuple[SpanProcessor, ...] | None:
+        """The span processors whose ``on_start`` rltrace spans call (the user's), or None."""
+        return tuple(self.user_processors) or None
+
     def _refresh_direct(self) -> None:
         # When every consumer is one of rltrace's queued exporters, they take the records
         # themselves and no ReadableSpan needs to be built (the common offline case).
@@ -525,6 +530,7 @@ def _configure(config: Any, *, rank: int | None, role: str | None,
             old.close()
         _PIPELINE, _CONFIG = new, cfg
         STATE.sampling = new.head_sampling if new is not None else None
+        STATE.on_start = new.on_start_hooks if new is not None else None
         if new is None:
             STATE.enabled = False
             sessions.FLAGS.enabled = False
@@ -845,8 +851,9 @@ def shutdown(timeout: float | None = None) -> None:
         sessions.FLAGS.enabled = False
         STATE.wake = _noop
         if p is not None:
-            p.close(timeout)
+            p.close(timeout)  # (its last records still draw ids under its sampler)
         STATE.overflow = None
+        STATE.sampling = STATE.on_start = None
         _PIPELINE = None
     finally:
         _LOCK.release()
@@ -857,14 +864,17 @@ def shutdown(timeout: float | None = None) -> None:
 def add_span_processor(processor: SpanProcessor) -> None:
     """Add an OTel ``SpanProcessor`` that receives every span (kept across reconfiguration).
 
-    rltrace scopes are delivered to ``on_end`` from rltrace's exporter thread shortly after
-    they finish (``on_start`` is not called for them: they are recorded off the OTel SDK's
-    path); spans from other instrumentation follow the SDK's usual synchronous calls.
+    ``on_start(span, parent_context)`` is called as each rltrace span starts, on the starting
+    thread (the span is rltrace's live span: ``set_attribute``, ``get_span_context``, ``name``);
+    ``on_end`` gets the finished span as a ``ReadableSpan`` from rltrace's exporter thread
+    shortly after it ends.  Spans from other instrumentation follow the SDK's usual calls.
+    With no processor added, rltrace spans pay one attribute read for this.
     """
     with _LOCK:
         _USER_PROCESSORS.append(processor)
         if _PIPELINE is not None:
             _PIPELINE.add_user_processor(processor)
+            STATE.on_start = _PIPELINE.on_start_hooks
 
 
 def add_record_processor(processor: Any) -> None:
@@ -909,6 +919,7 @@ def remove_span_processor(processor: SpanProcessor) -> None:
             p.user_processors.remove(processor)
             otel_compat.remove_span_processor(p.processor, processor)
             p._refresh_direct()
+            STATE.on_start = p.on_start_hooks
 
 
 def summary() -> str:

@@ -78,8 +78,8 @@ _dict_set = dict.__setitem__
 class RecorderState:
     """Mutable state shared by the hot path and the exporter thread."""
 
-    __slots__ = ("buffer", "cap", "dropped", "enabled", "overflow", "pid", "sampling", "wake",
-                 "wake_at")
+    __slots__ = ("buffer", "cap", "dropped", "enabled", "on_start", "overflow", "pid", "sampling",
+                 "wake", "wake_at")
 
     def __init__(self) -> None:
         self.enabled = False
@@ -95,10 +95,23 @@ class RecorderState:
         #: the configured head sampler (:class:`rltrace.sampling.HeadSampling`), or None for
         #: the default: roots sampled, a foreign parent's flag followed
         self.sampling: Any = None
+        #: the user's span processors, whose ``on_start`` each rltrace span calls (None: none)
+        self.on_start: tuple[Any, ...] | None = None
 
 
 def _noop() -> None:
     return None
+
+
+def _call_on_start(span: Any, parent_context: Any) -> None:
+    """``on_start(span, parent_context)`` of each of the user's span processors (as the SDK
+    calls it: after the start time is set, on the starting thread); a failing processor is
+    logged and skipped, never raised into the training loop."""
+    for proc in STATE.on_start or ():
+        try:
+            proc.on_start(span, parent_context=parent_context)
+        except Exception as exc:
+            internal_error(f"{type(proc).__name__}.on_start", exc)
 
 
 STATE = RecorderState()
@@ -249,6 +262,8 @@ class Scope(Span):
             _dict_set(new, _SPAN_KEY, self)
             self._token = _ctx_set(new)
             self.start_ns = now_ns()
+            if STATE.on_start is not None:
+                _call_on_start(self, ctx)
         except Exception as exc:  # pragma: no cover - defensive
             internal_error("trace_scope enter", exc)
         return self
@@ -320,6 +335,8 @@ class Scope(Span):
             self.lane = _acquire_lane(thread)
             self.owns_lane = True
         self.start_ns = now_ns()
+        if STATE.on_start is not None:
+            _call_on_start(self, _ctx_get())
 
     def finish(self, end_ns: int, exc: BaseException | None = None, keep: bool = False,
                hold: bool = False) -> None:

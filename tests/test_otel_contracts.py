@@ -117,3 +117,61 @@ def test_span_attribute_count_and_value_length_limits_apply_to_exported_spans(
         span = cap.one("big")
     assert len(span.attributes) == 8 and span.dropped_attributes > 0
     assert all(len(v) <= 5 for v in span.attributes.values() if isinstance(v, str))
+
+
+class _OnStart(rltrace.pipeline.SpanProcessor):
+    """A user's processor: notes every on_start and tags the span there (a common pattern)."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.started: list[tuple[str, int, object]] = []
+        self.fail = fail
+
+    def on_start(self, span: object, parent_context: object = None) -> None:
+        current = trace.get_current_span(parent_context)  # type: ignore[arg-type]
+        self.started.append((span.name, threading.get_ident(), current))  # type: ignore[attr-defined]
+        if self.fail:
+            raise RuntimeError("processor bug")
+        span.set_attribute("tagged.on_start", True)  # type: ignore[attr-defined]
+
+
+def test_on_start_of_a_users_processor_runs_as_rltrace_spans_start(tmp_path: Path) -> None:
+    proc = _OnStart()
+    with capture_spans(tmp_path, session_tracer={"enabled": True}) as cap:
+        rltrace.add_span_processor(proc)
+        try:
+            with rltrace.trace_scope("outer") as outer:
+                with rltrace.trace_scope("inner"):
+                    pass
+                task = rltrace.register_task()
+                sid = rltrace.register_session(task)
+                with rltrace.trace_session_phase("generate", session_id=sid):
+                    pass
+                rltrace.trace_session_event("mark_finalized", session_id=sid, status="accepted")
+            rltrace.flush()
+            names = [n for n, _, _ in proc.started]
+            assert names == ["outer", "inner", "rl.task", "rl.session", "generate"]
+            assert {t for _, t, _ in proc.started} == {threading.get_ident()}
+            assert proc.started[1][2] is outer  # the parent context holds the enclosing span
+            for name in names:  # what on_start set is on the exported span
+                assert dict(cap.one(name).attributes)["tagged.on_start"] is True
+        finally:
+            rltrace.pipeline.remove_span_processor(proc)
+        with rltrace.trace_scope("after"):
+            pass
+        assert len(proc.started) == 5  # removed: no longer called
+
+
+def test_a_failing_on_start_is_logged_and_the_span_still_recorded(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    proc = _OnStart(fail=True)
+    with capture_spans(tmp_path) as cap:
+        rltrace.add_span_processor(proc)
+        try:
+            with caplog.at_level(logging.WARNING, logger="rltrace"), rltrace.trace_scope("kept"):
+                pass
+            rltrace.flush()
+            assert cap.one("kept").name == "kept"
+        finally:
+            rltrace.pipeline.remove_span_processor(proc)
+    assert [n for n, _, _ in proc.started] == ["kept"]
+    assert any("on_start" in r.getMessage() for r in caplog.records)
