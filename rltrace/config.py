@@ -32,6 +32,7 @@ __all__ = [
     "OTLPConfig",
     "SamplingConfig",
     "SessionTracerConfig",
+    "SpanLimitsConfig",
     "TracerConfig",
     "load_config",
     "log_dir",
@@ -99,6 +100,25 @@ class SamplingConfig:
 
 
 @dataclass
+class SpanLimitsConfig:
+    """The OTel span limits for exported spans; unset keys follow the standard variables
+    (``OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT``, ``OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT``,
+    ``OTEL_SPAN_EVENT_COUNT_LIMIT``, ...) and then the SDK's defaults.  The local Chrome file
+    keeps every attribute and instant."""
+
+    #: attributes per span (oldest dropped beyond it, counted on the span)
+    attribute_count: int | None = None
+    #: longest string attribute value (truncated beyond it)
+    attribute_value_length: int | None = None
+    #: events per span (rltrace instants inside a scope, ``add_event``)
+    event_count: int | None = None
+    link_count: int | None = None
+    #: attributes per event and per link
+    event_attribute_count: int | None = None
+    link_attribute_count: int | None = None
+
+
+@dataclass
 class DeviceConfig:
     """Config-wide device options by span category (see :mod:`rltrace.device`)."""
 
@@ -146,6 +166,8 @@ class TracerConfig:
     otlp: OTLPConfig = field(default_factory=OTLPConfig)
     #: which traces are sent over OTel (the local files always get everything)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    #: span limits for exported spans (unset: the OTEL_*_LIMIT variables, then SDK defaults)
+    span_limits: SpanLimitsConfig = field(default_factory=SpanLimitsConfig)
     exporters: ExportersConfig = field(default_factory=ExportersConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
     #: the background exporter wakes at least this often (seconds)
@@ -522,6 +544,9 @@ def _check_values(cfg: TracerConfig) -> None:
          f"must be in [0, 1], got {smp.ratio!r}")
     need(smp.slow_s is None or smp.slow_s > 0, "sampling.slow_s", f"must be > 0, got {smp.slow_s!r}")
     need(smp.max_held >= 1, "sampling.max_held", f"must be >= 1, got {smp.max_held}")
+    for key, value in vars(cfg.span_limits).items():
+        need(value is None or (type(value) is int and value >= 0), f"span_limits.{key}",
+             f"must be an integer >= 0 (or unset to follow the OTEL_*_LIMIT variables), got {value!r}")
     statuses = ("accepted", "rejected", "failed", "dropped", "pending")
     bad = [x for x in smp.keep_statuses if x not in statuses]
     need(not bad, "sampling.keep_statuses", f"must be among {', '.join(statuses)}, got {bad}")

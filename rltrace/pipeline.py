@@ -26,7 +26,12 @@ from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import SpanProcessor, SynchronousMultiSpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import (
+    SpanLimits,
+    SpanProcessor,
+    SynchronousMultiSpanProcessor,
+    TracerProvider,
+)
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from rltrace.exporters.sessions import SessionRecordWriter
@@ -83,14 +88,23 @@ class Pipeline:
             attrs["service.name"] = "rltrace"
         self.resource = Resource.create(attrs)
         self.processor = SynchronousMultiSpanProcessor()
+        lim = cfg.span_limits
+        limits = SpanLimits(  # unset keys: the OTEL_*_LIMIT variables, then the SDK's defaults
+            max_span_attributes=lim.attribute_count,
+            max_span_attribute_length=lim.attribute_value_length,
+            max_events=lim.event_count, max_links=lim.link_count,
+            max_event_attributes=lim.event_attribute_count,
+            max_link_attributes=lim.link_attribute_count,
+        )
         head = head_sampler(cfg.sampling, sampler)
         #: decides rltrace's trace roots (None: the default, roots sampled at no cost)
         self.head_sampling = HeadSampling(head) if head is not None else None
         self.provider = TracerProvider(  # other instrumentation's spans: the same sampler
             resource=self.resource, shutdown_on_exit=False, active_span_processor=self.processor,
-            sampler=head,
+            sampler=head, span_limits=limits,
         )
-        self.builder = SpanBuilder(self.resource, InstrumentationScope("rltrace", __version__))
+        self.builder = SpanBuilder(self.resource, InstrumentationScope("rltrace", __version__),
+                                   limits)
         self.queued: list[QueuedExportProcessor] = []
         self.owned: list[SpanProcessor] = []
         self.user_processors = list(user_processors)

@@ -175,3 +175,27 @@ def test_a_failing_on_start_is_logged_and_the_span_still_recorded(
             rltrace.pipeline.remove_span_processor(proc)
     assert [n for n, _, _ in proc.started] == ["kept"]
     assert any("on_start" in r.getMessage() for r in caplog.records)
+
+
+def test_span_limits_from_the_config_win_over_the_env_and_reach_otlp(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "50")
+    from rltrace.otlp_receiver import OTLPReceiver
+
+    with OTLPReceiver() as rx, capture_spans(
+            tmp_path, span_limits={"attribute_count": 6, "attribute_value_length": 4,
+                                   "event_count": 2},
+            otlp={"endpoint": rx.grpc_endpoint, "metrics": False}) as cap:
+        with rltrace.trace_scope("limited", args={f"k{i}": "x" * 9 for i in range(10)}) as s:
+            for i in range(5):
+                s.add_event(f"e{i}")
+        rltrace.flush()
+        span = cap.one("limited")
+        [sent] = rx.wait_for_spans("limited")
+    assert len(span.attributes) == 6 and span.dropped_attributes == 10 + 4 - 6
+    assert all(len(v) <= 4 for v in span.attributes.values() if isinstance(v, str))
+    assert len(span.events) == 2
+    assert len(sent.attributes) == 6 and all(len(v) <= 4 for v in sent.attributes.values()
+                                             if isinstance(v, str))
+    with pytest.raises(rltrace.config.ConfigError, match=r"span_limits.event_count.*>= 0"):
+        rltrace.configure(fileroot=str(tmp_path), span_limits={"event_count": -1})
