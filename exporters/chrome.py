@@ -189,10 +189,15 @@ class ChromeEncoder:
                 out.append(_X % (pid, tid, us, d // 1000, d % 1000, name, cat,
                                  self.args_json(args)))
                 continue
-            args = dict(args) if args else {}
             own = rec.record_attrs()
-            if own:
-                args.update(own)
+            if not args:
+                args = own if own else {}  # the record's own dict: only read below
+                if extra is not None:
+                    args = dict(args)  # an error may be added to it
+            elif own:
+                args = {**args, **own}
+            else:
+                args = dict(args)
             if extra is None:
                 d = rec.end_ns - us * 1000
                 out.append(_X % (pid, tid, us, d // 1000, d % 1000, name, cat,
