@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from contextvars import ContextVar
 from typing import Any
 
+from opentelemetry import context as otel_context
+
 from .otel_compat import SPAN_KEY
 from .recorder import NOOP, STATE, Scope, _ctx_get
 from .semconv import ATTR_STEP
@@ -19,6 +21,9 @@ from .semconv import ATTR_STEP
 __all__ = ["current_step", "scope_arg_step", "step", "step_of"]
 
 _STEP_CV: ContextVar[int | None] = ContextVar("rltrace_step", default=None)
+#: the OTel context key under which a remote caller's step arrives (``rltrace.ray``: Ray's trace
+#: propagation carries it beside ``traceparent``)
+CALLER_STEP_KEY = otel_context.create_key("rltrace-caller-step")
 _MAX_DEPTH = 64
 
 
@@ -73,8 +78,12 @@ def step_of(rec: Scope) -> int | None:
     """The step a record belongs to: its own ``rl.step`` or its nearest ancestor's."""
     node: Any = rec
     for _ in range(_MAX_DEPTH):
-        if node is None or not isinstance(node, Scope):
+        if node is None:
             return None
+        if not isinstance(node, Scope):  # another instrumentation's span (Ray's remote call)
+            attrs = getattr(node, "attributes", None)
+            step = attrs.get(ATTR_STEP) if attrs is not None else None
+            return step if type(step) is int else None
         step = node.own_step()
         if step is not None:
             return step
@@ -111,4 +120,8 @@ def scope_arg_step() -> int | None:
         v = args.get("epoch_step")
         if epoch is None and type(v) is int:
             epoch = v
+    if epoch is None:  # in a remote call (rltrace.ray): the caller's step
+        v = otel_context.get_value(CALLER_STEP_KEY)
+        if type(v) is int:
+            return v
     return epoch

@@ -1,0 +1,130 @@
+"""A small async RL job on a real local Ray cluster, traced with ``rltrace.ray`` (tests/test_ray.py).
+
+Run as ``python ray_driver.py OUT_DIR``: a driver with two rollout actors (one sync, one
+async; rank 1 planted slow: every generate takes 30 ms more), a trainer actor, and a third
+rollout actor that is killed with ``ray.kill``.  OTLP goes to an in-process receiver with a
+secret header.  Writes ``OUT_DIR/result.json`` (the spans the receiver decoded, pids, what the
+killed actor had flushed) and leaves rltrace's files under ``OUT_DIR/logs``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+
+import rltrace
+import rltrace.ray
+from rltrace.otlp_receiver import OTLPReceiver
+
+STEPS = 3
+SESSIONS = 4  # per rollout actor per step
+SECRET = "ray-secret-7f3a"
+
+
+def _session(delay: float) -> Any:
+    task = rltrace.register_task()
+    sid = rltrace.register_session(task)
+    with rltrace.trace_session_phase("generate", session_id=sid):
+        time.sleep(delay)
+    with rltrace.trace_session_phase("reward", session_id=sid):
+        pass
+    rltrace.trace_session_event("mark_finalized", session_id=sid, status="accepted")
+    return sid
+
+
+@ray.remote
+class Rollout:
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+
+    def rollout(self, n: int) -> list[Any]:
+        with rltrace.trace_scope("rollout.batch"):
+            return [_session(self.delay) for _ in range(n)]
+
+    def record_then_flush(self, flushed: int, unflushed: int) -> int:
+        for _ in range(flushed):
+            _session(0.0)
+        rltrace.flush()  # what an export cycle does every flush_interval_s
+        for _ in range(unflushed):
+            _session(0.0)
+        return os.getpid()
+
+
+@ray.remote
+class AsyncRollout:
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+
+    async def rollout(self, n: int) -> list[Any]:
+        out = []
+        for _ in range(n):
+            task = rltrace.register_task()
+            sid = rltrace.register_session(task)
+            async with rltrace.atrace_session_phase("generate", session_id=sid):
+                await asyncio.sleep(self.delay)
+            rltrace.trace_session_event("mark_finalized", session_id=sid, status="accepted")
+            out.append(sid)
+        return out
+
+
+@ray.remote
+class Trainer:
+    def environ_has(self, text: str) -> bool:
+        return text in json.dumps(dict(os.environ))
+
+    def train(self, step: int) -> int:
+        with rltrace.trace_scope("train.update", args={"global_step": step}):
+            time.sleep(0.005)
+        return os.getpid()
+
+
+def main(out: Path) -> None:
+    result: dict[str, Any] = {}
+    with OTLPReceiver() as rx:
+        rltrace.configure(fileroot=str(out), experiment_name="ray", trial_name="t",
+                          session_tracer={"enabled": True}, flush_interval_s=3600,
+                          otlp={"endpoint": rx.grpc_endpoint, "metrics": False,
+                                "headers": {"x-ray-secret": SECRET}})
+        t0 = time.monotonic()
+        rltrace.ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                         object_store_memory=96 * 1024 * 1024)
+        fast = Rollout.options(**rltrace.ray.actor_options("rollout", rank=0)).remote(0.001)
+        slow = AsyncRollout.options(**rltrace.ray.actor_options("rollout", rank=1)).remote(0.031)
+        trainer = Trainer.options(**rltrace.ray.actor_options("trainer", rank=0)).remote()
+        doomed = Rollout.options(**rltrace.ray.actor_options("doomed", rank=0)).remote(0.0)
+        pids = {}
+        for step in range(STEPS):
+            with rltrace.step(step):
+                ray.get([fast.rollout.remote(SESSIONS), slow.rollout.remote(SESSIONS)])
+                pids["trainer"] = ray.get(trainer.train.remote(step))
+        pids["doomed"] = ray.get(doomed.record_then_flush.remote(3, 5))
+        result["worker_environ_has_secret"] = ray.get(trainer.environ_has.remote(SECRET))
+        ray.kill(doomed)
+        confirmed = rltrace.ray.shutdown(fast, slow, trainer)
+        result["ray_s"] = round(time.monotonic() - t0, 2)
+        result["flushed_actors"] = confirmed
+        rltrace.shutdown()
+        spans = rx.spans()
+        result["spans"] = [{"name": s.name, "trace_id": s.trace_id, "span_id": s.span_id,
+                            "parent": s.parent_span_id,
+                            "attributes": {k: v for k, v in s.attributes.items()
+                                           if k.startswith(("rl.", "args."))},
+                            "resource": {k: v for k, v in s.resource_attributes.items()
+                                         if k in ("rl.role", "rl.rank", "process.pid")}}
+                           for s in spans]
+        result["secret_headers"] = sorted({r.headers.get("x-ray-secret", "")
+                                           for r in rx.requests})
+    result["pids"] = pids
+    result["environ_has_secret"] = SECRET in json.dumps(dict(os.environ))
+    (out / "result.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))

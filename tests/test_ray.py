@@ -1,0 +1,125 @@
+"""``rltrace.ray`` on a real local Ray cluster (``ray`` from the package index, CPU, 2 CPUs).
+
+One module-scoped run of ``tests/helpers/ray_driver.py`` in its own interpreter (so Ray's
+processes never touch pytest's): a driver configures rltrace once and starts Ray through
+``rltrace.ray.init``; two rollout actors (sync and async, rank 1 planted slow), a trainer and a
+third actor that is ``ray.kill``-ed run a small RL loop over three steps; OTLP goes to the
+in-process receiver with a secret header.  The tests read what the run left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("ray")
+
+from conftest import perfetto_check
+
+ROOT = Path(__file__).resolve().parent.parent
+DRIVER = ROOT / "tests" / "helpers" / "ray_driver.py"
+SECRET = "ray-secret-7f3a"
+STEPS, SESSIONS = 3, 4
+
+
+def _default_signals() -> None:
+    """The driver starts with default SIGINT/SIGTERM whatever pytest's runner inherited."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("ray")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "RLTRACE_", "RAY_"))}
+    proc = subprocess.run([sys.executable, str(DRIVER), str(out)], capture_output=True, text=True,
+                          env=env, cwd=out, timeout=300, preexec_fn=_default_signals)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((out / "result.json").read_text())
+    result["logdir"] = out / "logs" / next(p.name for p in (out / "logs").iterdir()) / "ray" / "t"
+    return result
+
+
+def _records(logdir: Path, role: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for f in (logdir / "session_tracer" / role).glob("sessions-*.jsonl")
+            for line in f.read_text().splitlines()]
+
+
+def test_every_actor_is_configured_from_the_driver_with_its_role_rank_and_files(
+        run: dict[str, Any]) -> None:
+    logdir = run["logdir"]
+    traces = sorted(str(p.relative_to(logdir / "perf_tracer")) for p in
+                    (logdir / "perf_tracer").rglob("traces-*.jsonl"))
+    roles = Counter(Path(t).parent.name for t in traces if "/" in t)
+    assert roles == {"rollout": 2, "trainer": 1, "doomed": 1}  # a file per actor process
+    assert all("-p" in t for t in traces if "/" in t)  # per process: a restart gets new files
+    assert {r["rank"] for r in _records(logdir, "rollout")} == {0, 1}
+    assert {r["role"] for r in _records(logdir, "rollout")} == {"rollout"}
+    by_role = {(s["resource"].get("rl.role"), s["resource"].get("rl.rank"))
+               for s in run["spans"] if s["name"].endswith("ray.remote_worker")}
+    # (the killed actor's spans were still queued for OTLP when it died: its files have them)
+    assert by_role == {("rollout", 0), ("rollout", 1), ("trainer", 0)}
+
+
+def test_otlp_headers_reach_the_collector_from_workers_and_no_environment_or_file(
+        run: dict[str, Any]) -> None:
+    worker_spans = [s for s in run["spans"] if s["resource"].get("rl.role") is not None]
+    assert worker_spans  # workers exported over OTLP, all requests carried the header
+    assert run["secret_headers"] == [SECRET]
+    assert not run["environ_has_secret"] and not run["worker_environ_has_secret"]
+    for f in Path(run["logdir"]).rglob("*"):
+        if f.is_file():
+            assert SECRET not in f.read_text(errors="replace"), f
+
+
+def test_actor_work_is_in_the_drivers_trace_and_carries_the_step(run: dict[str, Any]) -> None:
+    spans = run["spans"]
+    by_id = {s["span_id"]: s for s in spans}
+    updates = [s for s in spans if s["name"] == "train.update"]
+    assert len(updates) == STEPS
+    for upd in updates:  # trainer scope -> Ray worker span -> Ray caller span -> train.step
+        chain = [upd]
+        while chain[-1]["parent"] in by_id:
+            chain.append(by_id[chain[-1]["parent"]])
+        assert [c["name"] for c in chain] == ["train.update", "Trainer.train ray.remote_worker",
+                                              "Trainer.train ray.remote", "train.step"]
+        assert len({c["trace_id"] for c in chain}) == 1
+        assert upd["attributes"]["rl.step"] == chain[-1]["attributes"]["rl.step"]
+    for name in ("rollout.batch", "rl.session"):  # sync and async actors: the driver's step
+        got = Counter(s["attributes"].get("rl.step") for s in spans if s["name"] == name)
+        want = SESSIONS * 2 if name == "rl.session" else 1
+        assert got == {step: want for step in range(STEPS)}, (name, got)
+    records = _records(run["logdir"], "rollout")
+    assert Counter(r["step"] for r in records) == {step: 2 * SESSIONS for step in range(STEPS)}
+
+
+def test_shutdown_flushes_every_actor_and_ray_kill_loses_only_the_unflushed(
+        run: dict[str, Any]) -> None:
+    assert run["flushed_actors"] == 3
+    assert len(_records(run["logdir"], "rollout")) == 2 * SESSIONS * STEPS  # every session
+    # the killed actor: 3 sessions exported before the kill, 5 recorded after its last export
+    # cycle (the README's bound: what the actor finished in its last flush_interval_s)
+    assert len(_records(run["logdir"], "doomed")) == 3
+
+
+def test_the_merged_trace_shows_each_actor_as_a_named_process(run: dict[str, Any],
+                                                              tmp_path: Path) -> None:
+    merged = tmp_path / "merged.json"
+    proc = subprocess.run([sys.executable, "-m", "rltrace.cli", "convert", str(run["logdir"]),
+                           "-o", str(merged)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    res = perfetto_check(merged, "select name from process where name is not null")
+    names = sorted(r["name"].split(" · ")[0] for r in
+                   res["queries"]["select name from process where name is not null"])
+    pid = run["pids"]
+    assert f"[trainer] Rank 0, Process {pid['trainer']}" in names
+    assert f"[doomed] Rank 0, Process {pid['doomed']}" in names
+    assert sum(n.startswith("[rollout] Rank ") for n in names) == 2
