@@ -6,9 +6,9 @@ actors.  In the driver, after :func:`rltrace.configure`::
     import rltrace, rltrace.ray
     rltrace.configure(fileroot="/shared/logs", session_tracer={"enabled": True})
     rltrace.ray.init(num_cpus=8)                       # instead of ray.init(...)
-    rollouts = [Rollout.options(**rltrace.ray.actor_options("rollout", rank=i)).remote()
+    rollouts = [Rollout.options(**rltrace.ray.actor_options("rollout", rank=1 + i)).remote()
                 for i in range(2)]
-    trainer = Trainer.options(**rltrace.ray.actor_options("trainer", rank=0)).remote()
+    trainer = Trainer.options(**rltrace.ray.actor_options("trainer", rank=3)).remote()
 
 What it does:
 

@@ -61,12 +61,12 @@ def test_every_actor_is_configured_from_the_driver_with_its_role_rank_and_files(
     roles = Counter(Path(t).parent.name for t in traces if "/" in t)
     assert roles == {"rollout": 2, "trainer": 1, "doomed": 1}  # a file per actor process
     assert all("-p" in t for t in traces if "/" in t)  # per process: a restart gets new files
-    assert {r["rank"] for r in _records(logdir, "rollout")} == {0, 1}
+    assert {r["rank"] for r in _records(logdir, "rollout")} == {1, 2}
     assert {r["role"] for r in _records(logdir, "rollout")} == {"rollout"}
     by_role = {(s["resource"].get("rl.role"), s["resource"].get("rl.rank"))
                for s in run["spans"] if s["name"].endswith("ray.remote_worker")}
     # (the killed actor's spans were still queued for OTLP when it died: its files have them)
-    assert by_role == {("rollout", 0), ("rollout", 1), ("trainer", 0)}
+    assert by_role == {("rollout", 1), ("rollout", 2), ("trainer", 3)}
 
 
 def test_otlp_headers_reach_the_collector_from_workers_and_no_environment_or_file(
@@ -120,6 +120,21 @@ def test_the_merged_trace_shows_each_actor_as_a_named_process(run: dict[str, Any
     names = sorted(r["name"].split(" · ")[0] for r in
                    res["queries"]["select name from process where name is not null"])
     pid = run["pids"]
-    assert f"[trainer] Rank 0, Process {pid['trainer']}" in names
-    assert f"[doomed] Rank 0, Process {pid['doomed']}" in names
+    assert f"[trainer] Rank 3, Process {pid['trainer']}" in names
+    assert f"[doomed] Rank 4, Process {pid['doomed']}" in names
     assert sum(n.startswith("[rollout] Rank ") for n in names) == 2
+
+
+def test_the_report_names_the_planted_slow_actor_in_every_step(run: dict[str, Any],
+                                                               tmp_path: Path) -> None:
+    """Rollout rank 2's generate takes 30 ms more: it holds every step's rollout."""
+    pytest.importorskip("numpy")
+    out = tmp_path / "report.json"
+    proc = subprocess.run([sys.executable, "-m", "rltrace.cli", "report", str(run["logdir"]),
+                           "--format", "json", "-o", str(out), "--no-progress"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    findings = json.loads(out.read_text())["findings"]
+    per_step = {f["step"]: f["rank"] for f in findings
+                if f["kind"] == "straggler" and f.get("step") is not None}
+    assert per_step == {step: 2 for step in range(STEPS)}

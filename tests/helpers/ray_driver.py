@@ -1,7 +1,7 @@
 """A small async RL job on a real local Ray cluster, traced with ``rltrace.ray`` (tests/test_ray.py).
 
 Run as ``python ray_driver.py OUT_DIR``: a driver with two rollout actors (one sync, one
-async; rank 1 planted slow: every generate takes 30 ms more), a trainer actor, and a third
+async; rank 2 planted slow: every generate takes 30 ms more), a trainer actor, and a third
 rollout actor that is killed with ``ray.kill``.  OTLP goes to an in-process receiver with a
 secret header.  Writes ``OUT_DIR/result.json`` (the spans the receiver decoded, pids, what the
 killed actor had flushed) and leaves rltrace's files under ``OUT_DIR/logs``.
@@ -95,10 +95,10 @@ def main(out: Path) -> None:
         t0 = time.monotonic()
         rltrace.ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
                          object_store_memory=96 * 1024 * 1024)
-        fast = Rollout.options(**rltrace.ray.actor_options("rollout", rank=0)).remote(0.001)
-        slow = AsyncRollout.options(**rltrace.ray.actor_options("rollout", rank=1)).remote(0.031)
-        trainer = Trainer.options(**rltrace.ray.actor_options("trainer", rank=0)).remote()
-        doomed = Rollout.options(**rltrace.ray.actor_options("doomed", rank=0)).remote(0.0)
+        fast = Rollout.options(**rltrace.ray.actor_options("rollout", rank=1)).remote(0.001)
+        slow = AsyncRollout.options(**rltrace.ray.actor_options("rollout", rank=2)).remote(0.031)
+        trainer = Trainer.options(**rltrace.ray.actor_options("trainer", rank=3)).remote()
+        doomed = Rollout.options(**rltrace.ray.actor_options("doomed", rank=4)).remote(0.0)
         pids = {}
         for step in range(STEPS):
             with rltrace.step(step):
