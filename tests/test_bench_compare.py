@@ -26,7 +26,7 @@ def test_a_small_comparison_runs_every_contender_and_writes_the_readme_table(tmp
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     proc = subprocess.run(
         [sys.executable, str(BENCH), "--spans", "400", "--sessions", "120", "--repeats", "2",
-         "--burst-sessions", "0", "--span-contenders", "floor,otel,areal,rltrace,rltrace_otlp",
+         "--burst-sessions", "3000", "--span-contenders", "floor,otel,areal,rltrace,rltrace_otlp",
          "--session-contenders", "otel,areal,rltrace", "--readme", str(readme)],
         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600,
     )
@@ -49,9 +49,12 @@ def test_a_small_comparison_runs_every_contender_and_writes_the_readme_table(tmp
     assert set(doc["targets"]) == {"span_total_le_0.10x_otel", "session_total_le_0.5x_areal",
                                    "sustained_ge_200k_spans_per_s",
                                    "otlp_span_total_le_0.25x_otel_otlp"}
+    mem = doc["memory"]  # bench_burst's document, parsed whole
+    assert mem["sessions"] == mem["records_on_disk"] == 3000 and mem["spans_dropped"] == 0
     text = readme.read_text()
     assert text.startswith("# title\n\nbefore\n\n") and text.endswith("\n\nafter\n")
     assert "old table" not in text and text.count(begin) == 1
     assert "| **rltrace** (Chrome file + sessions on) |" in text
     rl = spans["rltrace"]["total_ns"] / 1000
     assert f"{rl:.2f} µs" in text  # the figure in the table is the one in the JSON
+    assert f"{mem['bytes_per_held_record']} bytes per queued record" in text
