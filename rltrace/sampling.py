@@ -25,6 +25,7 @@ not a task's (train steps, weight syncs) are all sent.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections import OrderedDict
@@ -44,6 +45,7 @@ from opentelemetry.trace import SpanKind, TraceFlags
 from .config import ConfigError, SamplingConfig
 from .recorder import Scope
 
+logger = logging.getLogger("rltrace")
 SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 UNSAMPLED = TraceFlags(TraceFlags.DEFAULT)
 MODES = ("parent", "ratio", "always_off", "sessions")
@@ -58,6 +60,11 @@ _ENV_SAMPLERS = {
 
 
 def _ratio(value: float | None, where: str) -> float:
+    """The configured ratio, else ``OTEL_TRACES_SAMPLER_ARG``, else 1.0.
+
+    A bad variable is warned about and ignored, as the OTel SDK does (it is the environment's,
+    read by other OTel components too); a bad config value was refused by the config loader.
+    """
     if value is None:
         raw = os.environ.get("OTEL_TRACES_SAMPLER_ARG", "").strip()
         if not raw:
@@ -65,9 +72,11 @@ def _ratio(value: float | None, where: str) -> float:
         try:
             value = float(raw)
         except ValueError:
-            raise ConfigError(f"rltrace: OTEL_TRACES_SAMPLER_ARG must be a number in [0, 1], "
-                              f"got {raw!r}") from None
-        where = "OTEL_TRACES_SAMPLER_ARG"
+            value = -1.0
+        if not 0.0 <= value <= 1.0:
+            logger.warning("rltrace: OTEL_TRACES_SAMPLER_ARG=%r is not a number in [0, 1]; "
+                           "using 1.0 (set sampling.ratio to choose)", raw)
+            return 1.0
     if not 0.0 <= value <= 1.0:
         raise ConfigError(f"rltrace: {where} must be in [0, 1], got {value!r}")
     return float(value)
@@ -89,9 +98,11 @@ def head_sampler(cfg: SamplingConfig, user: Sampler | None) -> Sampler | None:
         name = os.environ.get("OTEL_TRACES_SAMPLER", "").strip().lower()
         if not name or name == "parentbased_always_on":
             return None
-        if name not in _ENV_SAMPLERS:
-            raise ConfigError(f"rltrace: OTEL_TRACES_SAMPLER={name!r} is not one of "
-                              f"{sorted(_ENV_SAMPLERS)}; unset it or set sampling.mode")
+        if name not in _ENV_SAMPLERS:  # as the SDK does: warn, keep the default
+            logger.warning("rltrace: OTEL_TRACES_SAMPLER=%r is not one rltrace knows (%s); "
+                           "using parentbased_always_on (set sampling.mode to choose)",
+                           name, ", ".join(sorted(_ENV_SAMPLERS)))
+            return None
         return _ENV_SAMPLERS[name](_ratio(None, "OTEL_TRACES_SAMPLER_ARG"))
     if mode == "parent" or mode == "sessions":
         return None

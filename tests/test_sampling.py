@@ -230,14 +230,25 @@ def test_session_mode_holds_at_most_max_held_spans_deciding_the_oldest_early(
     assert diag["sampling"]["spans_held"] == 0 and diag["sampling"]["spans_dropped"] == 0
 
 
-def test_bad_sampling_settings_name_the_key_and_the_fix(tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bad_sampling_settings_name_the_key_and_the_fix(tmp_path: Path) -> None:
     with pytest.raises(rltrace.config.ConfigError, match=r"sampling.mode.*did you mean 'ratio'"):
         rltrace.configure(fileroot=str(tmp_path), sampling={"mode": "ratoi"})
     with pytest.raises(rltrace.config.ConfigError, match=r"sampling.ratio.*\[0, 1\]"):
         rltrace.configure(fileroot=str(tmp_path), sampling={"mode": "ratio", "ratio": 2})
-    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "sometimes")
-    with pytest.raises(rltrace.config.ConfigError, match="OTEL_TRACES_SAMPLER"):
-        rltrace.configure(fileroot=str(tmp_path))
     with pytest.raises(TypeError, match="sampler must be"):
         rltrace.configure(fileroot=str(tmp_path), sampler="half")
+
+
+def test_an_unknown_env_sampler_is_warned_about_and_the_default_kept_as_the_sdk_does(
+        tmp_path: Path, receiver: OTLPReceiver, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "jaeger_remote")  # valid elsewhere, not here
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "lots")
+    with caplog.at_level("WARNING", logger="rltrace"):
+        _configure(tmp_path, receiver)
+    with rltrace.trace_scope("kept"):
+        pass
+    diag, _, _ = _finish(tmp_path)
+    assert [s.name for s in receiver.wait_for_spans(1)] == ["kept"]
+    assert diag["sampling"] == {"mode": "parent"}
+    assert any("jaeger_remote" in r.getMessage() for r in caplog.records)
