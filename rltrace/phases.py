@@ -86,7 +86,8 @@ def get_phase(name: str) -> PhaseSpec:
     if spec is None:
         if callable(name):
             raise TypeError(
-                f"rltrace: a session phase name is needed, got the function {name!r}: write "
+                f"rltrace: a session phase name is needed, got the function "
+                f"{getattr(name, '__qualname__', type(name).__name__)}: write "
                 f"@trace_session('generate'), with the phase name in parentheses"
             )
         if type(name) is not str:
