@@ -77,6 +77,10 @@ class OTLPConfig:
     metrics: bool = True
 
 
+#: the values of ``sampling.mode`` (see :mod:`rltrace.sampling`)
+SAMPLING_MODES = ("parent", "ratio", "always_off", "sessions")
+
+
 @dataclass
 class SamplingConfig:
     """Which traces leave the process over OTel (OTLP, span processors); see :mod:`rltrace.sampling`.
@@ -536,7 +540,7 @@ def _check_values(cfg: TracerConfig) -> None:
     need(proto in (None, "grpc", "http/protobuf", "http"), "otlp.protocol",
          f"must be 'grpc' or 'http/protobuf', got {proto!r}")
     smp = cfg.sampling
-    modes = ("parent", "ratio", "always_off", "sessions")
+    modes = SAMPLING_MODES
     need(smp.mode is None or smp.mode in modes, "sampling.mode",
          f"must be one of {', '.join(modes)} (or unset to follow OTEL_TRACES_SAMPLER), "
          f"got {smp.mode!r}" + _suggest(smp.mode, modes))

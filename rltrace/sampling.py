@@ -42,13 +42,13 @@ from opentelemetry.sdk.trace.sampling import (
 )
 from opentelemetry.trace import SpanKind, TraceFlags
 
-from .config import ConfigError, SamplingConfig
+from .config import SAMPLING_MODES, ConfigError, SamplingConfig
 from .recorder import Scope
 
 logger = logging.getLogger("rltrace")
 SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 UNSAMPLED = TraceFlags(TraceFlags.DEFAULT)
-MODES = ("parent", "ratio", "always_off", "sessions")
+MODES = SAMPLING_MODES
 _ENV_SAMPLERS = {
     "always_on": lambda arg: ALWAYS_ON,
     "always_off": lambda arg: ALWAYS_OFF,
