@@ -246,7 +246,8 @@ def load_config(
         path = tuple(key.split("__")) if "__" in key else (key,)
         _apply(cfg, path, value, source=f"keyword argument {key}=")
     _check_values(cfg)
-    return cfg
+    built: TracerConfig = cfg
+    return built
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -266,10 +267,9 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         raise ConfigError(
             f"rltrace config file {str(path)!r} must hold a mapping, got {type(doc).__name__}"
         )
-    for section in ("rltrace", "perf_tracer"):
-        if isinstance(doc.get(section), dict):
-            return _interpolate(doc[section], doc, str(path))
-    return _interpolate(doc, doc, str(path))
+    section = next((s for s in ("rltrace", "perf_tracer") if isinstance(doc.get(s), dict)), None)
+    mapping: dict[str, Any] = _interpolate(doc if section is None else doc[section], doc, str(path))
+    return mapping
 
 
 _REF = re.compile(r"\$\{([^}]*)\}")
@@ -316,7 +316,7 @@ def _is_omegaconf(obj: Any) -> bool:
 
 
 def _omegaconf_plain(obj: Any) -> Any:
-    from omegaconf import OmegaConf  # type: ignore[import-not-found]
+    from omegaconf import OmegaConf
 
     return OmegaConf.to_container(obj, resolve=True)
 
@@ -375,7 +375,7 @@ def _coerce(tp: Any, value: Any, key: str, source: str) -> Any:
             except ConfigError as exc:
                 errors.append(exc)
         raise errors[0]
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
             return value
         if value is None:  # e.g. AReaL's ``session_tracer: null``: the section's defaults (off)

@@ -64,10 +64,11 @@ class _Workflow:
 
     @rltrace.trace_perf("rollout.arun_episode", category=Category.COMPUTE)
     async def arun_episode(self, task_id: int) -> list[Any]:
-        return await asyncio.gather(
+        results: list[Any] = await asyncio.gather(
             *(self._collect_sample(task_id) for _ in range(self.opts.samples)),
             return_exceptions=True,
         )
+        return results
 
     @rltrace.session_context()
     async def _collect_sample(self, task_id: int) -> tuple[Any, float]:
@@ -158,7 +159,7 @@ def _quantiles(values: list[float]) -> tuple[float, float, float]:
 
 
 def _read_records(logdir: Path) -> list[dict[str, Any]]:
-    records = []
+    records: list[dict[str, Any]] = []
     for f in sorted((logdir / "session_tracer").rglob("sessions-r*.jsonl")):  # [role/] folders
         records.extend(orjson.loads(line) for line in f.read_bytes().splitlines() if line)
     return records
@@ -184,7 +185,7 @@ def _phase_table(records: list[dict[str, Any]]) -> list[str]:
 def _own_s(r: dict[str, Any]) -> float:
     """Submit to the session's last phase end (its own time, without waiting for its group)."""
     ends = [e["end_ts"] for execs in r["phases"].values() for e in execs]
-    return (max(ends) if ends else r["finalized_ts"]) - r["submit_ts"]
+    return float((max(ends) if ends else r["finalized_ts"]) - r["submit_ts"])
 
 
 def _plain_causes(records: list[dict[str, Any]]) -> list[str]:

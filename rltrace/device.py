@@ -204,7 +204,7 @@ class DeviceScope:
                 attrs[ATTR_TIMING] = "unavailable (no CUDA device in use)"
         return scope
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         scope = self.scope
         end_ev = None
         try:
@@ -226,13 +226,12 @@ class DeviceScope:
             _hold(scope, self._ev, end_ev, end, exc)
         else:
             scope.finish(end, exc)
-        return False
 
     async def __aenter__(self) -> Scope:
         return self.__enter__()
 
-    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
-        return self.__exit__(exc_type, exc, tb)
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self.__exit__(exc_type, exc, tb)
 
 
 #: completed CUDA events ready to be recorded again, per device (creating an event pair per

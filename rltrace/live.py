@@ -84,7 +84,7 @@ def _histogram(ascending: list[Any], edges: list[Any]) -> list[tuple[int, int]]:
     """Non-empty buckets of sorted values: bucket i holds ``edges[i-1] <= v < edges[i]`` (bucket 0
     everything below ``edges[0]``, bucket ``len(edges)`` everything from ``edges[-1]`` on), as
     ``bisect_right(edges, v)`` numbers them; one binary search per edge."""
-    out = []
+    out: list[tuple[int, int]] = []
     n = len(ascending)
     prev = 0
     for i, e in enumerate(edges):

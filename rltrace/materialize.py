@@ -7,6 +7,7 @@ to its record (``rltrace_record``) so rltrace's own exporters can encode from it
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from opentelemetry.attributes import BoundedAttributes
@@ -70,6 +71,11 @@ def span_attributes(rec: Scope) -> dict[str, Any]:
     return attrs
 
 
+
+def bound(limit: int | None) -> int:
+    """A span limit as a number (the SDK's ``None`` is no limit)."""
+    return sys.maxsize if limit is None else limit
+
 class SpanBuilder:
     """Builds ``ReadableSpan``s for one pipeline (its resource and instrumentation scope)."""
 
@@ -105,10 +111,11 @@ class SpanBuilder:
                 status = Status(StatusCode.ERROR, f"{error[0]}: {error[1]}")
                 events.append(exception_event(error, rec.end_ns))
         limits = self.limits
-        if len(events) > limits.max_events:
-            events = events[:limits.max_events]
-        if len(links) > limits.max_links:
-            links = links[:limits.max_links]
+        max_events, max_links = bound(limits.max_events), bound(limits.max_links)
+        if len(events) > max_events:
+            events = events[:max_events]
+        if len(links) > max_links:
+            links = links[:max_links]
         parent = rec.parent
         span = ReadableSpan(
             name=rec.name,

@@ -34,7 +34,7 @@ them, so an upgrade that changes them is caught in CI, not in a user's training 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -44,6 +44,10 @@ from opentelemetry.trace.propagation import _SPAN_KEY
 SPAN_KEY = _SPAN_KEY
 SUPPRESS_INSTRUMENTATION_KEY: str = otel_context._SUPPRESS_INSTRUMENTATION_KEY
 
+#: the current OTel context (a ``dict``: its values typed ``Any`` here, read on the hot path)
+ctx_get: Callable[[], Any]
+ctx_set: Callable[[Any], Any]
+ctx_reset: Callable[[Any], Any]
 _runtime = getattr(otel_context, "_RUNTIME_CONTEXT", None)
 if isinstance(_runtime, ContextVarsRuntimeContext):
     _cv = _runtime._current_context
@@ -94,7 +98,7 @@ def encoded_exporter_class(base: type) -> type | None:
     if module.startswith("opentelemetry.exporter.otlp.proto.grpc") and callable(
             getattr(base, "_translate_data", None)):
 
-        class GrpcEncoded(base):  # type: ignore[valid-type,misc]
+        class GrpcEncoded(base):  # type: ignore[misc]
             accepts_encoded = True
 
             def _translate_data(self, data: Any) -> Any:
@@ -105,7 +109,7 @@ def encoded_exporter_class(base: type) -> type | None:
         return GrpcEncoded
     if module.startswith("opentelemetry.exporter.otlp.proto.http") and "export" in vars(base):
 
-        class HttpEncoded(base):  # type: ignore[valid-type,misc]
+        class HttpEncoded(base):  # type: ignore[misc]
             @property
             def accepts_encoded(self) -> bool:
                 return callable(getattr(getattr(self, "_client", None), "export", None))

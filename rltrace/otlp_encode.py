@@ -30,7 +30,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import SpanFlags, Status
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanContext, TraceFlags
 
-from .materialize import SpanBuilder, span_attributes
+from .materialize import SpanBuilder, bound, span_attributes
 from .recorder import Scope
 
 _HAS_IS_REMOTE = SpanFlags.SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK
@@ -63,7 +63,7 @@ class RecordEncoder:
     def __init__(self, builder: SpanBuilder) -> None:
         self.builder = builder
         limits = builder.limits
-        self._max_attrs = limits.max_span_attributes
+        self._max_attrs = bound(limits.max_span_attributes)
         self._value_len = limits.max_span_attribute_length
         # the request envelope (resource and instrumentation scope) exactly as the SDK encodes
         # it, taken from the SDK's encoder once

@@ -114,7 +114,7 @@ _SPAN_KINDS = {
     4: SpanKind.PRODUCER,
     5: SpanKind.CONSUMER,
 }
-_TEMPORALITY = {1: "delta", 2: "cumulative"}
+_TEMPORALITY: dict[int, Literal["delta", "cumulative"]] = {1: "delta", 2: "cumulative"}
 
 
 # --------------------------------------------------------------------------- decoded views
@@ -267,7 +267,7 @@ def _data_point(kind: str, p: Any) -> ReceivedDataPoint:
         return ReceivedDataPoint(**common, value=getattr(p, which) if which else None)
     if kind == "summary":
         return ReceivedDataPoint(**common, count=p.count, sum=p.sum)
-    buckets = {}
+    buckets: dict[str, Any] = {}
     if kind == "histogram":
         buckets = {"bucket_counts": list(p.bucket_counts), "explicit_bounds": list(p.explicit_bounds)}
     return ReceivedDataPoint(
@@ -376,7 +376,8 @@ class _HTTPHandler(BaseHTTPRequestHandler):
         pass
 
     def do_POST(self) -> None:
-        signal: Signal | None = {_TRACE_PATH: "traces", _METRICS_PATH: "metrics"}.get(self.path.split("?")[0])
+        paths: dict[str, Signal] = {_TRACE_PATH: "traces", _METRICS_PATH: "metrics"}
+        signal = paths.get(self.path.split("?")[0])
         if signal is None:
             self._reply(404, b"unknown path; use /v1/traces or /v1/metrics", "text/plain")
             return
@@ -743,9 +744,9 @@ class OTLPReceiver:
         flat: list[Any] = []
         if outcome == "accepted" and req.message is not None:
             if req.signal == "traces":
-                flat = _flatten_traces(req.message, req.protocol)  # type: ignore[arg-type]
+                flat = _flatten_traces(req.message, req.protocol)
             else:
-                flat = _flatten_metrics(req.message, req.protocol)  # type: ignore[arg-type]
+                flat = _flatten_metrics(req.message, req.protocol)
         with self._cond:
             req._flat = flat
             req.outcome = outcome

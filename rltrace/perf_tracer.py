@@ -181,7 +181,7 @@ def _profile_path(name: str, step: Any) -> Path:
     rank = p.rank if p is not None else 0
     role = f"{p.cfg.role}-" if p is not None and p.cfg.role else ""
     stem = f"{role}step{step}-r{rank}-{_SAFE.sub('_', name)[:80] or 'scope'}"
-    path = profiler_dir() / f"{stem}.json"
+    path: Path = profiler_dir() / f"{stem}.json"
     k = 2
     while path.exists():
         path = path.with_name(f"{stem}-{k}.json")
@@ -208,7 +208,7 @@ class _ProfiledScope:
         self._prof.__enter__()
         return self.scope.__enter__()
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         try:
             self.scope.__exit__(exc_type, exc, tb)
         finally:
@@ -216,13 +216,12 @@ class _ProfiledScope:
                 self._prof.__exit__(None, None, None)
             finally:
                 _PROFILER_ACTIVE.reset(self._token)
-        return False
 
     async def __aenter__(self) -> Any:
         return self.__enter__()
 
-    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
-        return self.__exit__(exc_type, exc, tb)
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self.__exit__(exc_type, exc, tb)
 
 
 def _maybe_profiled(scope: Any, name: str, args: dict[str, Any] | None,
@@ -510,8 +509,9 @@ class SessionRecord:
         known = {f.name for f in dataclasses.fields(cls)} - {"phases", "counters", "extra"}
         phases = {name: [PhaseSpan(float(s["start_ts"]), s.get("end_ts")) for s in spans]
                   for name, spans in (data.get("phases") or {}).items()}
+        given: dict[str, Any] = {k: data.get(k) for k in known if k not in ("status",)}
         return cls(
-            **{k: data.get(k) for k in known if k not in ("status",)},
+            **given,
             status=data.get("status", "pending"), phases=phases,
             counters=dict(data.get("counters") or {}),
             extra={k: v for k, v in data.items() if k not in known | {"phases", "counters"}},

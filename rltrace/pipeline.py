@@ -42,7 +42,7 @@ from .checks import check_optional_int
 from .config import ConfigError, TracerConfig, load_config, log_dir, redacted
 from .live import LivePublisher, live_path
 from .locks import FairRLock
-from .materialize import SpanBuilder
+from .materialize import SpanBuilder, bound
 from .metrics_agg import make_aggregates
 from .otlp import make_metric_exporter, make_span_exporter
 from .otlp_encode import RecordEncoder
@@ -87,7 +87,7 @@ class Pipeline:
         elif not os.environ.get("OTEL_SERVICE_NAME"):
             attrs["service.name"] = "rltrace"
         self.resource = Resource.create(attrs)
-        self.processor = SynchronousMultiSpanProcessor()
+        self.processor = SynchronousMultiSpanProcessor()  # type: ignore[no-untyped-call]
         lim = cfg.span_limits
         limits = SpanLimits(  # unset keys: the OTEL_*_LIMIT variables, then the SDK's defaults
             max_span_attributes=lim.attribute_count,
@@ -557,7 +557,7 @@ def _configure(config: Any, *, rank: int | None, role: str | None,
         STATE.wake_at = max(1, min(8192, cfg.max_queue_size // 4))
         STATE.wake = new.wake
         STATE.overflow = new.overflow
-        SPAN_API.max_events = new.builder.limits.max_events
+        SPAN_API.max_events = bound(new.builder.limits.max_events)
         new.start()
         DEVICE_DEFAULTS.set(cfg.device.sync_categories, cfg.device.timing_categories,
                             cfg.device.annotate)

@@ -86,7 +86,7 @@ class _CaseInsensitive(Mapping[str, Any]):
     def __getitem__(self, key: str) -> Any:
         return self._h[self._lower[key.lower()]]
 
-    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+    def get(self, key: str, default: Any = None) -> Any:
         k = self._lower.get(key.lower())
         return default if k is None else self._h[k]
 

@@ -197,7 +197,7 @@ class StepPropagator(TextMapPropagator):
 
     def inject(self, carrier: CarrierT, context: Any = None,
                setter: Setter[CarrierT] = default_setter) -> None:
-        step = steps.current_step()
+        step: Any = steps.current_step()
         if step is None:
             step = steps.scope_arg_step()
         if step is None and context is not None:

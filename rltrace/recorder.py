@@ -19,7 +19,8 @@ import time
 import traceback
 from collections import deque
 from heapq import heappop, heappush
-from typing import Any
+from types import TracebackType
+from typing import Any, Protocol
 
 from opentelemetry.context import Context
 from opentelemetry.trace import (
@@ -159,8 +160,10 @@ def _acquire_lane(thread: int) -> int:
     if pool is None:
         pool = _LANES[thread] = [[], 0]
     free = pool[0]
+    lane: int
     if free:
-        return heappop(free)
+        lane = heappop(free)
+        return lane
     lane = pool[1]
     pool[1] = lane + 1
     return lane
@@ -212,6 +215,19 @@ class Scope(Span):
         "task",
         "thread",
     )
+    _sc: SpanContext | None
+    _token: Any
+    args: dict[str, Any] | None
+    category: Any
+    end_ns: int
+    extra: dict[str, Any] | None
+    lane: int
+    name: str
+    owns_lane: bool
+    parent: Any
+    start_ns: int
+    task: Any
+    thread: int
     #: the record keeps attributes in slots of its own (sessions, tasks, phases) and builds
     #: them in :meth:`record_attrs`; a plain scope's are all in ``extra``
     slot_attrs = False
@@ -225,7 +241,7 @@ class Scope(Span):
         self.category = category
         self.args = args
         self.end_ns = 0
-        self.extra: dict[str, Any] | None = None
+        self.extra = None
         # ``_token`` and ``_sc`` stay unset until needed (two stores fewer on the hot path)
 
     # -- lifecycle (the hot path: kept inline on purpose) ----------------------------------
@@ -268,7 +284,7 @@ class Scope(Span):
             internal_error("trace_scope enter", exc)
         return self
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         end = now_ns()
         try:
             token = self._token  # unset only if __enter__ failed: the except below logs it
@@ -298,13 +314,12 @@ class Scope(Span):
                         state.dropped += 1
         except Exception as err:  # pragma: no cover - defensive
             internal_error("trace_scope exit", err)
-        return False
 
     async def __aenter__(self) -> Scope:
         return self.__enter__()
 
-    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
-        return self.__exit__(exc_type, exc, tb)
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self.__exit__(exc_type, exc, tb)
 
     def begin_detached(self, parent: Any = None, *, from_context: bool = True,
                        share_lane: bool = False) -> None:
@@ -399,7 +414,7 @@ class Scope(Span):
 
     # -- opentelemetry.trace.Span ---------------------------------------------------------
     def get_span_context(self) -> SpanContext:
-        sc = getattr(self, "_sc", None)
+        sc: SpanContext | None = getattr(self, "_sc", None)
         if sc is not None:
             return sc
         parent = self.parent if hasattr(self, "parent") else None
@@ -523,14 +538,29 @@ class NoopScope(NonRecordingSpan):
     def __enter__(self) -> NoopScope:
         return self
 
-    def __exit__(self, *exc: Any) -> bool:
-        return False
+    def __exit__(self, *exc: Any) -> None:
+        return None
 
     async def __aenter__(self) -> NoopScope:
         return self
 
-    async def __aexit__(self, *exc: Any) -> bool:
-        return False
+    async def __aexit__(self, *exc: Any) -> None:
+        return None
+
+
+class TracedScope(Protocol):
+    """What :func:`trace_scope` returns: a sync and async context manager yielding the span (an
+    OTel :class:`~opentelemetry.trace.Span`: rltrace's record, or a no-op one while disabled)."""
+
+    def __enter__(self) -> Span: ...
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None, /) -> None: ...
+
+    async def __aenter__(self) -> Span: ...
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None, /) -> None: ...
 
 
 NOOP = NoopScope(INVALID_SPAN_CONTEXT)

@@ -29,6 +29,7 @@ import logging
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 from opentelemetry import trace
@@ -36,6 +37,7 @@ from opentelemetry.sdk.trace import SpanProcessor
 from opentelemetry.sdk.trace.sampling import (
     ALWAYS_OFF,
     ALWAYS_ON,
+    Decision,
     ParentBased,
     Sampler,
     TraceIdRatioBased,
@@ -43,13 +45,15 @@ from opentelemetry.sdk.trace.sampling import (
 from opentelemetry.trace import SpanKind, TraceFlags
 
 from .config import SAMPLING_MODES, ConfigError, SamplingConfig
+from .recorder import _SAMPLED as SAMPLED
+from .recorder import _UNSAMPLED as UNSAMPLED
 from .recorder import Scope
 
 logger = logging.getLogger("rltrace")
-SAMPLED = TraceFlags(TraceFlags.SAMPLED)
-UNSAMPLED = TraceFlags(TraceFlags.DEFAULT)
 MODES = SAMPLING_MODES
-_ENV_SAMPLERS = {
+#: the decision that keeps a trace (``Decision.is_sampled`` is untyped)
+_SAMPLED_DECISIONS = frozenset({Decision.RECORD_AND_SAMPLE})
+_ENV_SAMPLERS: dict[str, Callable[[float], Sampler]] = {
     "always_on": lambda arg: ALWAYS_ON,
     "always_off": lambda arg: ALWAYS_OFF,
     "traceidratio": lambda arg: TraceIdRatioBased(arg),
@@ -128,7 +132,7 @@ class HeadSampling:
             trace.NonRecordingSpan(parent.get_span_context()))
         try:
             result = self.sampler.should_sample(ctx, trace_id, rec.name, SpanKind.INTERNAL)
-            keep = result.decision.is_sampled()
+            keep = result.decision in _SAMPLED_DECISIONS
         except Exception:  # a user's sampler must not take tracing down: keep the trace
             keep = True
         if keep:
@@ -234,13 +238,13 @@ class TaskTailSampler(SpanProcessor):
         root, *items = self._held.pop(key)
         self._n_held -= len(items)
         why = self._reasons.pop(key, None)
-        if why is None and self._by_id.should_sample(None, key, root.name).decision.is_sampled():
+        if why is None and self._by_id.should_sample(None, key, root.name).decision in _SAMPLED_DECISIONS:
             why = "ratio"
         keep = why is not None
         self._decided[key] = keep
         if len(self._decided) > 65_536:
             self._decided.popitem(last=False)
-        if keep:
+        if why is not None:
             self.kept[why] += 1
             self.spans_kept += len(items)
             return items

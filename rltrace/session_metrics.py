@@ -205,9 +205,9 @@ class SessionMetricsProcessor(SpanProcessor):
         record["step"] = attrs.get(ATTR_STEP)
         for p in custom_phase_names():
             record[p + "_s"] = totals.get(p, 0.0)
-        for p, total in totals.items():
+        for p, phase_s in totals.items():
             if p not in _BUILTIN_SET:
-                record[p + "_s"] = total
+                record[p + "_s"] = phase_s
         record["phase_counts"] = counts
         if self._aggregates is not None:
             self._aggregates.record(status, record["total_s"], phases)

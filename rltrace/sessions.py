@@ -23,20 +23,20 @@ import itertools
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
+from opentelemetry.context import Context
 from opentelemetry.trace.status import Status, StatusCode
 
 from rltrace.exporters.values import text
 
 from . import recorder
 from .checks import check_mapping, check_optional_int, did_you_mean, type_error
+from .otel_compat import SPAN_KEY as _SPAN_KEY
 from .phases import PhaseSpec, get_phase, phase_names
 from .recorder import (
-    _SPAN_KEY,
-    Context,
     Scope,
     _ctx_get,
     _ctx_reset,
@@ -155,6 +155,8 @@ class SessionScope(Scope):
     kept = True
     __slots__ = ("_attrs", "open_phases", "reason", "session_id", "status", "step", "task_rec",
                  "turn")
+    status: str
+    reason: str | None
 
     def __init__(self, session_id: Any, task: TaskScope) -> None:
         self.name = SESSION_SPAN
@@ -411,18 +413,11 @@ class PhaseScope(Scope):
         if _SESSIONS.get(session.session_id) is not session:  # finalized meanwhile (a race)
             self._close_if_open(ops, recorder.now_ns(), None, True)
 
-    def end(self, payload: Any = None, exc: BaseException | None = None,
-            interrupted: bool = False, end_ns: int | None = None, *,
-            end_time: int | None = None) -> None:
-        """Close this execution, adding ``payload`` as ``rl.end.*`` attributes (idempotent).
-
-        Also OTel's ``Span.end(end_time=None)``, for instrumentation ending the current span.
-        """
-        if type(payload) is int:  # OTel's positional ``Span.end(end_time)``
-            end_time, payload = payload, None
-        if end_time is not None:
-            end_ns = end_time
-        end = end_ns if end_ns is not None else recorder.now_ns()
+    def end(self, end_time: int | None = None, *, payload: Mapping[str, Any] | None = None,
+            exc: BaseException | None = None, interrupted: bool = False) -> None:
+        """Close this execution (idempotent): OTel's ``Span.end(end_time=None)``, plus
+        ``payload`` added as ``rl.end.*`` attributes (``mark_<phase>_end(handle=h, ...)``)."""
+        end = end_time if end_time is not None else recorder.now_ns()
         sess = self.parent
         if sess is None or self.end_ns:
             return  # never started (no session), or already closed
@@ -466,7 +461,7 @@ class PhaseScope(Scope):
                 self._token = _ctx_set(ctx)
         return self
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         sess = self.parent
         if sess is not None:
             end = recorder.now_ns()
@@ -486,17 +481,16 @@ class PhaseScope(Scope):
             try:
                 sess.open_phases.remove(self)  # as in _close_if_open: one closer wins
             except (ValueError, AttributeError):
-                return False
+                return
             if exc is not None:
                 self.set_attribute(ATTR_INTERRUPTED, True)
             self.finish(end, exc)
-        return False
 
     async def __aenter__(self) -> PhaseScope:
         return self.__enter__()
 
-    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
-        return self.__exit__(exc_type, exc, tb)
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self.__exit__(exc_type, exc, tb)
 
 
 class SyncedPhaseScope(PhaseScope):
@@ -681,7 +675,7 @@ def _check_status(status: Any) -> str:
             f"rltrace mark_finalized: status must be one of {', '.join(FINAL_STATUSES)}, "
             f"got {status!r}"
         )
-    return status
+    return str(status)
 
 
 def trace_session_event(
@@ -739,7 +733,7 @@ def trace_session_event(
         handle = payload.get("handle")
         if not start and isinstance(handle, PhaseScope):
             payload.pop("handle")
-            handle.end(payload)  # exactly that execution; idempotent once it is closed
+            handle.end(payload=payload)  # exactly that execution; idempotent once it is closed
             return handle
         sess = _session_for(session_id, method)
         return None if sess is None else _phase_event(sess, spec, start, payload)
@@ -758,17 +752,17 @@ def _phase_methods() -> list[str]:
 def _phase_event(sess: SessionScope, spec: PhaseSpec, start: bool, payload: dict[str, Any]) -> Any:
     if start:
         turn = payload.pop("turn", None)
-        handle = PhaseScope(spec, payload or None, None, turn, sess.session_id)
-        handle._start(sess, share_lane=False)
-        return handle
-    handle = payload.pop("handle", None)
+        started = PhaseScope(spec, payload or None, None, turn, sess.session_id)
+        started._start(sess, share_lane=False)
+        return started
+    handle: PhaseScope | None = payload.pop("handle", None)
     if handle is None:
         handle = next((h for h in list(sess.open_phases) if h.spec is spec), None)
     if handle is None:
         _misuse("phase_not_started", f"mark_{spec.name}_end: no open {spec.name!r} phase in "
                                      f"session {sess.session_id!r}; ignored")
         return None
-    handle.end(payload)
+    handle.end(payload=payload)
     return handle
 
 

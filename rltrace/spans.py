@@ -15,10 +15,10 @@ from typing import Any, TypeVar, overload
 from . import recorder
 from .checks import check_scope_args
 from .device import DeviceScope, sync_needed
-from .recorder import NOOP, STATE, Scope, attach, detach, internal_error
+from .recorder import NOOP, STATE, Scope, TracedScope, attach, detach, internal_error
 from .resumptions import adrive, drive
 
-__all__ = ["Category", "atrace_scope", "instant", "trace_perf", "trace_scope"]
+__all__ = ["Category", "TracedScope", "atrace_scope", "instant", "trace_perf", "trace_scope"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -64,7 +64,7 @@ _NO_OPTS: dict[str, Any] = {"device_sync": None, "device_timing": None, "annotat
 
 
 def _device_scope(name: str, category: Any, args: Any, sync: Any, timing: Any,
-                  annotate: Any) -> Any:
+                  annotate: Any) -> TracedScope:
     d = DEVICE_DEFAULTS
     cat = getattr(category, "value", category) or "misc"
     if sync is None:
@@ -85,7 +85,7 @@ def trace_scope(
     name: str, category: Category | str | None = None, args: dict[str, Any] | None = None,
     *, device_sync: bool | str | None = None, device_timing: str | None = None,
     annotate: bool | None = None,
-) -> Scope:
+) -> TracedScope:
     """Trace a block: ``with trace_scope("train.step", Category.COMPUTE, {"step": 3}): ...``.
 
     The block becomes an OTel span (kind INTERNAL) named ``name`` with attributes
@@ -103,7 +103,7 @@ def trace_scope(
     if type(name) is not str or (args is not None and type(args) is not dict):
         check_scope_args("trace_scope", name, args)
     if not STATE.enabled:
-        return NOOP  # type: ignore[return-value]
+        return NOOP
     if _DEVICE_ANY or device_sync or device_timing or annotate:
         return _device_scope(name, category, args, device_sync, device_timing, annotate)
     return Scope(name, category, dict(args) if args else None)
@@ -113,12 +113,12 @@ def atrace_scope(
     name: str, category: Category | str | None = None, args: dict[str, Any] | None = None,
     *, device_sync: bool | str | None = None, device_timing: str | None = None,
     annotate: bool | None = None,
-) -> Scope:
+) -> TracedScope:
     """Async form of :func:`trace_scope`: ``async with atrace_scope("rollout"): ...``."""
     if type(name) is not str or (args is not None and type(args) is not dict):
         check_scope_args("atrace_scope", name, args)
     if not STATE.enabled:
-        return NOOP  # type: ignore[return-value]
+        return NOOP
     if _DEVICE_ANY or device_sync or device_timing or annotate:
         return _device_scope(name, category, args, device_sync, device_timing, annotate)
     return Scope(name, category, dict(args) if args else None)
@@ -166,9 +166,8 @@ class _GeneratorSpan:
             self.begun = True
         self.token = attach(self.scope)
 
-    def __exit__(self, *exc: Any) -> bool:
+    def __exit__(self, *exc: Any) -> None:
         detach(self.token)
-        return False
 
     def finish(self, error: BaseException | None) -> None:
         if self.begun:
@@ -278,7 +277,9 @@ def _decorate(fn: Callable[..., Any], name: str, category: Any) -> Callable[...,
 @overload
 def trace_perf(name: F) -> F: ...
 @overload
-def trace_perf(name: str | None = None, category: Category | str | None = None) -> Callable[[F], F]: ...
+def trace_perf(name: str | None = None, category: Category | str | None = None, *,
+               device_sync: bool | str | None = None, device_timing: str | None = None,
+               annotate: bool | None = None) -> Callable[[F], F]: ...
 
 
 def trace_perf(name: Any = None, category: Category | str | None = None, *,

@@ -13,9 +13,10 @@ from contextvars import ContextVar
 from typing import Any
 
 from opentelemetry import context as otel_context
+from opentelemetry.trace import Span
 
 from .otel_compat import SPAN_KEY
-from .recorder import NOOP, STATE, Scope, _ctx_get
+from .recorder import NOOP, STATE, Scope, TracedScope, _ctx_get
 from .semconv import ATTR_STEP
 
 __all__ = ["current_step", "scope_arg_step", "step", "step_of"]
@@ -36,25 +37,24 @@ class _StepContext:
         self.n = n
         self.scope = scope
 
-    def __enter__(self) -> Any:
+    def __enter__(self) -> Span:
         self._token = _STEP_CV.set(self.n)
         return self.scope.__enter__() if self.scope is not None else NOOP
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         if self.scope is not None:
             self.scope.__exit__(exc_type, exc, tb)
         _STEP_CV.reset(self._token)
-        return False
 
-    async def __aenter__(self) -> Any:
+    async def __aenter__(self) -> Span:
         return self.__enter__()
 
-    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
-        return self.__exit__(exc_type, exc, tb)
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self.__exit__(exc_type, exc, tb)
 
 
 def step(n: int, name: str = "train.step", category: Any = "compute",
-         args: dict[str, Any] | None = None) -> Any:
+         args: dict[str, Any] | None = None) -> TracedScope:
     """Scope training step ``n``: ``with rltrace.step(global_step): rollout(); train()``.
 
     Usable with ``with`` and ``async with``; yields the step's span (a no-op span when span
@@ -84,9 +84,9 @@ def step_of(rec: Scope) -> int | None:
             attrs = getattr(node, "attributes", None)
             step = attrs.get(ATTR_STEP) if attrs is not None else None
             return step if type(step) is int else None
-        step = node.own_step()
-        if step is not None:
-            return step
+        own: int | None = node.own_step()
+        if own is not None:
+            return own
         node = node.parent
     return None
 

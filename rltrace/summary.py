@@ -109,7 +109,7 @@ class ScopeSummary:
     def rows(self, now_ns: int | None = None) -> list[dict[str, Any]]:
         """Per scope name: count, total_s, mean_s, p50_s, p99_s, min_s, max_s, share of wall."""
         wall = max(1, (now_ns or time.time_ns()) - self.started_ns)
-        out = []
+        out: list[dict[str, Any]] = []
         for name, st in self._stats.items():
             s = sorted(st.sample)
             out.append({

@@ -149,10 +149,10 @@ def _merge_steps(states: list[RankState]) -> list[_Step]:
             for b, c in e.get("age_hist") or ():
                 s.age_hist[int(b)] += int(c)
         for item in open_.get("listed") or ():
-            s = steps.get(item.get("step"))
-            if s is not None:
+            listed = steps.get(item.get("step"))
+            if listed is not None:
                 age = float(item.get("age_s") or 0.0)
-                s.oldest_s = age if s.oldest_s is None else max(s.oldest_s, age)
+                listed.oldest_s = age if listed.oldest_s is None else max(listed.oldest_s, age)
     for s in steps.values():
         if s.oldest_s is None and s.age_hist:
             s.oldest_s = bucket_upper(max(s.age_hist))
@@ -205,7 +205,7 @@ def render(states: list[RankState], logdir: Path | str, *, interval_s: float = 1
     title.append(f"  experiment {doc0.get('experiment')} / {doc0.get('trial')}")
 
     ref = live or states
-    steps_now = [s.doc.get("step") for s in ref if isinstance(s.doc.get("step"), int)]
+    steps_now: list[int] = [s.doc["step"] for s in ref if isinstance(s.doc.get("step"), int)]
     max_step = max(steps_now) if steps_now else None
     phases: list[str] = [p for p in _FIRST_PHASES if any(p in (s.doc.get("open") or {}).get("by_phase", {})
                                                           for s in states)]
@@ -267,21 +267,21 @@ def render(states: list[RankState], logdir: Path | str, *, interval_s: float = 1
     top_edge = max(top_edge, lo * 2)
     points = [lo * (top_edge / lo) ** (i / (CDF_WIDTH - 1)) for i in range(CDF_WIDTH)]
     tail.add_column(f"CDF {_fmt_s(lo)}..{_fmt_s(top_edge)}", no_wrap=True)
-    for i, s in enumerate(merged):
+    for i, row in enumerate(merged):
         prev = Counter[int]()
         for p in merged[:i]:
             prev.update(p.hist)
         p90 = _quantile(prev, 0.9)
         over = None
-        if p90 is not None and s.open:
-            over = sum(c for b, c in s.age_hist.items() if (EDGES[b - 1] if b > 0 else 0.0) >= p90)
-        current = i == len(merged) - 1 and s.open > 0
+        if p90 is not None and row.open:
+            over = sum(c for b, c in row.age_hist.items() if (EDGES[b - 1] if b > 0 else 0.0) >= p90)
+        current = i == len(merged) - 1 and row.open > 0
         tail.add_row(
-            str(s.step) if s.step is not None else "-", str(s.done), str(s.open),
-            *(_fmt_s(min(q, s.max_s)) if q is not None else "-"
-              for q in (_quantile(s.hist, x) for x in (0.5, 0.9, 0.99))),
-            _fmt_s(s.max_s) if s.done else "-", _fmt_s(s.oldest_s) if s.open else "-",
-            str(over) if over is not None else "-", _spark(s, points),
+            str(row.step) if row.step is not None else "-", str(row.done), str(row.open),
+            *(_fmt_s(min(q, row.max_s)) if q is not None else "-"
+              for q in (_quantile(row.hist, x) for x in (0.5, 0.9, 0.99))),
+            _fmt_s(row.max_s) if row.done else "-", _fmt_s(row.oldest_s) if row.open else "-",
+            str(over) if over is not None else "-", _spark(row, points),
             style="bold" if current else None,
         )
 

@@ -84,7 +84,7 @@ def kind_of(label: str) -> str:
 
 def _anomalies(run: Run, names: list[str], steps: list[int], shares: np.ndarray) -> list[dict[str, Any]]:
     """Steps where a bucket's share jumps above the median over steps by k * MAD and 5 points."""
-    out = []
+    out: list[dict[str, Any]] = []
     k = run.options.k
     if len(steps) >= 3:
         for i, p in enumerate(names):

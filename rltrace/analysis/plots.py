@@ -307,7 +307,7 @@ WAIT_STYLE = {  # segment kind -> (colour, hatch, legend label)
 
 
 def _timeline_rows(g: dict[str, Any]) -> list[dict[str, Any]]:
-    rows = g["members"][:MAX_TIMELINE_ROWS]
+    rows: list[dict[str, Any]] = g["members"][:MAX_TIMELINE_ROWS]
     return rows
 
 

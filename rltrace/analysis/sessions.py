@@ -121,8 +121,8 @@ class SessionReader:
         self._own = array.array("f")
         self._total = array.array("f")
         self._turns = array.array("h")
-        self._phase_cols: dict[str, array.array] = {}
-        self._phase_keys: list[tuple[str, str, array.array]] = []
+        self._phase_cols: dict[str, array.array[float]] = {}
+        self._phase_keys: list[tuple[str, str, array.array[float]]] = []
         self.status_names: list[str] = []
         self._status_code: dict[str, int] = {}
         self.task_names: list[Any] = []
@@ -309,9 +309,9 @@ class SessionReader:
                         acc[1] += 1
         if timeline.QUEUE not in mine and d.raw[0][1] != timeline.KIND_NONE:
             self._exec(timeline.QUEUE, None, 0.0, False)  # no queue wait: the median counts it as 0
-        acc = self.buckets.get(step)
-        if acc is None:
-            acc = self.buckets[step] = {}
+        step_acc = self.buckets.get(step)
+        if step_acc is None:
+            step_acc = self.buckets[step] = {}
         bucket_q = self.bucket_q
         for label, v in mine.items():
             q = bucket_q.get(label)
@@ -319,7 +319,7 @@ class SessionReader:
                 if len(bucket_q) >= MAX_BUCKETS:
                     label = OTHER
                 q = bucket_q.get(label) or bucket_q.setdefault(label, BoundedQuantiles())
-            acc[label] = acc.get(label, 0.0) + v
+            step_acc[label] = step_acc.get(label, 0.0) + v
             buf = q.buffer
             buf.append(v)
             if len(buf) >= q.exact_limit:
@@ -377,8 +377,9 @@ class SessionReader:
         )
 
     def memory_bytes(self) -> int:
-        cols = [self._rank, self._step, self._status, self._task, self._final, self._own_end, self._own,
-                self._total, self._turns, *self._phase_cols.values()]
+        cols: list[array.array[Any]] = [
+            self._rank, self._step, self._status, self._task, self._final, self._own_end, self._own,
+            self._total, self._turns, *self._phase_cols.values()]
         return sum(c.itemsize * len(c) for c in cols)
 
 

@@ -79,7 +79,7 @@ class BoundedQuantiles:
         self.max = -math.inf
 
     @property
-    def buffer(self) -> array.array:
+    def buffer(self) -> array.array[float]:
         """Append values here; call :meth:`maybe_flush` when it may have grown past the limit."""
         return self._buf
 
@@ -111,7 +111,9 @@ class BoundedQuantiles:
     def _bin_of(self, v: np.ndarray) -> np.ndarray:
         with np.errstate(divide="ignore"):
             x = (np.log10(np.maximum(v, 0.0)) - self.LO_EXP) * self.bins_per_decade
-        return np.clip(np.floor(np.nan_to_num(x, neginf=-1.0)) + 1, 0, self._bins - 1).astype(np.int64)
+        bins: np.ndarray = np.clip(np.floor(np.nan_to_num(x, neginf=-1.0)) + 1, 0,
+                                   self._bins - 1).astype(np.int64)
+        return bins
 
     def _bin_value(self, b: int) -> float:
         if b <= 0:
@@ -125,14 +127,14 @@ class BoundedQuantiles:
             if buf.size == 0:
                 return {"count": 0, "total": 0.0, "mean": None, "min": None, "max": None,
                         "q": [None] * len(qs), "exact": True}
-            q = np.percentile(buf, qs)
+            exact = np.percentile(buf, qs)
             return {"count": int(buf.size), "total": float(buf.sum()), "mean": float(buf.mean()),
-                    "min": float(buf.min()), "max": float(buf.max()), "q": [float(x) for x in q],
+                    "min": float(buf.min()), "max": float(buf.max()), "q": [float(x) for x in exact],
                     "exact": True}
         if buf.size:
             self._flush()
         cum = np.cumsum(self.hist)
-        out = []
+        out: list[float] = []
         for q in qs:
             rank = q / 100.0 * (self.count - 1)
             b = int(np.searchsorted(cum, rank + 1, side="left"))

@@ -85,7 +85,7 @@ def analyze(run: Run) -> dict[str, Any]:
             durs = [run.steps_info[(r, st)].dur_us / 1e6 for r in ranks if (r, st) in run.steps_info]
             total_step += max(durs) if durs else slow
         per_step.append(row)
-    outliers = []
+    outliers: list[dict[str, Any]] = []
     if math.isfinite(threshold):
         for i, j in zip(*np.nonzero(np.nan_to_num(m, nan=-np.inf) > threshold), strict=True):
             r, st = ranks[int(i)], steps[int(j)]
@@ -99,8 +99,8 @@ def analyze(run: Run) -> dict[str, Any]:
             })
         outliers.sort(key=lambda o: (o["step"], -o["rollout_s"]))
     per_rank = []
-    for i, r in enumerate(ranks):
-        row_vals = m[i][np.isfinite(m[i])]
+    for ri, r in enumerate(ranks):
+        row_vals = m[ri][np.isfinite(m[ri])]
         per_rank.append({
             "rank": r, "steps": int(row_vals.size),
             "mean_rollout_s": fnum(row_vals.mean()) if row_vals.size else None,

@@ -68,16 +68,16 @@ class TraceReader:
         self.events = 0
         self.scopes: dict[str, BoundedQuantiles] = {}
         #: (file index, pid) -> [first ts, last end] in µs
-        self.extent: dict[tuple[int, int], list[float]] = {}
-        self.pid_rank: dict[tuple[int, int], int] = {}
+        self.extent: dict[tuple[int, Any], list[float]] = {}
+        self.pid_rank: dict[tuple[int, Any], int] = {}
         self.file_ranks: list[int] = []
-        self.counters: dict[tuple[int, int, str], CounterInfo] = {}
+        self.counters: dict[tuple[int, Any, str], CounterInfo] = {}
         #: tool name -> durations (µs) of the tool-call phase spans
         self.tools: dict[str, BoundedQuantiles] = {}
         #: (file index, pid, tid, ts, dur, name, step arg) of train.* scopes
         self._train: list[tuple[int, Any, Any, float, float, str, Any]] = []
         #: with a step range: (file index, pid) -> (lo, hi) µs window of the selected steps
-        self.windows: dict[tuple[int, int], tuple[float, float]] | None = None
+        self.windows: dict[tuple[int, Any], tuple[float, float]] | None = None
         #: with a step range: the step-defining scopes of every step, seen by the prescan
         self._prescan: list[tuple[int, Any, Any, float, float, str, Any]] | None = None
 
@@ -273,13 +273,13 @@ class TraceReader:
                 stack.pop()
             depth = len(stack)
             stack.append(end)
-            lst = by_proc.get((fi, pid))
-            if not lst:
+            found = by_proc.get((fi, pid))
+            if not found:
                 continue
             i = bisect_right(starts[(fi, pid)], ts) - 1
-            if i < 0 or ts + dur > lst[i][1] + 1.0:
+            if i < 0 or ts + dur > found[i][1] + 1.0:
                 continue
-            info = infos.get((self.rank_of(fi, pid), lst[i][2]))
+            info = infos.get((self.rank_of(fi, pid), found[i][2]))
             if info is None:
                 continue
             if name == self.rollout_scope:

@@ -94,8 +94,8 @@ class JaxReducer:
         bits = np.ascontiguousarray(vec, dtype=np.float64).view(np.uint32)
         rows = self._allgather(bits)
         values = np.ascontiguousarray(rows).view(np.float64).reshape(rows.shape[0], -1)
-        fold = {"sum": np.sum, "min": np.min, "max": np.max}[op]
-        return fold(values, axis=0)
+        folded: np.ndarray = getattr(values, op)(axis=0)  # ndarray.sum / .min / .max
+        return folded
 
 
 def _torch_world() -> int:
@@ -140,5 +140,6 @@ def resolve_reducer(reduce_group: Any = None) -> Reducer | None:
             f"processes) or None (this process only)"
         )
     if hasattr(reduce_group, "all_gather_object") and hasattr(reduce_group, "all_reduce"):
-        return reduce_group  # a custom Reducer
+        custom: Reducer = reduce_group  # a custom Reducer
+        return custom
     return TorchReducer(reduce_group)

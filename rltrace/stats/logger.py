@@ -96,7 +96,8 @@ def load_config(config: Any) -> StatsLoggerConfig:
     for key, cls in (("wandb", WandBConfig), ("tensorboard", TensorBoardConfig)):
         if key in data and not isinstance(data[key], cls):
             data[key] = _build(cls, _as_dict(data[key]), key)
-    return _build(StatsLoggerConfig, data, "stats logger config")
+    built: StatsLoggerConfig = _build(StatsLoggerConfig, data, "stats logger config")
+    return built
 
 
 def _wandb_arg(value: Any) -> WandBConfig:
@@ -108,7 +109,8 @@ def _wandb_arg(value: Any) -> WandBConfig:
         return WandBConfig(mode="disabled")
     if isinstance(value, str):
         return WandBConfig(mode=value)
-    return _build(WandBConfig, _as_dict(value), "wandb")
+    built: WandBConfig = _build(WandBConfig, _as_dict(value), "wandb")
+    return built
 
 
 def _tensorboard_arg(value: Any, logdir: Path) -> TensorBoardConfig:
@@ -120,7 +122,8 @@ def _tensorboard_arg(value: Any, logdir: Path) -> TensorBoardConfig:
         return TensorBoardConfig(path=None)
     if isinstance(value, (str, os.PathLike)):
         return TensorBoardConfig(path=os.fspath(value))
-    return _build(TensorBoardConfig, _as_dict(value), "tensorboard")
+    built: TensorBoardConfig = _build(TensorBoardConfig, _as_dict(value), "tensorboard")
+    return built
 
 
 def _number(value: Any) -> float | None:

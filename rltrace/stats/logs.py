@@ -14,7 +14,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from opentelemetry import trace
 
@@ -103,7 +103,8 @@ def setup_logging(
     ctx_filter = TraceContextFilter(rk)
     handlers: list[logging.Handler] = [logging.FileHandler(path, encoding="utf-8")]
     if stream is not False:
-        handlers.append(logging.StreamHandler(stream if stream not in (None, True) else sys.stderr))
+        out: Any = stream if stream not in (None, True) else sys.stderr
+        handlers.append(logging.StreamHandler(out))
     for h in handlers:
         h.setFormatter(formatter)
         h.addFilter(ctx_filter)

@@ -72,12 +72,12 @@ class _Scope:
         self._token = cv.set((*cv.get(), self.name))
         return self
 
-    def __exit__(self, *exc: Any) -> bool:
+    def __exit__(self, *exc: Any) -> None:
         self.tracker._scopes.reset(self._token)
-        return False
 
     def __call__(self, fn: F) -> F:
-        return _decorate(fn, self.tracker, self.name)
+        wrapped: F = _decorate(fn, self.tracker, self.name)
+        return wrapped
 
 
 def _decorate(fn: Any, tracker: StatsTracker, name: str) -> Any:
@@ -140,7 +140,7 @@ def _reduce_type(reduce_type: Any, keys: Any) -> str:
             f"Cannot use the scalar reduce type for a tensor: stats.stat: reduce_type SCALAR is for "
             f"stats.scalar(); record {', '.join(map(repr, keys))} with stats.scalar(name=float_value)"
         )
-    return rt.value
+    return str(rt.value)
 
 
 class _Waiting:

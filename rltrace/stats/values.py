@@ -220,7 +220,8 @@ def _to_numpy_mask(mask: Any) -> np.ndarray:
 
     fw = framework(mask)
     if fw == "torch":
-        return mask.detach().cpu().numpy()
+        out: np.ndarray = mask.detach().cpu().numpy()
+        return out
     return np.asarray(mask)
 
 

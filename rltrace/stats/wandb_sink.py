@@ -130,7 +130,8 @@ class WandBSink:
             config.setdefault("rltrace", dict(tracer_config))
         config["version_info"] = version_info()
         self.run = wandb.init(
-            mode=cfg.mode, entity=cfg.entity, project=cfg.project or experiment_name,
+            mode=cfg.mode,  # type: ignore[arg-type]  # checked by WandBConfig
+            entity=cfg.entity, project=cfg.project or experiment_name,
             name=cfg.name or trial_name, job_type=cfg.job_type,
             group=cfg.group or f"{experiment_name}_{trial_name}", notes=cfg.notes, tags=cfg.tags,
             config=config, id=run_id, resume="allow", dir=directory, **cfg.init_kwargs,
