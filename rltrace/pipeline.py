@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +32,13 @@ from opentelemetry.sdk.trace import (
     SynchronousMultiSpanProcessor,
     TracerProvider,
 )
+from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from rltrace.exporters.sessions import SessionRecordWriter
 from rltrace.exporters.values import refresh_thread_names
 
-from . import device, otel_compat, sessions
+from . import device, otel_compat, recorder, sessions
 from .checks import check_optional_int
 from .config import ConfigError, TracerConfig, load_config, log_dir, redacted
 from .live import LivePublisher, live_path
@@ -68,7 +69,8 @@ class Pipeline:
     def __init__(
         self, cfg: TracerConfig, rank: int, world_size: int, logdir: Path,
         user_processors: list[SpanProcessor], metric_readers: list[Any] | None = None,
-        sampler: Any = None,
+        sampler: Any = None, *, clock: Callable[[], int] | None = None,
+        id_generator: IdGenerator | None = None,
     ) -> None:
         self.cfg = cfg
         self.rank = rank
@@ -99,9 +101,12 @@ class Pipeline:
         head = head_sampler(cfg.sampling, sampler)
         #: decides rltrace's trace roots (None: the default, roots sampled at no cost)
         self.head_sampling = HeadSampling(head) if head is not None else None
+        #: injected by ``configure`` (None: the wall clock, random ids)
+        self.clock = clock
+        self.id_generator = id_generator
         self.provider = TracerProvider(  # other instrumentation's spans: the same sampler
             resource=self.resource, shutdown_on_exit=False, active_span_processor=self.processor,
-            sampler=head, span_limits=limits,
+            sampler=head, span_limits=limits, id_generator=id_generator,
         )
         self.builder = SpanBuilder(self.resource, InstrumentationScope("rltrace", __version__),
                                    limits)
@@ -501,6 +506,8 @@ def configure(
     role: str | None = None,
     metric_readers: list[Any] | None = None,
     sampler: Any = None,
+    clock: Callable[[], int] | None = None,
+    id_generator: IdGenerator | None = None,
     **overrides: Any,
 ) -> TracerConfig:
     """Configure tracing for this process (call once per rank; calling again reconfigures).
@@ -512,30 +519,66 @@ def configure(
     Rank 0 writes the effective config to ``{log_dir}/config.yaml``.  ``metric_readers``
     (OTel ``MetricReader`` objects) receive the session metrics.  ``sampler`` (an OTel SDK
     ``Sampler``) decides which traces are sent over OTel, once per trace (see
-    :mod:`rltrace.sampling`; the local files always get everything).  Raises
+    :mod:`rltrace.sampling`; the local files always get everything).  ``clock`` (epoch
+    nanoseconds, ``time.time_ns`` by default) and ``id_generator`` (an OTel ``IdGenerator``;
+    random by default) are this pipeline's: every rltrace record takes its times and ids from
+    them, spans other instrumentation starts through its tracer provider their ids
+    (``rltrace.testing.IncrementingClock`` and ``SequentialIdGenerator`` make runs
+    reproducible); a later ``configure`` without them, or
+    :func:`shutdown`, goes back to the defaults.  Raises
     :class:`~rltrace.config.ConfigError` for bad input; the previous pipeline is left intact
     in that case.
     """
     try:
         return _configure(config, rank=rank, role=role, metric_readers=metric_readers,
-                          sampler=sampler, **overrides)
+                          sampler=sampler, clock=clock, id_generator=id_generator, **overrides)
     finally:
         if _PENDING_SIGNAL:
             _resume_pending_signal()
 
 
+def _check_injected(clock: Any, id_generator: Any) -> None:
+    if clock is not None and not callable(clock):
+        raise ConfigError(f"rltrace.configure: clock must be a callable returning epoch nanoseconds "
+                          f"(like time.time_ns), got {type(clock).__name__} {clock!r}")
+    if id_generator is not None and not all(
+            callable(getattr(id_generator, m, None)) for m in ("generate_trace_id", "generate_span_id")):
+        raise ConfigError("rltrace.configure: id_generator must be an OpenTelemetry IdGenerator "
+                          "(generate_trace_id() and generate_span_id(), e.g. "
+                          f"opentelemetry.sdk.trace.id_generator.RandomIdGenerator()), got "
+                          f"{type(id_generator).__name__}")
+
+
+def _use_injected(new: Pipeline | None, old: Pipeline | None) -> None:
+    """Point the recorder at ``new``'s clock and ids; back to the defaults when the pipeline that
+    injected them goes (a clock set by ``testing.deterministic`` is left alone otherwise)."""
+    clock = new.clock if new is not None else None
+    if clock is not None:
+        recorder.set_clock(clock)
+    elif old is not None and old.clock is not None:
+        recorder.set_clock(recorder.DEFAULT_CLOCK)
+    gen = new.id_generator if new is not None else None
+    if gen is not None:
+        recorder.set_id_source(recorder.id_source_of(gen))
+    elif old is not None and old.id_generator is not None:
+        recorder.set_id_source(recorder.DEFAULT_ID_SOURCE)
+
+
 def _configure(config: Any, *, rank: int | None, role: str | None,
                metric_readers: list[Any] | None, sampler: Any = None,
+               clock: Callable[[], int] | None = None, id_generator: IdGenerator | None = None,
                **overrides: Any) -> TracerConfig:
     global _PIPELINE, _CONFIG, _GLOBAL_SET, _ATEXIT
     with _LOCK:
+        _check_injected(clock, id_generator)
         cfg = load_config(config, rank=rank, role=role, **overrides)
         rk, world = detect_rank(cfg.rank, cfg.world_size)
         new: Pipeline | None = None
         if cfg.enabled or cfg.session_tracer.enabled:
             logdir = log_dir(cfg)
             _ensure_writable(logdir, cfg)
-            new = Pipeline(cfg, rk, world, logdir, _USER_PROCESSORS, metric_readers, sampler)
+            new = Pipeline(cfg, rk, world, logdir, _USER_PROCESSORS, metric_readers, sampler,
+                           clock=clock, id_generator=id_generator)
             if rk == 0 and not cfg.per_process_files:
                 _write_config(logdir, cfg, world)
         old = _PIPELINE
@@ -543,6 +586,7 @@ def _configure(config: Any, *, rank: int | None, role: str | None,
             STATE.enabled = False
             old.close()
         _PIPELINE, _CONFIG = new, cfg
+        _use_injected(new, old)
         STATE.sampling = new.head_sampling if new is not None else None
         STATE.on_start = new.on_start_hooks if new is not None else None
         if new is None:
@@ -866,6 +910,7 @@ def shutdown(timeout: float | None = None) -> None:
         STATE.wake = _noop
         if p is not None:
             p.close(timeout)  # (its last records still draw ids under its sampler)
+            _use_injected(None, p)
         STATE.overflow = None
         STATE.sampling = STATE.on_start = None
         _PIPELINE = None

@@ -47,16 +47,31 @@ rand_bits = _rng.getrandbits
 os.register_at_fork(after_in_child=lambda: _rng.seed())
 
 
+DEFAULT_CLOCK = now_ns
+DEFAULT_ID_SOURCE = rand_bits
+
+
 def set_clock(clock: Any) -> None:
-    """Replace the epoch-nanosecond clock (testing)."""
+    """Replace the epoch-nanosecond clock (``configure(clock=...)``, ``testing.deterministic``)."""
     global now_ns
     now_ns = clock
 
 
 def set_id_source(bits: Any) -> None:
-    """Replace the ``getrandbits``-like id source (testing)."""
+    """Replace the ``getrandbits``-like id source (``testing.deterministic``)."""
     global rand_bits
     rand_bits = bits
+
+
+def id_source_of(generator: Any) -> Any:
+    """A ``getrandbits``-like id source drawing from an OTel ``IdGenerator`` (128 bits: a trace
+    id, 64: a span id), so rltrace's records and other instrumentation's spans share it."""
+    trace_id, span_id = generator.generate_trace_id, generator.generate_span_id
+
+    def bits(n: int) -> int:
+        return int(trace_id() if n == 128 else span_id())
+
+    return bits
 
 
 # ---- OTel context access: the fast path uses the contextvar behind OTel's runtime context ---

@@ -18,12 +18,14 @@ from typing import Any
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.id_generator import IdGenerator
 
 from . import pipeline, recorder
 
 __all__ = [
     "CapturedSpans",
     "IncrementingClock",
+    "SequentialIdGenerator",
     "SequentialIds",
     "capture_spans",
     "deterministic",
@@ -54,6 +56,23 @@ class SequentialIds:
         v = self.next
         self.next += 1
         return v & ((1 << bits) - 1)
+
+
+class SequentialIdGenerator(IdGenerator):
+    """An OTel ``IdGenerator`` returning trace ids 1, 2, ... and span ids 1, 2, ... (for
+    ``configure(id_generator=...)``); it remembers what it handed out."""
+
+    def __init__(self) -> None:
+        self.trace_ids: list[int] = []
+        self.span_ids: list[int] = []
+
+    def generate_trace_id(self) -> int:
+        self.trace_ids.append(len(self.trace_ids) + 1)
+        return self.trace_ids[-1]
+
+    def generate_span_id(self) -> int:
+        self.span_ids.append(len(self.span_ids) + 1)
+        return self.span_ids[-1]
 
 
 @contextlib.contextmanager
