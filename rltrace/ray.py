@@ -6,9 +6,9 @@ actors.  In the driver, after :func:`rltrace.configure`::
     import rltrace, rltrace.ray
     rltrace.configure(fileroot="/shared/logs", session_tracer={"enabled": True})
     rltrace.ray.init(num_cpus=8)                       # instead of ray.init(...)
-    rollouts = [Rollout.options(**rltrace.ray.actor_options("rollout", rank=1 + i)).remote()
-                for i in range(2)]
-    trainer = Trainer.options(**rltrace.ray.actor_options("trainer", rank=3)).remote()
+    rollouts = [Rollout.options(**rltrace.ray.actor_options("rollout")).remote()
+                for i in range(2)]                     # ranks 1, 2 (or rank=... of yours)
+    trainer = Trainer.options(**rltrace.ray.actor_options("trainer")).remote()      # rank 3
 
 What it does:
 
@@ -27,7 +27,9 @@ What it does:
   actors, through an ``ActorPool`` as well) carries the caller's trace context, and runs
   under a Ray span of that trace in the worker, so what an actor records is in the driver's
   trace.  rltrace adds the current step (``rltrace.step(n)``, or AReaL's
-  ``args={"global_step": n}``): spans, tasks and sessions recorded in the actor carry it.
+  ``args={"global_step": n}``): spans, tasks and sessions recorded in the actor carry it; and
+  the current task (``set_task_id``): a session the actor registers without a task joins the
+  driver's task, as a child of its ``rl.task`` span in the driver's trace, with its task id.
 * **Lifecycle.**  A graceful actor exit (``ray.actor.exit_actor()``) flushes.  ``ray.shutdown()``
   ends worker processes without their exit handlers: call :func:`shutdown` with your actor
   handles instead (it flushes each, then shuts Ray down).  Session records are written every
@@ -35,13 +37,16 @@ What it does:
   loses at most what the actor recorded in its last ``flush_interval_s`` (the process is gone:
   that loss cannot be counted).
 
-Not done: a task registered in the driver cannot have sessions registered in an actor (each
-process keeps its own task registry); register tasks where their sessions run.
+A task whose sessions run in actors ends where it was registered: finalize it there
+(``trace_session_event("mark_finalized", task_id=...)``) once its sessions are done.
 """
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -57,8 +62,9 @@ from opentelemetry.propagators.textmap import (
     default_setter,
 )
 from opentelemetry.sdk.trace import SpanProcessor
+from opentelemetry.trace import SpanContext, TraceFlags
 
-from . import pipeline, steps
+from . import pipeline, sessions, steps
 from .config import ConfigError
 
 __all__ = ["actor_options", "flush_actors", "init", "shutdown"]
@@ -95,14 +101,36 @@ def init(*args: Any, runtime_env: Mapping[str, Any] | None = None, **kwargs: Any
 
     env["worker_process_setup_hook"] = rltrace_worker_setup
     kwargs.setdefault("_tracing_startup_hook", f"{__name__}:_tracing_hook")
-    install_step_propagator()
+    install_propagator()
     return ray.init(*args, runtime_env=env, **kwargs)
+
+
+class RankAllocator:
+    """Ranks for actors, unique across roles in one driver (rank 0 is the driver): an explicit
+    rank is taken as given (and not handed out again); otherwise the lowest free one from 1."""
+
+    def __init__(self) -> None:
+        self._used: set[int] = {0}
+        self._lock = threading.Lock()
+
+    def take(self, rank: int | None) -> int:
+        with self._lock:
+            if rank is None:
+                rank = next(r for r in itertools.count(1) if r not in self._used)
+            self._used.add(rank)
+            return rank
+
+
+#: this driver's actor ranks (:func:`actor_options` without ``rank``)
+RANKS = RankAllocator()
 
 
 def actor_options(role: str, rank: int | None = None, **options: Any) -> dict[str, Any]:
     """Options for ``ActorClass.options(**...)`` giving the actor its rltrace role and rank.
 
-    Other ``options`` (``name``, ``num_cpus``, a ``runtime_env`` of yours, ...) are kept.
+    Without ``rank`` the actor gets the lowest rank no other actor of this driver has (any
+    role; the driver is 0), so ``rltrace report`` and ``top`` tell every actor apart.  Other
+    ``options`` (``name``, ``num_cpus``, a ``runtime_env`` of yours, ...) are kept.
     """
     if not isinstance(role, str) or not role or "/" in role:
         raise ValueError(f"rltrace.ray.actor_options: role must be a non-empty name without "
@@ -112,8 +140,7 @@ def actor_options(role: str, rank: int | None = None, **options: Any) -> dict[st
     env = dict(options.pop("runtime_env", None) or {})
     env_vars = dict(env.get("env_vars") or {})
     env_vars[ROLE_ENV] = role
-    if rank is not None:
-        env_vars[RANK_ENV] = str(rank)
+    env_vars[RANK_ENV] = str(RANKS.take(rank))
     env["env_vars"] = env_vars
     return {**options, "runtime_env": env}
 
@@ -164,7 +191,7 @@ def _flush_here(_actor: Any) -> int:
 
 def _setup_worker(payload: dict[str, Any], user_hook: Any = None) -> None:
     """Runs in every worker process at start (Ray's ``worker_process_setup_hook``)."""
-    install_step_propagator()
+    install_propagator()
     data = dict(payload)
     if os.environ.get(RANK_ENV) is None:
         data["rank"] = 0
@@ -183,17 +210,21 @@ def _setup_worker(payload: dict[str, Any], user_hook: Any = None) -> None:
 
 def _tracing_hook() -> None:
     """Ray's tracing startup hook: the tracer provider is rltrace's (set by ``configure``)."""
-    install_step_propagator()
+    install_propagator()
 
 
-# ---- the step across .remote() -------------------------------------------------------------------
+# ---- the step and task across .remote() -----------------------------------------------------
 
 _STEP_KEY = steps.CALLER_STEP_KEY
+_TASK_HEADER = "rltrace-task"
 
 
-class StepPropagator(TextMapPropagator):
-    """Carries the caller's step (``rltrace.step(n)`` or AReaL's ``global_step`` arg) in a
-    ``rltrace-step`` field beside ``traceparent``; extracted into the callee's context."""
+class CallerContextPropagator(TextMapPropagator):
+    """Carries the caller's step (``rltrace.step(n)`` or AReaL's ``global_step`` arg) and task
+    (``set_task_id``: its id and its ``rl.task`` span) beside ``traceparent``, in
+    ``rltrace-step`` and ``rltrace-task`` fields; extracted into the callee's context, where
+    sessions registered without a task join the caller's task (in the caller's trace) and
+    spans, tasks and sessions carry the step."""
 
     def inject(self, carrier: CarrierT, context: Any = None,
                setter: Setter[CarrierT] = default_setter) -> None:
@@ -206,6 +237,9 @@ class StepPropagator(TextMapPropagator):
             step = otel_context.get_value(_STEP_KEY)
         if step is not None:
             setter.set(carrier, _STEP_HEADER, str(step))
+        task = _task_field()
+        if task is not None:
+            setter.set(carrier, _TASK_HEADER, task)
 
     def extract(self, carrier: CarrierT, context: Any = None,
                 getter: Getter[CarrierT] = default_getter) -> Any:
@@ -214,23 +248,53 @@ class StepPropagator(TextMapPropagator):
         values = getter.get(carrier, _STEP_HEADER)
         if values:
             try:
-                return otel_context.set_value(_STEP_KEY, int(values[0]), context)
+                context = otel_context.set_value(_STEP_KEY, int(values[0]), context)
             except ValueError:
                 pass
+        values = getter.get(carrier, _TASK_HEADER)
+        if values:
+            caller = _parse_task_field(values[0])
+            if caller is not None:
+                context = otel_context.set_value(sessions.CALLER_TASK_KEY, caller, context)
         return context
 
     @property
     def fields(self) -> set[str]:
-        return {_STEP_HEADER}
+        return {_STEP_HEADER, _TASK_HEADER}
 
 
-def install_step_propagator() -> None:
-    """Add :class:`StepPropagator` to the global propagator (once)."""
+def _task_field() -> str | None:
+    """``[task_id, trace_id, span_id, flags]`` of the current task's span, as JSON (None when
+    there is no current task, its id is not an int or str, or its span is unknown here)."""
+    task_id = sessions.get_task_id()
+    if task_id is None or type(task_id) not in (int, str):
+        return None
+    sc = sessions.task_span_context(task_id)
+    if sc is None:
+        caller = sessions.caller_task()  # a task this process runs for its own caller
+        if caller is None or caller[0] != task_id:
+            return None
+        sc = caller[1]
+    return json.dumps([task_id, f"{sc.trace_id:032x}", f"{sc.span_id:016x}", int(sc.trace_flags)])
+
+
+def _parse_task_field(value: str) -> tuple[Any, SpanContext] | None:
+    try:
+        task_id, trace_id, span_id, flags = json.loads(value)
+        sc = SpanContext(int(trace_id, 16), int(span_id, 16), is_remote=True,
+                         trace_flags=TraceFlags(int(flags)))
+    except (ValueError, TypeError):
+        return None
+    return (task_id, sc) if sc.is_valid and type(task_id) in (int, str) else None
+
+
+def install_propagator() -> None:
+    """Add :class:`CallerContextPropagator` to the global propagator (once)."""
     current = propagate.get_global_textmap()
     props = getattr(current, "_propagators", [current])
-    if any(isinstance(p, StepPropagator) for p in props):
+    if any(isinstance(p, CallerContextPropagator) for p in props):
         return
-    propagate.set_global_textmap(CompositePropagator([current, StepPropagator()]))
+    propagate.set_global_textmap(CompositePropagator([current, CallerContextPropagator()]))
 
 
 class _StepFromCaller(SpanProcessor):

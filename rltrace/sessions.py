@@ -27,7 +27,9 @@ from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
+from opentelemetry import context as otel_context
 from opentelemetry.context import Context
+from opentelemetry.trace import SpanContext
 from opentelemetry.trace.status import Status, StatusCode
 
 from rltrace.exporters.values import text
@@ -91,6 +93,9 @@ _GENAI_KEYS = {
 
 _TASK_CV: ContextVar[Any] = ContextVar("rltrace_task_id", default=None)
 _SESSION_CV: ContextVar[Any] = ContextVar("rltrace_session_id", default=None)
+#: OTel context key: the caller's task in another process, ``(task_id, SpanContext)`` of its
+#: ``rl.task`` span (propagation puts it there: ``rltrace.ray`` across ``.remote()`` calls)
+CALLER_TASK_KEY = otel_context.create_key("rltrace-caller-task")
 
 
 class _Flags:
@@ -146,6 +151,54 @@ class TaskScope(Scope):
 
     def own_step(self) -> Any:
         return self.step
+
+
+class RemoteTaskScope(TaskScope):
+    """A task registered in another process (the driver), standing in for it here.
+
+    Sessions registered under it are children of that process's ``rl.task`` span, in its trace.
+    It records nothing itself (the task's span is the other process's): it leaves this
+    process's registry when its last session here is finalized, or by ``finalize_task``.
+    """
+
+    __slots__ = ()
+
+    def __init__(self, task_id: Any, context: SpanContext) -> None:
+        self.name = TASK_SPAN
+        self.category = "scheduler"
+        self.args = None
+        self.end_ns = 0
+        self.extra = None
+        self._attrs = None
+        self.task_id = task_id
+        self.open = set()
+        step = _STEP_CV.get()
+        self.step = scope_arg_step() if step is None else step
+        self._sc = context
+        self.parent = None
+        self.thread = 0
+        self.task = None
+        self.lane = 0
+        self.owns_lane = False
+        self.start_ns = 0
+
+    def finish(self, end_ns: int, exc: BaseException | None = None, keep: bool = False,
+               hold: bool = False) -> None:
+        self.end_ns = end_ns or 1  # nothing queued: the task's span is the other process's
+
+
+def caller_task() -> tuple[Any, SpanContext] | None:
+    """The caller's task in another process, from the OTel context (see ``CALLER_TASK_KEY``)."""
+    found = otel_context.get_value(CALLER_TASK_KEY)
+    return found if type(found) is tuple else None
+
+
+def task_span_context(task_id: Any) -> SpanContext | None:
+    """The ``SpanContext`` of task ``task_id``'s span in this process (open or recently
+    finished), for propagation to the processes that run its sessions; None if unknown."""
+    with _LOCK:
+        task = _TASKS.get(task_id) or _recent(_RECENT_TASKS, task_id)
+    return None if task is None else task.get_span_context()
 
 
 class SessionScope(Scope):
@@ -268,10 +321,15 @@ def register_task(task_id: Any = None) -> Any:
 
 
 def _task_locked(task_id: Any) -> TaskScope:
-    """The open task ``task_id``, registered now if needed (caller holds ``_LOCK``)."""
+    """The open task ``task_id``, registered now if needed (caller holds ``_LOCK``): a
+    :class:`RemoteTaskScope` when it is the caller's task in another process."""
     task = _TASKS.get(task_id)
     if task is None:
-        task = _TASKS[task_id] = TaskScope(task_id)
+        caller = caller_task()
+        if caller is not None and caller[0] == task_id:
+            task = _TASKS[task_id] = RemoteTaskScope(task_id, caller[1])
+        else:
+            task = _TASKS[task_id] = TaskScope(task_id)
         _remember(_RECENT_TASKS, task_id, task)
     return task
 
@@ -282,8 +340,14 @@ def set_task_id(task_id: Any) -> None:
 
 
 def get_task_id() -> Any:
-    """The current task id in this context, or None."""
-    return _TASK_CV.get()
+    """The current task id in this context (else the caller's task in another process, when
+    propagated: a Ray actor method called under the driver's task), or None."""
+    task_id = _TASK_CV.get()
+    if task_id is None:
+        caller = caller_task()
+        if caller is not None:
+            return caller[0]
+    return task_id
 
 
 def register_session(task_id: Any = None) -> Any:
@@ -296,6 +360,10 @@ def register_session(task_id: Any = None) -> Any:
         return session_id
     if task_id is None:
         task_id = _TASK_CV.get()
+        if task_id is None:
+            caller = caller_task()
+            if caller is not None:
+                task_id = caller[0]
     with _LOCK:
         task = _task_locked(next(_task_ids) if task_id is None else task_id)
         task.open.add(session_id)  # type: ignore[union-attr]  # open while in _TASKS

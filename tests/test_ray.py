@@ -101,6 +101,25 @@ def test_actor_work_is_in_the_drivers_trace_and_carries_the_step(run: dict[str, 
     assert Counter(r["step"] for r in records) == {step: 2 * SESSIONS for step in range(STEPS)}
 
 
+def test_sessions_run_by_actors_are_children_of_the_drivers_task_in_one_trace(
+        run: dict[str, Any]) -> None:
+    """The driver registers a task per step and calls the rollout actors under it; the actors
+    register sessions without a task id: they join the driver's task, in its trace."""
+    spans = run["spans"]
+    tasks = [s for s in spans if s["name"] == "rl.task"]
+    assert len(tasks) == STEPS and all(t["resource"].get("rl.role") is None for t in tasks)
+    for task in tasks:  # the driver's (a task span is recorded once, where it was registered)
+        mine = [s for s in spans if s["name"] == "rl.session"
+                and s["attributes"]["rl.task.id"] == task["attributes"]["rl.task.id"]]
+        assert len(mine) == 2 * SESSIONS
+        assert {s["resource"]["rl.rank"] for s in mine} == {1, 2}  # sync and async actors
+        assert {(s["trace_id"], s["parent"]) for s in mine} == {(task["trace_id"], task["span_id"])}
+    records = _records(run["logdir"], "rollout")
+    by_task = {t["attributes"]["rl.task.id"]: t["trace_id"] for t in tasks}  # hex, as in records
+    assert Counter(r["task_id"] for r in records) == {t: 2 * SESSIONS for t in by_task}
+    assert all(r["trace_id"] == by_task[r["task_id"]] for r in records)
+
+
 def test_shutdown_flushes_every_actor_and_ray_kill_loses_only_the_unflushed(
         run: dict[str, Any]) -> None:
     assert run["flushed_actors"] == 3

@@ -1,7 +1,8 @@
 """A small async RL job on a real local Ray cluster, traced with ``rltrace.ray`` (tests/test_ray.py).
 
 Run as ``python ray_driver.py OUT_DIR``: a driver with two rollout actors (one sync, one
-async; rank 2 planted slow: every generate takes 30 ms more), a trainer actor, and a third
+async; rank 2 planted slow: every generate takes 30 ms more) running the sessions of the task
+the driver registers for each step, a trainer actor, and a third
 rollout actor that is killed with ``ray.kill``.  OTLP goes to an in-process receiver with a
 secret header.  Writes ``OUT_DIR/result.json`` (the spans the receiver decoded, pids, what the
 killed actor had flushed) and leaves rltrace's files under ``OUT_DIR/logs``.
@@ -28,9 +29,9 @@ SESSIONS = 4  # per rollout actor per step
 SECRET = "ray-secret-7f3a"
 
 
-def _session(delay: float) -> Any:
-    task = rltrace.register_task()
-    sid = rltrace.register_session(task)
+def _session(delay: float, own_task: bool = True) -> Any:
+    """One session; ``own_task=False``: under the caller's task (the driver's, propagated)."""
+    sid = rltrace.register_session(rltrace.register_task() if own_task else None)
     with rltrace.trace_session_phase("generate", session_id=sid):
         time.sleep(delay)
     with rltrace.trace_session_phase("reward", session_id=sid):
@@ -46,7 +47,7 @@ class Rollout:
 
     def rollout(self, n: int) -> list[Any]:
         with rltrace.trace_scope("rollout.batch"):
-            return [_session(self.delay) for _ in range(n)]
+            return [_session(self.delay, own_task=False) for _ in range(n)]
 
     def record_then_flush(self, flushed: int, unflushed: int) -> int:
         for _ in range(flushed):
@@ -65,8 +66,7 @@ class AsyncRollout:
     async def rollout(self, n: int) -> list[Any]:
         out = []
         for _ in range(n):
-            task = rltrace.register_task()
-            sid = rltrace.register_session(task)
+            sid = rltrace.register_session()  # the driver's task
             async with rltrace.atrace_session_phase("generate", session_id=sid):
                 await asyncio.sleep(self.delay)
             rltrace.trace_session_event("mark_finalized", session_id=sid, status="accepted")
@@ -102,7 +102,10 @@ def main(out: Path) -> None:
         pids = {}
         for step in range(STEPS):
             with rltrace.step(step):
+                task = rltrace.register_task()  # one task per step: its sessions run in actors
+                rltrace.set_task_id(task)
                 ray.get([fast.rollout.remote(SESSIONS), slow.rollout.remote(SESSIONS)])
+                rltrace.trace_session_event("mark_finalized", task_id=task, status="accepted")
                 pids["trainer"] = ray.get(trainer.train.remote(step))
         pids["doomed"] = ray.get(doomed.record_then_flush.remote(3, 5))
         result["worker_environ_has_secret"] = ray.get(trainer.environ_has.remote(SECRET))
