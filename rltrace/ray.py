@@ -30,12 +30,14 @@ What it does:
   ``args={"global_step": n}``): spans, tasks and sessions recorded in the actor carry it; and
   the current task (``set_task_id``): a session the actor registers without a task joins the
   driver's task, as a child of its ``rl.task`` span in the driver's trace, with its task id.
-* **Lifecycle.**  A graceful actor exit (``ray.actor.exit_actor()``) flushes.  ``ray.shutdown()``
-  ends worker processes without their exit handlers: call :func:`shutdown` with your actor
-  handles instead (it flushes each, then shuts Ray down).  Session records are written every
-  export cycle in workers (``flush_threshold`` 1), so ``ray.kill`` (SIGKILL) or a lost node
-  loses at most what the actor recorded in its last ``flush_interval_s`` (the process is gone:
-  that loss cannot be counted).
+* **Lifecycle.**  Each actor announces itself to a registry actor at its first call.
+  ``ray.shutdown()`` (wrapped by :func:`init`: Ray itself ends workers without their exit
+  handlers) and :func:`shutdown` flush every announced actor first; at driver exit Ray ends
+  the actors gracefully and each flushes at its own exit, as a graceful
+  ``ray.actor.exit_actor()`` does.  Session records are written every export cycle in workers
+  (``flush_threshold`` 1), so ``ray.kill`` (SIGKILL) or a lost node loses at most what the
+  actor recorded in its last ``flush_interval_s``; the flush names the actors that did not
+  answer (their process is gone, so the records lost there cannot be counted).
 
 A task whose sessions run in actors ends where it was registered: finalize it there
 (``trace_session_event("mark_finalized", task_id=...)``) once its sessions are done.
@@ -43,6 +45,7 @@ A task whose sessions run in actors ends where it was registered: finalize it th
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -67,7 +70,7 @@ from opentelemetry.trace import SpanContext, TraceFlags
 from . import pipeline, sessions, steps
 from .config import ConfigError
 
-__all__ = ["actor_options", "flush_actors", "init", "shutdown"]
+__all__ = ["actor_options", "announced_actors", "flush_actors", "init", "shutdown"]
 
 ROLE_ENV, RANK_ENV = "RLTRACE_ROLE", "RLTRACE_RANK"
 #: the role of worker processes started without :func:`actor_options`
@@ -102,7 +105,9 @@ def init(*args: Any, runtime_env: Mapping[str, Any] | None = None, **kwargs: Any
     env["worker_process_setup_hook"] = rltrace_worker_setup
     kwargs.setdefault("_tracing_startup_hook", f"{__name__}:_tracing_hook")
     install_propagator()
-    return ray.init(*args, runtime_env=env, **kwargs)
+    context = ray.init(*args, runtime_env=env, **kwargs)
+    _JOB.start(ray)
+    return context
 
 
 class RankAllocator:
@@ -145,13 +150,89 @@ def actor_options(role: str, rank: int | None = None, **options: Any) -> dict[st
     return {**options, "runtime_env": env}
 
 
+class _Job:
+    """The driver's side of one traced Ray job: the registry actors announce themselves to, and
+    ``ray.shutdown`` wrapped to flush them first.  (At driver exit Ray ends the job's actors
+    gracefully: each flushes at its own exit, tested in ``tests/test_ray.py``.)"""
+
+    def __init__(self) -> None:
+        self.registry: Any = None
+        self._original_shutdown: Any = None
+
+    def start(self, ray: Any) -> None:
+        self.registry = _registry_class(ray).options(
+            name=REGISTRY_NAME, get_if_exists=True, num_cpus=0,
+            runtime_env={"env_vars": {"RLTRACE_ENABLED": "false",  # it traces nothing itself
+                                      "RLTRACE_SESSION_TRACER_ENABLED": "false"}},
+        ).remote()
+        if self._original_shutdown is None:
+            self._original_shutdown = ray.shutdown
+            original = ray.shutdown
+
+            @functools.wraps(original)
+            def shutdown(*args: Any, **kwargs: Any) -> Any:  # ray.shutdown: flush actors first
+                self.flush_all()
+                return original(*args, **kwargs)
+
+            ray.shutdown = shutdown
+
+    def actors(self, timeout_s: float = 10.0) -> list[Any]:
+        """Handles of every actor of this job that has announced itself (ran a method)."""
+        import ray
+
+        if self.registry is None or not ray.is_initialized():
+            return []
+        try:
+            return list(ray.get(self.registry.actors.remote(), timeout=timeout_s))
+        except Exception as exc:  # the registry is gone (Ray shutting down): nothing to reach
+            pipeline.logger.debug("rltrace.ray: actor registry unreachable: %s", exc)
+            return []
+
+    def flush_all(self, timeout_s: float = 30.0) -> int:
+        import ray
+
+        if not ray.is_initialized():
+            return 0
+        return flush_actors(*self.actors(), timeout_s=timeout_s)
+
+
+_JOB = _Job()
+#: the registry actor's name (one per job namespace)
+REGISTRY_NAME = "rltrace-actors"
+
+
+def _registry_class(ray: Any) -> Any:
+    class ActorRegistry:
+        """Handles of the job's actors, keyed by actor id (a restarted actor replaces its entry)."""
+
+        def __init__(self) -> None:
+            self.handles: dict[str, Any] = {}
+
+        def add(self, actor_id: str, handle: Any) -> None:
+            self.handles[actor_id] = handle
+
+        def actors(self) -> list[Any]:
+            return list(self.handles.values())
+
+    return ray.remote(ActorRegistry)
+
+
+def announced_actors() -> list[Any]:
+    """Handles of the job's actors that have announced themselves (each does at its first
+    call): what :func:`flush_actors` and ``ray.shutdown()`` flush."""
+    return _JOB.actors()
+
+
 def flush_actors(*actors: Any, timeout_s: float = 30.0) -> int:
     """Flush rltrace in each of these actors now (sync or async); returns how many confirmed.
 
-    An actor that is dead or does not answer within ``timeout_s`` is skipped.
+    With no actors given: every actor of the job that has run a method.  An actor that is dead
+    or does not answer within ``timeout_s`` is skipped.
     """
     import ray
 
+    if not actors:
+        actors = tuple(_JOB.actors())
     refs = [a.__ray_call__.remote(_flush_here) for a in actors]
     if not refs:
         return 0
@@ -163,20 +244,27 @@ def flush_actors(*actors: Any, timeout_s: float = 30.0) -> int:
             confirmed += 1
         except Exception:  # an actor that died meanwhile: nothing to flush there
             pass
+    if confirmed < len(actors):
+        pipeline.logger.warning(
+            "rltrace.ray: %d of %d actors did not answer the flush (killed, lost with their node, "
+            "or still busy after %.0f s): what each recorded since its last export cycle (at "
+            "most flush_interval_s) is lost", len(actors) - confirmed, len(actors), timeout_s)
     return confirmed
 
 
 def shutdown(*actors: Any, timeout_s: float = 30.0) -> int:
-    """Flush rltrace in these actors, then ``ray.shutdown()``; returns how many flushed.
+    """Flush rltrace in these actors (default: every actor of the job), then shut Ray down;
+    returns how many flushed.
 
-    ``ray.shutdown()`` ends worker processes without running their exit handlers, so records
-    an actor finished since its last export cycle would be lost without this.  (A graceful
+    ``ray.shutdown()`` ends worker processes without running their exit handlers; after
+    :func:`init` it is wrapped to flush every actor first, and so is driver exit.  (A graceful
     actor exit, ``ray.actor.exit_actor()``, flushes by itself.)
     """
     import ray
 
     confirmed = flush_actors(*actors, timeout_s=timeout_s) if ray.is_initialized() else 0
-    ray.shutdown()
+    original = _JOB._original_shutdown or ray.shutdown
+    original()
     return confirmed
 
 
@@ -299,10 +387,35 @@ def install_propagator() -> None:
 
 class _StepFromCaller(SpanProcessor):
     """Puts the caller's step on the span Ray starts for a remote call (``rl.step``), so the
-    spans recorded under it carry the step."""
+    spans recorded under it carry the step; and, at an actor's first call, announces the actor
+    to the job's registry (so the driver can flush it at ``ray.shutdown()`` and exit)."""
+
+    def __init__(self) -> None:
+        self.announced = False
 
     def on_start(self, span: Any, parent_context: Any = None) -> None:
+        if hasattr(span, "slot_attrs"):  # rltrace's own records: nothing to do
+            return
         step = otel_context.get_value(_STEP_KEY, parent_context)
-        if type(step) is int and hasattr(span, "set_attribute") and not hasattr(span, "slot_attrs"):
+        if type(step) is int and hasattr(span, "set_attribute"):
             span.set_attribute("rl.step", step)
+        if not self.announced:
+            self.announced = _announce_actor()
+
+
+def _announce_actor() -> bool:
+    """Add this actor's handle to the job's registry; False while this worker runs tasks, not an
+    actor (a pooled worker may host an actor later: asked again at its next span)."""
+    import ray
+
+    try:
+        ctx = ray.get_runtime_context()
+        actor_id = ctx.get_actor_id()
+        if actor_id is None:
+            return False  # a task: it ends with its call, and its worker flushes every cycle
+        registry = ray.get_actor(REGISTRY_NAME)
+        registry.add.remote(actor_id, ctx.current_actor)
+    except Exception as exc:  # no registry (ray.init not through rltrace.ray): flush by handle
+        pipeline.logger.debug("rltrace.ray: actor not announced: %s", exc)
+    return True
 

@@ -36,13 +36,17 @@ def _default_signals() -> None:
         signal.signal(sig, signal.SIG_DFL)
 
 
+def _drive(out: Path, *args: str) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "RLTRACE_", "RAY_"))}
+    proc = subprocess.run([sys.executable, str(DRIVER), str(out), *args], capture_output=True,
+                          text=True, env=env, cwd=out, timeout=300, preexec_fn=_default_signals)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("ray")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "RLTRACE_", "RAY_"))}
-    proc = subprocess.run([sys.executable, str(DRIVER), str(out)], capture_output=True, text=True,
-                          env=env, cwd=out, timeout=300, preexec_fn=_default_signals)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    _drive(out)
     result = json.loads((out / "result.json").read_text())
     result["logdir"] = out / "logs" / next(p.name for p in (out / "logs").iterdir()) / "ray" / "t"
     return result
@@ -120,9 +124,12 @@ def test_sessions_run_by_actors_are_children_of_the_drivers_task_in_one_trace(
     assert all(r["trace_id"] == by_task[r["task_id"]] for r in records)
 
 
-def test_shutdown_flushes_every_actor_and_ray_kill_loses_only_the_unflushed(
+def test_ray_shutdown_flushes_every_actor_and_ray_kill_loses_only_the_unflushed(
         run: dict[str, Any]) -> None:
-    assert run["flushed_actors"] == 3
+    """The driver calls plain ``ray.shutdown()``; the actors export only when flushed
+    (``flush_interval_s`` is an hour), so every record on disk is the shutdown's flush."""
+    assert run["announced_actors"] == 4  # the killed one too (flushing it is skipped: dead)
+    assert len(run["warnings"]) == 1 and run["warnings"][0].startswith("rltrace.ray: 1 of 4 actors")
     assert len(_records(run["logdir"], "rollout")) == 2 * SESSIONS * STEPS  # every session
     # the killed actor: 3 sessions exported before the kill, 5 recorded after its last export
     # cycle (the README's bound: what the actor finished in its last flush_interval_s)
@@ -157,3 +164,12 @@ def test_the_report_names_the_planted_slow_actor_in_every_step(run: dict[str, An
     per_step = {f["step"]: f["rank"] for f in findings
                 if f["kind"] == "straggler" and f.get("step") is not None}
     assert per_step == {step: 2 for step in range(STEPS)}
+
+
+def test_driver_exit_without_ray_shutdown_flushes_every_actor(tmp_path: Path) -> None:
+    """The driver's last line is a remote call: no ``ray.shutdown()``, no flush of its own.
+    At driver exit Ray ends the job's actors gracefully, and the actor's exit flushes the
+    sessions it never exported otherwise (``flush_interval_s`` is an hour)."""
+    _drive(tmp_path, "--exit-without-shutdown")
+    logdir = tmp_path / "logs" / next(p.name for p in (tmp_path / "logs").iterdir()) / "ray" / "exit"
+    assert len(_records(logdir, "rollout")) == SESSIONS
