@@ -1,11 +1,12 @@
 """A small async RL job on a real local Ray cluster, traced with ``rltrace.ray`` (tests/test_ray.py).
 
 Run as ``python ray_driver.py OUT_DIR``: a driver with two rollout actors (one sync, one
-async; rank 2 planted slow: every generate takes 30 ms more) running the sessions of the task
-the driver registers for each step, a trainer actor, and a third
-rollout actor that is killed with ``ray.kill``.  OTLP goes to an in-process receiver with a
-secret header.  Writes ``OUT_DIR/result.json`` (the spans the receiver decoded, pids, what the
-killed actor had flushed) and leaves rltrace's files under ``OUT_DIR/logs``.
+async; rank 2 planted slow: every generate takes 30 ms more; the sync one called through an
+``ActorPool``) running the sessions of the task the driver registers for each step, a
+trainer actor, and a third rollout actor that is killed with ``ray.kill``.  OTLP goes to an
+in-process receiver with a secret header.  Writes ``OUT_DIR/result.json`` (the spans the
+receiver decoded, pids, what the killed actor had flushed) and leaves rltrace's files under
+``OUT_DIR/logs``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from ray.util import ActorPool
 
 import rltrace
 import rltrace.ray
@@ -116,7 +118,9 @@ def main(out: Path) -> None:
             with rltrace.step(step):
                 task = rltrace.register_task()  # one task per step: its sessions run in actors
                 rltrace.set_task_id(task)
-                ray.get([fast.rollout.remote(SESSIONS), slow.rollout.remote(SESSIONS)])
+                pending = slow.rollout.remote(SESSIONS)  # the sync actor through an ActorPool
+                list(ActorPool([fast]).map(lambda actor, n: actor.rollout.remote(n), [SESSIONS]))
+                ray.get(pending)
                 rltrace.trace_session_event("mark_finalized", task_id=task, status="accepted")
                 pids["trainer"] = ray.get(trainer.train.remote(step))
         pids["doomed"] = ray.get(doomed.record_then_flush.remote(3, 5))
