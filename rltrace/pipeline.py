@@ -874,11 +874,16 @@ def get_pipeline() -> Pipeline | None:
     return _PIPELINE
 
 
-def flush() -> None:
-    """Write everything recorded so far to every exporter, now, on this thread."""
+def flush(wait_s: float = 0.0) -> None:
+    """Export everything recorded so far, now, on this thread: the trace files and session
+    records are written, and spans are handed to the OTLP sender (which sends them on its own
+    thread).  ``wait_s`` > 0 also waits, at most that long, until the OTLP sender has sent what
+    it holds (a dead collector costs that wait, never more)."""
     p = _PIPELINE
     if p is not None:
         p.flush()
+        if wait_s > 0 and p.otlp is not None:
+            p.otlp.force_flush(int(wait_s * 1000))
 
 
 def save(step: int | None = None, force: bool = False) -> None:

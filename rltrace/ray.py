@@ -269,11 +269,9 @@ def shutdown(*actors: Any, timeout_s: float = 30.0) -> int:
 
 
 def _flush_here(_actor: Any) -> int:
-    pipeline.flush()  # files and session records
     p = pipeline.get_pipeline()
-    if p is not None and p.otlp is not None:  # and what waits for the OTLP sender
-        timeout = p.cfg.otlp.timeout_s if p.cfg.otlp.timeout_s is not None else 5.0
-        p.otlp.force_flush(int(timeout * 1000))
+    timeout = p.cfg.otlp.timeout_s if p is not None and p.cfg.otlp.timeout_s is not None else 5.0
+    pipeline.flush(wait_s=timeout)  # files, session records, and what the OTLP sender holds
     return os.getpid()
 
 

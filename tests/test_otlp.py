@@ -245,6 +245,22 @@ def test_a_stalled_backend_never_blocks_the_caller(tmp_path: Path, receiver: OTL
         rltrace.shutdown()
 
 
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_flush_with_wait_returns_once_the_spans_reached_the_backend(
+    tmp_path: Path, receiver: OTLPReceiver, protocol: str
+) -> None:
+    """``flush()`` hands spans to the sender; ``flush(wait_s=...)`` returns only once they were
+    sent (the receiver records a request before it answers it), so no waiting here after it."""
+    _configure(tmp_path, receiver, protocol, flush_interval_s=3600)
+    try:
+        with rltrace.trace_scope("before.wait"):
+            pass
+        rltrace.flush(wait_s=10.0)
+        assert [s.name for s in receiver.spans()] == ["before.wait"]
+    finally:
+        rltrace.shutdown()
+
+
 WORKER = """
 import sys, rltrace
 rltrace.configure(fileroot=sys.argv[1], experiment_name="multi", flush_at_exit=False,
