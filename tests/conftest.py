@@ -38,6 +38,17 @@ def _rltrace_reset() -> Any:
     rltrace.shutdown()
 
 
+def one_session(phase: str = "generate", status: str = "accepted") -> Any:
+    """A task with one session that runs one ``phase`` and is finalized with ``status``; returns
+    the session id."""
+    task = rltrace.register_task()
+    sid = rltrace.register_session(task)
+    with rltrace.trace_session_phase(phase, session_id=sid):
+        pass
+    rltrace.trace_session_event("mark_finalized", session_id=sid, status=status)
+    return sid
+
+
 def perfetto_available() -> str | None:
     """None when the checker can run, else the reason it cannot."""
     if not PERFETTO_CHECK.is_file():

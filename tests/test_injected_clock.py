@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import one_session
 
 import rltrace
 from rltrace.config import ConfigError
@@ -36,11 +37,7 @@ def test_every_record_takes_its_time_and_ids_from_the_injected_clock_and_generat
         tracer = rltrace.tracer_provider().get_tracer("other-instrumentation")  # type: ignore[union-attr]
         with tracer.start_as_current_span("foreign"):
             pass
-        task = rltrace.register_task()
-        sid = rltrace.register_session(task)
-        with rltrace.trace_session_phase("generate", session_id=sid):
-            pass
-        rltrace.trace_session_event("mark_finalized", session_id=sid, status="accepted")
+        one_session()
         spans = cap.spans()
         log_dir = cap.log_dir
     by_name = {s.name: s for s in spans}

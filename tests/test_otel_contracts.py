@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import clean_env
+from conftest import clean_env, one_session
 from opentelemetry import trace
 
 import rltrace
@@ -142,11 +142,7 @@ def test_on_start_of_a_users_processor_runs_as_rltrace_spans_start(tmp_path: Pat
             with rltrace.trace_scope("outer") as outer:
                 with rltrace.trace_scope("inner"):
                     pass
-                task = rltrace.register_task()
-                sid = rltrace.register_session(task)
-                with rltrace.trace_session_phase("generate", session_id=sid):
-                    pass
-                rltrace.trace_session_event("mark_finalized", session_id=sid, status="accepted")
+                one_session()
             rltrace.flush()
             names = [n for n, _, _ in proc.started]
             assert names == ["outer", "inner", "rl.task", "rl.session", "generate"]

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import one_session
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry import trace
@@ -212,11 +213,7 @@ def test_records_reach_a_real_receiver_encoded_directly(tmp_path: Path, protocol
             with rltrace.trace_scope("train.step", args={"global_step": 2}):
                 with other.start_as_current_span("foreign"):
                     pass
-                task = rltrace.register_task()
-                sid = rltrace.register_session(task)
-                with rltrace.trace_session_phase("generate", session_id=sid):
-                    pass
-                rltrace.trace_session_event("mark_finalized", session_id=sid, status="accepted")
+                one_session()
             rltrace.flush()
             p = pipeline.get_pipeline()
             assert p is not None and p.otlp is not None and p.otlp.force_flush(10_000)
