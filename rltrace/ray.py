@@ -256,9 +256,10 @@ def shutdown(*actors: Any, timeout_s: float = 30.0) -> int:
     """Flush rltrace in these actors (default: every actor of the job), then shut Ray down;
     returns how many flushed.
 
-    ``ray.shutdown()`` ends worker processes without running their exit handlers; after
-    :func:`init` it is wrapped to flush every actor first, and so is driver exit.  (A graceful
-    actor exit, ``ray.actor.exit_actor()``, flushes by itself.)
+    Ray's own ``ray.shutdown()`` ends worker processes without running their exit handlers;
+    after :func:`init` it is wrapped to flush every announced actor first, so this is the same
+    with handles to limit the flush.  (A graceful actor exit, ``ray.actor.exit_actor()``, and
+    driver exit, which ends actors gracefully, flush by themselves.)
     """
     import ray
 
