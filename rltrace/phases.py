@@ -14,7 +14,15 @@ from dataclasses import dataclass
 
 from .checks import did_you_mean
 
-__all__ = ["PhaseSpec", "UnknownPhaseError", "get_phase", "phase_names", "register_phase"]
+__all__ = [
+    "PHASES",
+    "PhaseRegistry",
+    "PhaseSpec",
+    "UnknownPhaseError",
+    "get_phase",
+    "phase_names",
+    "register_phase",
+]
 
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 
@@ -47,74 +55,96 @@ BUILTIN = (
     PhaseSpec("toolcall", "io", genai_operation="execute_tool"),
 )
 
-_LOCK = threading.Lock()
-_PHASES: dict[str, PhaseSpec] = {p.name: p for p in BUILTIN}
-_BUILTIN_NAMES = frozenset(_PHASES)
-_CUSTOM: tuple[str, ...] = ()
 
+class PhaseRegistry:
+    """The registered phases: the built-ins, then yours in registration order.
 
-def register_phase(
-    name: str, *, category: str = "compute", starts_turn: bool = False,
-    genai_operation: str | None = None,
-) -> PhaseSpec:
-    """Register a session phase (e.g. ``validation``, ``run_agent``); idempotent for equal specs.
-
-    Raises ``ValueError`` for an invalid name, or for re-registering a name with a different
-    spec (built-in phases cannot be changed).
+    One instance serves the process (:data:`PHASES`; the module functions are its methods);
+    tests build their own, or take a :meth:`snapshot` of it and :meth:`restore` it.
     """
-    if type(name) is not str or not _NAME_RE.fullmatch(name):
-        raise ValueError(
-            f"rltrace.register_phase: phase name must be an identifier like 'validation', got {name!r}"
-        )
-    spec = PhaseSpec(name, category, starts_turn, genai_operation)
-    with _LOCK:
-        old = _PHASES.get(name)
-        if old is not None and old != spec:
+
+    def __init__(self, builtin: tuple[PhaseSpec, ...] = BUILTIN) -> None:
+        self._lock = threading.Lock()
+        self._phases: dict[str, PhaseSpec] = {p.name: p for p in builtin}
+        self._builtin = frozenset(self._phases)
+        self._custom: tuple[str, ...] = ()
+
+    def register(
+        self, name: str, *, category: str = "compute", starts_turn: bool = False,
+        genai_operation: str | None = None,
+    ) -> PhaseSpec:
+        """Register a session phase (e.g. ``validation``, ``run_agent``); idempotent for equal
+        specs.
+
+        Raises ``ValueError`` for an invalid name, or for re-registering a name with a different
+        spec (built-in phases cannot be changed).
+        """
+        if type(name) is not str or not _NAME_RE.fullmatch(name):
             raise ValueError(
-                f"rltrace.register_phase: phase {name!r} is already registered as {old}; "
-                f"a phase can be registered once (same arguments are fine)"
+                f"rltrace.register_phase: phase name must be an identifier like 'validation', "
+                f"got {name!r}"
             )
-        _PHASES[name] = spec
-        global _CUSTOM
-        _CUSTOM = tuple(n for n in _PHASES if n not in _BUILTIN_NAMES)
-    return spec
+        spec = PhaseSpec(name, category, starts_turn, genai_operation)
+        with self._lock:
+            old = self._phases.get(name)
+            if old is not None and old != spec:
+                raise ValueError(
+                    f"rltrace.register_phase: phase {name!r} is already registered as {old}; "
+                    f"a phase can be registered once (same arguments are fine)"
+                )
+            self._phases[name] = spec
+            self._custom = tuple(n for n in self._phases if n not in self._builtin)
+        return spec
 
-
-def get_phase(name: str) -> PhaseSpec:
-    """The spec of a registered phase; :class:`UnknownPhaseError` naming the fix otherwise."""
-    spec = _PHASES.get(name) if type(name) is str else None
-    if spec is None:
-        if callable(name):
-            raise TypeError(
-                f"rltrace: a session phase name is needed, got the function "
-                f"{getattr(name, '__qualname__', type(name).__name__)}: write "
-                f"@trace_session('generate'), with the phase name in parentheses"
+    def get(self, name: str) -> PhaseSpec:
+        """The spec of a registered phase; :class:`UnknownPhaseError` naming the fix otherwise."""
+        spec = self._phases.get(name) if type(name) is str else None
+        if spec is None:
+            if callable(name):
+                raise TypeError(
+                    f"rltrace: a session phase name is needed, got the function "
+                    f"{getattr(name, '__qualname__', type(name).__name__)}: write "
+                    f"@trace_session('generate'), with the phase name in parentheses"
+                )
+            if type(name) is not str:
+                raise TypeError(f"rltrace: the session phase must be a str, got "
+                                f"{type(name).__name__} {name!r}; pass e.g. 'generate'")
+            hint = did_you_mean(name, self._phases)
+            raise UnknownPhaseError(
+                f"unknown session phase {name!r}{hint}: "
+                + ("" if hint else f"register it first with rltrace.register_phase({name!r}) ")
+                + f"(registered: {', '.join(self._phases)})"
             )
-        if type(name) is not str:
-            raise TypeError(f"rltrace: the session phase must be a str, got "
-                            f"{type(name).__name__} {name!r}; pass e.g. 'generate'")
-        hint = did_you_mean(name, _PHASES)
-        raise UnknownPhaseError(
-            f"unknown session phase {name!r}{hint}: "
-            + ("" if hint else f"register it first with rltrace.register_phase({name!r}) ")
-            + f"(registered: {', '.join(_PHASES)})"
-        )
-    return spec
+        return spec
+
+    def names(self) -> list[str]:
+        """Registered phase names, built-ins first, in registration order."""
+        return list(self._phases)
+
+    def custom_names(self) -> tuple[str, ...]:
+        """Registered phase names other than the built-ins, in registration order."""
+        return self._custom
+
+    def snapshot(self) -> tuple[dict[str, PhaseSpec], tuple[str, ...]]:
+        """What is registered now, for :meth:`restore`."""
+        with self._lock:
+            return dict(self._phases), self._custom
+
+    def restore(self, state: tuple[dict[str, PhaseSpec], tuple[str, ...]]) -> None:
+        """Put back what :meth:`snapshot` returned (phases registered since are forgotten)."""
+        with self._lock:
+            self._phases = dict(state[0])
+            self._custom = state[1]
+
+    def after_fork(self) -> None:
+        """In a forked child: a fresh lock (the parent's may have been held at the fork)."""
+        self._lock = threading.Lock()
 
 
-def phase_names() -> list[str]:
-    """Registered phase names, built-ins first, in registration order."""
-    return list(_PHASES)
-
-
-def custom_phase_names() -> tuple[str, ...]:
-    """Registered phase names other than the built-ins, in registration order."""
-    return _CUSTOM
-
-
-def _reset_after_fork() -> None:
-    global _LOCK
-    _LOCK = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_reset_after_fork)
+#: the process's phase registry
+PHASES = PhaseRegistry()
+register_phase = PHASES.register
+get_phase = PHASES.get
+phase_names = PHASES.names
+custom_phase_names = PHASES.custom_names
+os.register_at_fork(after_in_child=PHASES.after_fork)

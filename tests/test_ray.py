@@ -69,8 +69,10 @@ def test_every_actor_is_configured_from_the_driver_with_its_role_rank_and_files(
     assert {r["role"] for r in _records(logdir, "rollout")} == {"rollout"}
     by_role = {(s["resource"].get("rl.role"), s["resource"].get("rl.rank"))
                for s in run["spans"] if s["name"].endswith("ray.remote_worker")}
-    # (the killed actor's spans were still queued for OTLP when it died: its files have them)
-    assert by_role == {("rollout", 1), ("rollout", 2), ("trainer", 3)}
+    # the killed actor's spans may have been sent over OTLP before the kill, or still be queued
+    # when it died (a race with its exporter thread; its files have them): present or absent,
+    # they carry its own role and rank
+    assert by_role - {("doomed", 4)} == {("rollout", 1), ("rollout", 2), ("trainer", 3)}
 
 
 def test_otlp_headers_reach_the_collector_from_workers_and_no_environment_or_file(

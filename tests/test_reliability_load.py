@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +39,12 @@ PHASES = ("generate", "toolcall", "reward", "verify")
 
 
 @pytest.fixture(autouse=True)
-def _hermetic(monkeypatch: pytest.MonkeyPatch) -> None:
+def _hermetic(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     clean_env(monkeypatch)
-    monkeypatch.setattr(phases, "_PHASES", dict(phases._PHASES))  # "verify" stays in this module
-    monkeypatch.setattr(phases, "_CUSTOM", phases._CUSTOM)
-    rltrace.register_phase("verify", category="compute")
+    registered = phases.PHASES.snapshot()
+    rltrace.register_phase("verify", category="compute")  # "verify" stays in this module
+    yield
+    phases.PHASES.restore(registered)
 
 
 def _records(path: Path) -> list[dict[str, Any]]:

@@ -37,9 +37,9 @@ T0 = 1_700_000_000_000_000_000  # epoch ns
 
 @pytest.fixture(autouse=True)
 def _hermetic(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No caller rank/OTLP/RLTRACE_* settings; misuse counters per test."""
+    """No caller rank/OTLP/RLTRACE_* settings (misuse counters start at zero with each
+    ``configure``)."""
     clean_env(monkeypatch)
-    monkeypatch.setattr(sessions, "MISUSE", {})
 
 
 class ManualClock:

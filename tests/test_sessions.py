@@ -13,6 +13,7 @@ import contextvars
 import re
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +42,13 @@ SESSIONS_ON = {"session_tracer": {"enabled": True}}
 
 
 @pytest.fixture(autouse=True)
-def _hermetic(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No caller rank/OTLP/RLTRACE_* settings; misuse counters and the phase registry per test."""
+def _hermetic(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No caller rank/OTLP/RLTRACE_* settings; the phases a test registers are forgotten after
+    it (misuse counters start at zero with each ``configure``)."""
     clean_env(monkeypatch)
-    monkeypatch.setattr(sessions, "MISUSE", {})
-    monkeypatch.setattr(phases, "_PHASES", dict(phases._PHASES))
-    monkeypatch.setattr(phases, "_CUSTOM", phases._CUSTOM)
+    registered = phases.PHASES.snapshot()
+    yield
+    phases.PHASES.restore(registered)
 
 
 # ---- helpers -----------------------------------------------------------------------------------
