@@ -19,7 +19,10 @@ What it does:
   actor gets new files), under their role's folder.
 * **Rank and role per actor.**  :func:`actor_options` gives an actor its role and rank (as
   ``RLTRACE_ROLE``/``RLTRACE_RANK`` in the actor's runtime environment: Ray starts such an
-  actor in a worker process of its own).  Workers started without it are role ``ray-worker``.
+  actor in a worker process of its own).  An actor the driver creates without it gets its
+  class name as role and the next free rank (``init(label_actors=False)`` turns that off).
+  Workers that run remote functions (tasks), and actors created by other actors, are role
+  ``ray-worker``, rank 0.
   Each actor is then a named process in merged traces (``[rollout] Rank 1, Process …``), a
   rank/role in ``rltrace report`` and ``rltrace top``.
 * **Context across ``.remote()``.**  Ray's own trace propagation is switched on
@@ -70,7 +73,9 @@ from opentelemetry.trace import SpanContext, TraceFlags
 from . import pipeline, sessions, steps
 from .config import ConfigError
 
-__all__ = ["actor_options", "announced_actors", "flush_actors", "init", "shutdown"]
+__all__ = [
+    "actor_options", "announced_actors", "flush_actors", "init", "labelled_options", "shutdown",
+]
 
 ROLE_ENV, RANK_ENV = "RLTRACE_ROLE", "RLTRACE_RANK"
 #: the role of worker processes started without :func:`actor_options`
@@ -78,11 +83,17 @@ DEFAULT_ROLE = "ray-worker"
 _STEP_HEADER = "rltrace-step"
 
 
-def init(*args: Any, runtime_env: Mapping[str, Any] | None = None, **kwargs: Any) -> Any:
+def init(*args: Any, runtime_env: Mapping[str, Any] | None = None,
+         label_actors: bool = True, **kwargs: Any) -> Any:
     """``ray.init(...)`` with rltrace configured in every worker process of the job.
 
-    Call after :func:`rltrace.configure` in the driver; arguments are ``ray.init``'s.  A
-    ``worker_process_setup_hook`` of yours in ``runtime_env`` still runs (after rltrace's).
+    Call after :func:`rltrace.configure` in the driver; arguments are ``ray.init``'s, except
+    ``label_actors`` (rltrace's): an actor this driver creates without :func:`actor_options`
+    gets its class name as role and the next free rank, as if created with
+    ``actor_options(ClassName)`` (its own worker process, like any actor with its own
+    environment variables).  ``label_actors=False`` leaves such actors in the shared
+    ``ray-worker`` role, rank 0.  A ``worker_process_setup_hook`` of yours in ``runtime_env``
+    still runs (after rltrace's).
     """
     import ray
 
@@ -106,7 +117,7 @@ def init(*args: Any, runtime_env: Mapping[str, Any] | None = None, **kwargs: Any
     kwargs.setdefault("_tracing_startup_hook", f"{__name__}:_tracing_hook")
     install_propagator()
     context = ray.init(*args, runtime_env=env, **kwargs)
-    _JOB.start(ray)
+    _JOB.start(ray, label_actors)
     return context
 
 
@@ -122,6 +133,12 @@ class RankAllocator:
         with self._lock:
             if rank is None:
                 rank = next(r for r in itertools.count(1) if r not in self._used)
+            elif rank in self._used:
+                pipeline.logger.warning(
+                    "rltrace.ray: rank %d is already held by %s: rltrace report will merge "
+                    "the two in its per-rank tables; give each actor its own rank, or leave "
+                    "rank out to get a free one", rank,
+                    "the driver" if rank == 0 else "another actor of this driver")
             self._used.add(rank)
             return rank
 
@@ -150,6 +167,57 @@ def actor_options(role: str, rank: int | None = None, **options: Any) -> dict[st
     return {**options, "runtime_env": env}
 
 
+def labelled_options(actor_cls: Any, options: dict[str, Any],
+                     ranks: RankAllocator | None = None) -> dict[str, Any]:
+    """The creation options of a Ray actor class with rltrace's role and rank added when they
+    lack them: role = the class name, rank = the next free one (from ``ranks``, default this
+    driver's :data:`RANKS`).  Options that
+    already name a role or rank (:func:`actor_options`, or ``RLTRACE_ROLE``/``RLTRACE_RANK`` in
+    ``runtime_env`` of yours) are returned as they are."""
+    from ray.runtime_env import RuntimeEnv
+
+    env = options.get("runtime_env") or {}
+    env_vars = dict(env.get("env_vars") or {})
+    if ROLE_ENV in env_vars or RANK_ENV in env_vars:
+        return options
+    meta = getattr(actor_cls, "__ray_metadata__", None)
+    role = str(getattr(meta, "class_name", None) or "actor")  # a qualified name
+    env_vars[ROLE_ENV] = role.rsplit(".", 1)[-1].replace("/", "_")
+    env_vars[RANK_ENV] = str((ranks or RANKS).take(None))
+    return {**options, "runtime_env": RuntimeEnv(**{**dict(env), "env_vars": env_vars})}
+
+
+def _label_actor_creation() -> None:
+    """Every actor this process creates goes through ``ActorClass._remote`` (``.remote()`` and
+    ``.options(...).remote()`` alike): wrapped to add :func:`labelled_options`.  Ray has no
+    public hook for actor creation options; ``tests/test_ray.py`` fails on a Ray release where
+    this stops working (a plain ``Reward.remote()`` actor must get its own role and rank)."""
+    from ray.actor import ActorClass
+
+    original = ActorClass._remote
+    if getattr(original, "_rltrace_original", None) is not None:
+        return
+
+    @functools.wraps(original)
+    def _remote(actor_cls: Any, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
+        try:
+            options = labelled_options(actor_cls, options)
+        except Exception as exc:  # never in the way of creating the actor
+            pipeline.logger.debug("rltrace.ray: actor not labelled: %s", exc)
+        return original(actor_cls, args, kwargs, **options)
+
+    _remote._rltrace_original = original  # type: ignore[attr-defined]
+    ActorClass._remote = _remote  # type: ignore[method-assign]
+
+
+def _unlabel_actor_creation() -> None:
+    from ray.actor import ActorClass
+
+    original = getattr(ActorClass._remote, "_rltrace_original", None)
+    if original is not None:
+        ActorClass._remote = original  # type: ignore[method-assign]
+
+
 class _Job:
     """The driver's side of one traced Ray job: the registry actors announce themselves to, and
     ``ray.shutdown`` wrapped to flush them first.  (At driver exit Ray ends the job's actors
@@ -159,12 +227,15 @@ class _Job:
         self.registry: Any = None
         self._original_shutdown: Any = None
 
-    def start(self, ray: Any) -> None:
+    def start(self, ray: Any, label_actors: bool = True) -> None:
+        _unlabel_actor_creation()  # the registry is no actor of the user's
         self.registry = _registry_class(ray).options(
             name=REGISTRY_NAME, get_if_exists=True, num_cpus=0,
             runtime_env={"env_vars": {"RLTRACE_ENABLED": "false",  # it traces nothing itself
                                       "RLTRACE_SESSION_TRACER_ENABLED": "false"}},
         ).remote()
+        if label_actors:
+            _label_actor_creation()
         if self._original_shutdown is None:
             self._original_shutdown = ray.shutdown
             original = ray.shutdown
@@ -172,6 +243,7 @@ class _Job:
             @functools.wraps(original)
             def shutdown(*args: Any, **kwargs: Any) -> Any:  # ray.shutdown: flush actors first
                 self.flush_all()
+                _unlabel_actor_creation()
                 return original(*args, **kwargs)
 
             ray.shutdown = shutdown
@@ -264,6 +336,7 @@ def shutdown(*actors: Any, timeout_s: float = 30.0) -> int:
     import ray
 
     confirmed = flush_actors(*actors, timeout_s=timeout_s) if ray.is_initialized() else 0
+    _unlabel_actor_creation()
     original = _JOB._original_shutdown or ray.shutdown
     original()
     return confirmed
@@ -279,6 +352,7 @@ def _flush_here(_actor: Any) -> int:
 def _setup_worker(payload: dict[str, Any], user_hook: Any = None) -> None:
     """Runs in every worker process at start (Ray's ``worker_process_setup_hook``)."""
     install_propagator()
+    sessions.offset_ids(os.getpid())  # task/session ids of its own never equal the driver's
     data = dict(payload)
     if os.environ.get(RANK_ENV) is None:
         data["rank"] = 0

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from collections import Counter
@@ -30,16 +29,10 @@ SECRET = "ray-secret-7f3a"
 STEPS, SESSIONS = 3, 4
 
 
-def _default_signals() -> None:
-    """The driver starts with default SIGINT/SIGTERM whatever pytest's runner inherited."""
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_DFL)
-
-
 def _drive(out: Path, *args: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "RLTRACE_", "RAY_"))}
     proc = subprocess.run([sys.executable, str(DRIVER), str(out), *args], capture_output=True,
-                          text=True, env=env, cwd=out, timeout=300, preexec_fn=_default_signals)
+                          text=True, env=env, cwd=out, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
@@ -57,22 +50,61 @@ def _records(logdir: Path, role: str) -> list[dict[str, Any]]:
             for line in f.read_text().splitlines()]
 
 
+def test_an_actor_created_without_actor_options_is_labelled_by_its_class() -> None:
+    """In-process (no cluster): the creation options rltrace.ray.init adds to a plain
+    ``Cls.remote()``; the cluster run below checks they reach the actor's process."""
+    import ray
+
+    import rltrace.ray as rray
+
+    @ray.remote
+    class Scorer:
+        pass
+
+    ranks = rray.RankAllocator()
+    ranks.take(1)  # an actor_options(...) actor already holds rank 1
+    own = {"env_vars": {"HF_HOME": "/cache"}, "config": {"setup_timeout_seconds": 30}}
+    got = rray.labelled_options(Scorer, {"num_cpus": 0, "runtime_env": own}, ranks)
+    assert got["num_cpus"] == 0  # the rest kept (Ray adds its config defaults)
+    assert got["runtime_env"]["config"]["setup_timeout_seconds"] == 30
+    assert got["runtime_env"]["env_vars"] == {"HF_HOME": "/cache", rray.ROLE_ENV: "Scorer",
+                                              rray.RANK_ENV: "2"}
+    assert own == {"env_vars": {"HF_HOME": "/cache"}, "config": {"setup_timeout_seconds": 30}}
+    assert rray.labelled_options(Scorer, {}, ranks)["runtime_env"]["env_vars"][rray.RANK_ENV] == "3"
+    labelled = rray.actor_options("judge", rank=7)  # explicit: kept as given, no rank taken
+    assert rray.labelled_options(Scorer, labelled, ranks) is labelled
+    assert ranks.take(None) == 4
+
+
+def test_an_explicit_rank_already_held_is_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+    import rltrace.ray as rray
+
+    ranks = rray.RankAllocator()
+    assert ranks.take(None) == 1 and ranks.take(3) == 3
+    with caplog.at_level("WARNING", logger="rltrace"):
+        assert ranks.take(3) == 3 and ranks.take(0) == 0
+    held = [r.getMessage() for r in caplog.records]
+    assert len(held) == 2 and "rank 3 is already held by another actor" in held[0]
+    assert "rank 0 is already held by the driver" in held[1]
+
+
 def test_every_actor_is_configured_from_the_driver_with_its_role_rank_and_files(
         run: dict[str, Any]) -> None:
     logdir = run["logdir"]
     traces = sorted(str(p.relative_to(logdir / "perf_tracer")) for p in
                     (logdir / "perf_tracer").rglob("traces-*.jsonl"))
     roles = Counter(Path(t).parent.name for t in traces if "/" in t)
-    assert roles == {"rollout": 2, "trainer": 1, "doomed": 1}  # a file per actor process
+    # a file per actor process; the reward actor was created without actor_options: its class
+    # names its role, and it got the next free rank
+    assert roles == {"rollout": 2, "trainer": 1, "doomed": 1, "Reward": 1}
     assert all("-p" in t for t in traces if "/" in t)  # per process: a restart gets new files
     assert {r["rank"] for r in _records(logdir, "rollout")} == {1, 2}
     assert {r["role"] for r in _records(logdir, "rollout")} == {"rollout"}
     by_role = {(s["resource"].get("rl.role"), s["resource"].get("rl.rank"))
                for s in run["spans"] if s["name"].endswith("ray.remote_worker")}
-    # the killed actor's spans may have been sent over OTLP before the kill, or still be queued
-    # when it died (a race with its exporter thread; its files have them): present or absent,
-    # they carry its own role and rank
-    assert by_role - {("doomed", 4)} == {("rollout", 1), ("rollout", 2), ("trainer", 3)}
+    # (the killed actor sent its constructor's span with its flush before the kill)
+    assert by_role == {("rollout", 1), ("rollout", 2), ("trainer", 3), ("doomed", 4),
+                       ("Reward", 5)}
 
 
 def test_otlp_headers_reach_the_collector_from_workers_and_no_environment_or_file(
@@ -100,7 +132,8 @@ def test_actor_work_is_in_the_drivers_trace_and_carries_the_step(run: dict[str, 
         assert len({c["trace_id"] for c in chain}) == 1
         assert upd["attributes"]["rl.step"] == chain[-1]["attributes"]["rl.step"]
     for name in ("rollout.batch", "rl.session"):  # sync and async actors: the driver's step
-        got = Counter(s["attributes"].get("rl.step") for s in spans if s["name"] == name)
+        got = Counter(s["attributes"].get("rl.step") for s in spans
+                      if s["name"] == name and s["resource"].get("rl.role") == "rollout")
         want = SESSIONS * 2 if name == "rl.session" else 1
         assert got == {step: want for step in range(STEPS)}, (name, got)
     records = _records(run["logdir"], "rollout")
@@ -112,8 +145,12 @@ def test_sessions_run_by_actors_are_children_of_the_drivers_task_in_one_trace(
     """The driver registers a task per step and calls the rollout actors under it; the actors
     register sessions without a task id: they join the driver's task, in its trace."""
     spans = run["spans"]
-    tasks = [s for s in spans if s["name"] == "rl.task"]
-    assert len(tasks) == STEPS and all(t["resource"].get("rl.role") is None for t in tasks)
+    tasks = [s for s in spans if s["name"] == "rl.task" and s["resource"].get("rl.role") is None]
+    assert len(tasks) == STEPS
+    # the killed actor's own tasks have ids of their own (worker ids start at pid << 32)
+    assert not {t["attributes"]["rl.task.id"] for t in tasks} & {
+        s["attributes"]["rl.task.id"] for s in spans
+        if s["name"] == "rl.task" and s["resource"].get("rl.role") == "doomed"}
     for task in tasks:  # the driver's (a task span is recorded once, where it was registered)
         mine = [s for s in spans if s["name"] == "rl.session"
                 and s["attributes"]["rl.task.id"] == task["attributes"]["rl.task.id"]]
@@ -130,12 +167,15 @@ def test_ray_shutdown_flushes_every_actor_and_ray_kill_loses_only_the_unflushed(
         run: dict[str, Any]) -> None:
     """The driver calls plain ``ray.shutdown()``; the actors export only when flushed
     (``flush_interval_s`` is an hour), so every record on disk is the shutdown's flush."""
-    assert run["announced_actors"] == 4  # the killed one too (flushing it is skipped: dead)
-    assert len(run["warnings"]) == 1 and run["warnings"][0].startswith("rltrace.ray: 1 of 4 actors")
+    assert run["announced_actors"] == 5  # the killed one too (flushing it is skipped: dead)
+    assert len(run["warnings"]) == 1 and run["warnings"][0].startswith("rltrace.ray: 1 of 5 actors")
     assert len(_records(run["logdir"], "rollout")) == 2 * SESSIONS * STEPS  # every session
     # the killed actor: 3 sessions exported before the kill, 5 recorded after its last export
-    # cycle (the README's bound: what the actor finished in its last flush_interval_s)
+    # cycle (the README's bound: what the actor finished in its last flush_interval_s), in its
+    # files and over OTLP alike
     assert len(_records(run["logdir"], "doomed")) == 3
+    doomed = Counter(s["name"] for s in run["spans"] if s["resource"].get("rl.role") == "doomed")
+    assert doomed["rl.session"] == 3 and doomed["rl.task"] == 3
 
 
 def test_the_merged_trace_shows_each_actor_as_a_named_process(run: dict[str, Any],
@@ -150,6 +190,7 @@ def test_the_merged_trace_shows_each_actor_as_a_named_process(run: dict[str, Any
     pid = run["pids"]
     assert f"[trainer] Rank 3, Process {pid['trainer']}" in names
     assert f"[doomed] Rank 4, Process {pid['doomed']}" in names
+    assert f"[Reward] Rank 5, Process {pid['reward']}" in names
     assert sum(n.startswith("[rollout] Rank ") for n in names) == 2
 
 

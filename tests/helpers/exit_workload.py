@@ -135,6 +135,10 @@ def main(argv: list[str]) -> int:
     fileroot, mode = argv[0], argv[1]
     spans, done, open_ = (int(x) for x in argv[2:5]) if len(argv) >= 5 else (0, 0, 0)
     stream_mode = mode == "stream"
+    # the defaults, whatever the test process inherited (a shell's background job ignores
+    # SIGINT, and its children would too); set here, not by a preexec_fn in the parent
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     rltrace.configure(fileroot=fileroot, experiment_name="exit", trial_name=mode, rank=0, world_size=1,
                       flush_interval_s=0.01 if stream_mode else 3600,
                       session_tracer={"enabled": True, "flush_threshold": 1 if stream_mode else 100_000})

@@ -3,7 +3,8 @@
 Run as ``python ray_driver.py OUT_DIR``: a driver with two rollout actors (one sync, one
 async; rank 2 planted slow: every generate takes 30 ms more; the sync one called through an
 ``ActorPool``) running the sessions of the task the driver registers for each step, a
-trainer actor, and a third rollout actor that is killed with ``ray.kill``.  OTLP goes to an
+trainer actor, a third rollout actor that is killed with ``ray.kill``, and a reward actor
+created without ``actor_options`` (labelled by its class).  OTLP goes to an
 in-process receiver with a secret header.  Writes ``OUT_DIR/result.json`` (the spans the
 receiver decoded, pids, what the killed actor had flushed) and leaves rltrace's files under
 ``OUT_DIR/logs``.
@@ -15,6 +16,7 @@ import asyncio
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -55,7 +57,7 @@ class Rollout:
     def record_then_flush(self, flushed: int, unflushed: int) -> int:
         for _ in range(flushed):
             _session(0.0)
-        rltrace.flush()  # what an export cycle does every flush_interval_s
+        rltrace.flush(wait_s=10)  # an export cycle, and OTLP sent (before the kill, surely)
         for _ in range(unflushed):
             _session(0.0)
         return os.getpid()
@@ -85,6 +87,17 @@ class Trainer:
     def train(self, step: int) -> int:
         with rltrace.trace_scope("train.update", args={"global_step": step}):
             time.sleep(0.005)
+        return os.getpid()
+
+
+@ray.remote
+class Reward:
+    """Created with a plain ``Reward.remote()``: rltrace labels it (role ``Reward``, a rank)."""
+
+    def score(self, n: int) -> int:
+        for _ in range(n):
+            with rltrace.trace_scope("reward.score"):
+                pass
         return os.getpid()
 
 
@@ -124,6 +137,8 @@ def main(out: Path) -> None:
                 rltrace.trace_session_event("mark_finalized", task_id=task, status="accepted")
                 pids["trainer"] = ray.get(trainer.train.remote(step))
         pids["doomed"] = ray.get(doomed.record_then_flush.remote(3, 5))
+        reward = Reward.remote()  # no actor_options: role Reward, rank 5
+        pids["reward"] = ray.get(reward.score.remote(2))
         result["worker_environ_has_secret"] = ray.get(trainer.environ_has.remote(SECRET))
         ray.kill(doomed)
         result["announced_actors"] = len(rltrace.ray.announced_actors())
@@ -159,6 +174,10 @@ def exit_without_shutdown(out: Path) -> None:
 
 
 if __name__ == "__main__":
+    # the defaults, whatever the test process inherited (set here: a preexec_fn in a parent
+    # that runs JAX threads is unsafe)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if sys.argv[2:] == ["--exit-without-shutdown"]:
         exit_without_shutdown(Path(sys.argv[1]))
     else:
