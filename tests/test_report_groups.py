@@ -230,6 +230,20 @@ def test_areal_style_run_is_grouped_by_step_in_every_section(areal: Report, grpo
                for f in rep["findings"])
 
 
+def test_a_record_without_a_step_takes_a_window_of_its_rank_else_of_the_run_while_it_lasts() -> None:
+    """StepResolver on its own: windows (start µs, end µs, step) of rank 0 only; rank 1 (a Ray
+    actor, say) has none and borrows rank 0's, but not after the last one ended."""
+    from rltrace.analysis.sessions import StepResolver
+
+    resolve = StepResolver({0: [(1e6, 2e6, 0), (3e6, 4e6, 1)]})
+    for rank in (0, 1):
+        assert resolve(rank, 1.5) == 0  # inside a window
+        assert resolve(rank, 2.5) == 1 and resolve(rank, 0.5) == 0  # the next one collects it
+        assert resolve(rank, None) is None
+    assert resolve(0, 9.0) == 1  # its own last step's window: the last one before it
+    assert resolve(1, 9.0) is None  # after the run's steps, in a process without steps
+
+
 def test_areal_style_step_range_selects_sessions_by_their_scope_step(areal: Report) -> None:
     _, records, root = areal
     rep = json_report(root / "run", root / "r2.json", "--steps", "2")

@@ -9,7 +9,10 @@ last ones to finish their own work per rank and step).
 
 A record without a step (AReaL's guide marks steps only in ``trace_scope`` args) takes the step
 of the trace's step window on its rank that contains its submit time (else the next one to
-start, which is the rollout that collects it, else the last one before it).
+start, which is the rollout that collects it, else the last one before it).  A rank with no
+step windows of its own (a Ray actor, a rollout server) uses every rank's windows the same
+way, except that a record submitted after they all ended keeps no step: no step of the run
+collected it (the last step's window, borrowed from another process, says nothing of it).
 """
 
 from __future__ import annotations
@@ -70,7 +73,8 @@ class StepResolver:
         self._any = ([w[0] for w in merged], merged)
 
     def __call__(self, rank: int, ts: float | None) -> int | None:
-        starts, lst = self._by_rank.get(rank, self._any)
+        own = self._by_rank.get(rank)
+        starts, lst = own or self._any
         if ts is None or not lst or not math.isfinite(ts):
             return None
         us = ts * 1e6
@@ -79,7 +83,7 @@ class StepResolver:
             return lst[i][2]
         if i + 1 < len(lst):
             return lst[i + 1][2]
-        return lst[i][2]
+        return lst[i][2] if own else None  # after the others' last window: no step
 
 
 @dataclass
