@@ -96,7 +96,7 @@ def test_every_actor_is_configured_from_the_driver_with_its_role_rank_and_files(
     roles = Counter(Path(t).parent.name for t in traces if "/" in t)
     # a file per actor process; the reward actor was created without actor_options: its class
     # names its role, and it got the next free rank
-    assert roles == {"rollout": 2, "trainer": 1, "doomed": 1, "Reward": 1}
+    assert roles == {"rollout": 2, "trainer": 1, "doomed": 1, "Reward": 1, "restarted": 2}
     assert all("-p" in t for t in traces if "/" in t)  # per process: a restart gets new files
     assert {r["rank"] for r in _records(logdir, "rollout")} == {1, 2}
     assert {r["role"] for r in _records(logdir, "rollout")} == {"rollout"}
@@ -104,7 +104,7 @@ def test_every_actor_is_configured_from_the_driver_with_its_role_rank_and_files(
                for s in run["spans"] if s["name"].endswith("ray.remote_worker")}
     # (the killed actor sent its constructor's span with its flush before the kill)
     assert by_role == {("rollout", 1), ("rollout", 2), ("trainer", 3), ("doomed", 4),
-                       ("Reward", 5)}
+                       ("Reward", 5), ("restarted", 6)}
 
 
 def test_otlp_headers_reach_the_collector_from_workers_and_no_environment_or_file(
@@ -167,8 +167,9 @@ def test_ray_shutdown_flushes_every_actor_and_ray_kill_loses_only_the_unflushed(
         run: dict[str, Any]) -> None:
     """The driver calls plain ``ray.shutdown()``; the actors export only when flushed
     (``flush_interval_s`` is an hour), so every record on disk is the shutdown's flush."""
-    assert run["announced_actors"] == 5  # the killed one too (flushing it is skipped: dead)
-    assert len(run["warnings"]) == 1 and run["warnings"][0].startswith("rltrace.ray: 1 of 5 actors")
+    # the killed one too (flushing it is skipped: dead); the restarted one once
+    assert run["announced_actors"] == 6
+    assert len(run["warnings"]) == 1 and run["warnings"][0].startswith("rltrace.ray: 1 of 6 actors")
     assert len(_records(run["logdir"], "rollout")) == 2 * SESSIONS * STEPS  # every session
     # the killed actor: 3 sessions exported before the kill, 5 recorded after its last export
     # cycle (the README's bound: what the actor finished in its last flush_interval_s), in its
@@ -176,6 +177,20 @@ def test_ray_shutdown_flushes_every_actor_and_ray_kill_loses_only_the_unflushed(
     assert len(_records(run["logdir"], "doomed")) == 3
     doomed = Counter(s["name"] for s in run["spans"] if s["resource"].get("rl.role") == "doomed")
     assert doomed["rl.session"] == 3 and doomed["rl.task"] == 3
+
+
+def test_an_actor_restarted_by_ray_keeps_distinct_files_and_its_rank(run: dict[str, Any]) -> None:
+    """The actor crashed (``os._exit``) after exporting 2 sessions; Ray restarted it in a new
+    process, which recorded 2 more (flushed by ``ray.shutdown()``): both processes' files are
+    there, side by side, with the same role and rank."""
+    first, second = run["pids"]["restarted"]
+    assert first != second
+    logdir = run["logdir"]
+    files = sorted(p.name for p in (logdir / "session_tracer" / "restarted").iterdir())
+    assert files == sorted(f"sessions-r6-p{pid}.jsonl" for pid in (first, second))
+    records = _records(logdir, "restarted")
+    assert len(records) == 4 and {(r["role"], r["rank"]) for r in records} == {("restarted", 6)}
+    assert len({r["session_id"] for r in records}) == 4  # ids of their own in each process
 
 
 def test_the_merged_trace_shows_each_actor_as_a_named_process(run: dict[str, Any],
@@ -191,6 +206,8 @@ def test_the_merged_trace_shows_each_actor_as_a_named_process(run: dict[str, Any
     assert f"[trainer] Rank 3, Process {pid['trainer']}" in names
     assert f"[doomed] Rank 4, Process {pid['doomed']}" in names
     assert f"[Reward] Rank 5, Process {pid['reward']}" in names
+    for restarted in pid["restarted"]:  # both processes of the restarted actor
+        assert f"[restarted] Rank 6, Process {restarted}" in names
     assert sum(n.startswith("[rollout] Rank ") for n in names) == 2
 
 
@@ -203,10 +220,15 @@ def test_the_report_names_the_planted_slow_actor_in_every_step(run: dict[str, An
                            "--format", "json", "-o", str(out), "--no-progress"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    findings = json.loads(out.read_text())["findings"]
-    per_step = {f["step"]: f["rank"] for f in findings
-                if f["kind"] == "straggler" and f.get("step") is not None}
-    assert per_step == {step: 2 for step in range(STEPS)}
+    rep = json.loads(out.read_text())
+    # two rollout ranks: the slower one of each step holds the barrier (too few for MAD
+    # outliers; sessions of actors outside the steps are in none of them)
+    held = {r["step"]: (r["slowest_rank"], r["held_by"]["rank"])
+            for r in rep["stragglers"]["per_step"]}
+    assert held == {step: (2, 2) for step in range(STEPS)}
+    assert all(set(r["rollout_s"]) == {"1", "2"} for r in rep["stragglers"]["per_step"])
+    named = [f for f in rep["findings"] if f["kind"] == "straggler" and f.get("rank") == 2]
+    assert any(f"slowest rank in {STEPS} of {STEPS} steps" in f["text"] for f in named)
 
 
 def test_driver_exit_without_ray_shutdown_flushes_every_actor(tmp_path: Path) -> None:

@@ -3,8 +3,9 @@
 Run as ``python ray_driver.py OUT_DIR``: a driver with two rollout actors (one sync, one
 async; rank 2 planted slow: every generate takes 30 ms more; the sync one called through an
 ``ActorPool``) running the sessions of the task the driver registers for each step, a
-trainer actor, a third rollout actor that is killed with ``ray.kill``, and a reward actor
-created without ``actor_options`` (labelled by its class).  OTLP goes to an
+trainer actor, a third rollout actor that is killed with ``ray.kill``, a reward actor
+created without ``actor_options`` (labelled by its class), and a rollout actor that crashes
+once and is restarted by Ray.  OTLP goes to an
 in-process receiver with a secret header.  Writes ``OUT_DIR/result.json`` (the spans the
 receiver decoded, pids, what the killed actor had flushed) and leaves rltrace's files under
 ``OUT_DIR/logs``.
@@ -60,6 +61,14 @@ class Rollout:
         rltrace.flush(wait_s=10)  # an export cycle, and OTLP sent (before the kill, surely)
         for _ in range(unflushed):
             _session(0.0)
+        return os.getpid()
+
+    def crash_once(self, marker: str) -> int:
+        """The first call ends the process uncleanly (as an OOM kill would): Ray restarts the
+        actor and retries the call in the new process, which returns its pid."""
+        if not os.path.exists(marker):
+            Path(marker).touch()
+            os._exit(1)
         return os.getpid()
 
 
@@ -139,6 +148,13 @@ def main(out: Path) -> None:
         pids["doomed"] = ray.get(doomed.record_then_flush.remote(3, 5))
         reward = Reward.remote()  # no actor_options: role Reward, rank 5
         pids["reward"] = ray.get(reward.score.remote(2))
+        # restarted by Ray after a crash: rank 6 (the next free one) in both processes
+        phoenix = Rollout.options(**rltrace.ray.actor_options("restarted"), max_restarts=1,
+                                  max_task_retries=-1).remote(0.0)
+        first = ray.get(phoenix.record_then_flush.remote(2, 0))  # exported before the crash
+        second = ray.get(phoenix.crash_once.remote(str(out / "crashed")))
+        ray.get(phoenix.record_then_flush.remote(0, 2))  # left to ray.shutdown's flush
+        pids["restarted"] = [first, second]
         result["worker_environ_has_secret"] = ray.get(trainer.environ_has.remote(SECRET))
         ray.kill(doomed)
         result["announced_actors"] = len(rltrace.ray.announced_actors())
