@@ -92,9 +92,13 @@ class PhaseRegistry:
                     f"rltrace.register_phase: phase {name!r} is already registered as {old}; "
                     f"a phase can be registered once (same arguments are fine)"
                 )
-            self._phases[name] = spec
-            self._custom = tuple(n for n in self._phases if n not in self._builtin)
+            self._set({**self._phases, name: spec})
         return spec
+
+    def _set(self, phases: dict[str, PhaseSpec]) -> None:
+        """Under the lock: the registered phases, and the custom names derived from them."""
+        self._phases = phases
+        self._custom = tuple(n for n in phases if n not in self._builtin)
 
     def get(self, name: str) -> PhaseSpec:
         """The spec of a registered phase; :class:`UnknownPhaseError` naming the fix otherwise."""
@@ -125,16 +129,15 @@ class PhaseRegistry:
         """Registered phase names other than the built-ins, in registration order."""
         return self._custom
 
-    def snapshot(self) -> tuple[dict[str, PhaseSpec], tuple[str, ...]]:
+    def snapshot(self) -> dict[str, PhaseSpec]:
         """What is registered now, for :meth:`restore`."""
         with self._lock:
-            return dict(self._phases), self._custom
+            return dict(self._phases)
 
-    def restore(self, state: tuple[dict[str, PhaseSpec], tuple[str, ...]]) -> None:
+    def restore(self, state: dict[str, PhaseSpec]) -> None:
         """Put back what :meth:`snapshot` returned (phases registered since are forgotten)."""
         with self._lock:
-            self._phases = dict(state[0])
-            self._custom = state[1]
+            self._set(dict(state))
 
     def after_fork(self) -> None:
         """In a forked child: a fresh lock (the parent's may have been held at the fork)."""
