@@ -159,12 +159,15 @@ def actor_options(role: str, rank: int | None = None, **options: Any) -> dict[st
                          f"'/', got {role!r}")
     if rank is not None and (type(rank) is not int or rank < 0):
         raise ValueError(f"rltrace.ray.actor_options: rank must be an int >= 0, got {rank!r}")
-    env = dict(options.pop("runtime_env", None) or {})
-    env_vars = dict(env.get("env_vars") or {})
-    env_vars[ROLE_ENV] = role
-    env_vars[RANK_ENV] = str(RANKS.take(rank))
-    env["env_vars"] = env_vars
+    env = _with_role_rank(options.pop("runtime_env", None), role, RANKS.take(rank))
     return {**options, "runtime_env": env}
+
+
+def _with_role_rank(env: Mapping[str, Any] | None, role: str, rank: int) -> dict[str, Any]:
+    """A copy of a runtime environment with the rltrace role and rank among its ``env_vars``."""
+    out = dict(env or {})
+    out["env_vars"] = {**(out.get("env_vars") or {}), ROLE_ENV: role, RANK_ENV: str(rank)}
+    return out
 
 
 def labelled_options(actor_cls: Any, options: dict[str, Any],
@@ -176,15 +179,15 @@ def labelled_options(actor_cls: Any, options: dict[str, Any],
     ``runtime_env`` of yours) are returned as they are."""
     from ray.runtime_env import RuntimeEnv
 
-    env = options.get("runtime_env") or {}
-    env_vars = dict(env.get("env_vars") or {})
+    env = options.get("runtime_env")
+    env_vars = (env or {}).get("env_vars") or {}
     if ROLE_ENV in env_vars or RANK_ENV in env_vars:
         return options
     meta = getattr(actor_cls, "__ray_metadata__", None)
     role = str(getattr(meta, "class_name", None) or "actor")  # a qualified name
-    env_vars[ROLE_ENV] = role.rsplit(".", 1)[-1].replace("/", "_")
-    env_vars[RANK_ENV] = str((ranks or RANKS).take(None))
-    return {**options, "runtime_env": RuntimeEnv(**{**dict(env), "env_vars": env_vars})}
+    role = role.rsplit(".", 1)[-1].replace("/", "_")
+    labelled = _with_role_rank(env, role, (ranks or RANKS).take(None))
+    return {**options, "runtime_env": RuntimeEnv(**labelled)}
 
 
 def _label_actor_creation() -> None:
