@@ -43,12 +43,16 @@ SESSIONS_ON = {"session_tracer": {"enabled": True}}
 
 @pytest.fixture(autouse=True)
 def _hermetic(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """No caller rank/OTLP/RLTRACE_* settings; the phases a test registers are forgotten after
-    it (misuse counters start at zero with each ``configure``)."""
+    """No caller rank/OTLP/RLTRACE_* settings; the phases a test registers, and the task and
+    session it makes current, are forgotten after it (misuse counters start at zero with each
+    ``configure``)."""
     clean_env(monkeypatch)
     registered = phases.PHASES.snapshot()
     yield
     phases.PHASES.restore(registered)
+    # tests that make a task or session current in pytest's own context leave it to no other
+    perf_tracer.set_task_id(None)
+    perf_tracer.set_session_id(None)
 
 
 # ---- helpers -----------------------------------------------------------------------------------
