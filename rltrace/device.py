@@ -32,13 +32,32 @@ from typing import Any
 from . import recorder
 from .recorder import Scope, attach, detach, internal_error, push
 
-__all__ = ["DeviceScope", "device_sync", "profile_steps", "profiler_dir", "resolve_pending_events",
-           "torch_profile"]
+__all__ = ["DeviceDefaults", "DeviceScope", "device_sync", "profile_steps", "profiler_dir",
+           "resolve_pending_events", "torch_profile"]
 
 ATTR_SYNC = "rl.device.sync"
 ATTR_SYNC_WAIT = "rl.device.sync_wait_s"
 ATTR_DEVICE_TIME = "rl.device.time_s"
 ATTR_TIMING = "rl.device.timing"
+
+class DeviceDefaults:
+    """Config-wide device options by category (``device:`` in the config): made by each
+    pipeline from its config, put in force by ``configure`` (``recorder.STATE.device``)."""
+
+    __slots__ = ("annotate", "sync", "timing")
+
+    def __init__(self, sync: Any = (), timing: Any = (), annotate: bool = False) -> None:
+        self.sync: frozenset[str] = frozenset(sync)
+        self.timing: frozenset[str] = frozenset(timing)
+        self.annotate = bool(annotate)
+
+    @classmethod
+    def of(cls, cfg: Any) -> DeviceDefaults | None:
+        """The defaults a :class:`~rltrace.config.DeviceConfig` asks for; None when it asks for
+        none (the hot path then pays one ``is None`` check)."""
+        d = cls(cfg.sync_categories, cfg.timing_categories, cfg.annotate)
+        return d if d.sync or d.timing or d.annotate else None
+
 
 #: CUDA event pairs awaiting resolution: (scope, start_event, end_event)
 _PENDING: deque[tuple[Scope, Any, Any]] = deque()

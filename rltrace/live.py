@@ -284,7 +284,7 @@ class LivePublisher:
         return st
 
     def _open_state(self, now_ns: int) -> tuple[dict[str, Any], list[Any]]:
-        reg = sessions._SESSIONS
+        reg = sessions.REGISTRY.sessions
         sample: list[Any] = []
         oldest: list[Any] = []
         n = every = 1
@@ -330,7 +330,7 @@ class LivePublisher:
                 "phases": [p.name for p in phases],
                 "phase_age_s": round((now_ns - latest) / 1e9, 4) if latest is not None else None,
             })
-        doc = {"sessions": n, "tasks": len(sessions._TASKS),
+        doc = {"sessions": n, "tasks": len(sessions.REGISTRY.tasks),
                "between_phases": round((len(ops) - busy) * scale),
                "by_phase": {k: round(v * scale) for k, v in by_phase.items()}, "by_step": by_step,
                "sampled_every": every,

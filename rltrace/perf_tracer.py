@@ -307,15 +307,12 @@ def _counter_targets(session_id: Any, task_id: Any) -> list[Any]:
         if session_id is None:
             task_id = _sessions.get_task_id()
     if session_id is not None:
-        sess = _sessions._SESSIONS.get(session_id)
+        sess = _sessions.REGISTRY.session(session_id)
         return [sess] if sess is not None else []
     if task_id is None:
         raise ValueError("rltrace increment_counter: no session_id or task_id given and none in "
                          "context; pass session_id= or task_id=")
-    task = _sessions._TASKS.get(task_id)
-    if task is None or not task.open:
-        return []
-    return [s for s in (_sessions._SESSIONS.get(i) for i in list(task.open)) if s is not None]
+    return _sessions.REGISTRY.open_sessions(task_id)
 
 
 def increment_counter(name: str, value: int | float = 1, *, session_id: Any = None,
@@ -331,16 +328,17 @@ def increment_counter(name: str, value: int | float = 1, *, session_id: Any = No
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"rltrace increment_counter: value must be a number, got "
                         f"{type(value).__name__} {value!r}")
-    if not _sessions.FLAGS.enabled:
+    reg = _sessions.REGISTRY
+    if not reg.enabled:
         return 0
     key = COUNTER_PREFIX + name
-    with _sessions._LOCK:
+    with reg.lock:
         targets = _counter_targets(session_id, task_id)
         for sess in targets:
             attrs = sess.extras().setdefault("attrs", {})
             attrs[key] = attrs.get(key, 0) + value
     if not targets:
-        _sessions._misuse("unknown_session", f"increment_counter {name!r}: session "
+        reg.count_misuse("unknown_session", f"increment_counter {name!r}: session "
                                              f"{session_id!r} / task {task_id!r} is unknown or "
                                              "already finalized; ignored")
     return len(targets)
@@ -550,9 +548,7 @@ class SessionTracer:
 
     def get_session_ids(self, task_id: Any) -> list[Any]:
         """Ids of the task's sessions that are still open."""
-        with _sessions._LOCK:
-            task = _sessions._TASKS.get(task_id)
-            return list(task.open or ()) if task is not None else []
+        return [s.session_id for s in _sessions.REGISTRY.open_sessions(task_id)]
 
     def record_event(self, session_id: Any, event: SessionTraceEvent | str, **payload: Any) -> None:
         """Apply one lifecycle event (``FINALIZED`` takes ``status=`` and ``reason=``)."""

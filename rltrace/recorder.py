@@ -94,8 +94,8 @@ _dict_set = dict.__setitem__
 class RecorderState:
     """Mutable state shared by the hot path and the exporter thread."""
 
-    __slots__ = ("buffer", "cap", "dropped", "enabled", "on_start", "overflow", "pid", "sampling",
-                 "wake", "wake_at")
+    __slots__ = ("buffer", "cap", "device", "dropped", "enabled", "on_start", "overflow", "pid",
+                 "sampling", "wake", "wake_at")
 
     def __init__(self) -> None:
         self.enabled = False
@@ -113,6 +113,9 @@ class RecorderState:
         self.sampling: Any = None
         #: the user's span processors, whose ``on_start`` each rltrace span calls (None: none)
         self.on_start: tuple[Any, ...] | None = None
+        #: the configured pipeline's config-wide device options
+        #: (:class:`rltrace.device.DeviceDefaults`), or None when it has none
+        self.device: Any = None
 
 
 def _noop() -> None:

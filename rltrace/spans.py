@@ -41,38 +41,19 @@ def _check_name(name: Any, api: str) -> None:
     check_scope_args(api, name, None)
 
 
-class _DeviceDefaults:
-    """Config-wide device options by category (set by ``configure``)."""
-
-    __slots__ = ("annotate", "any", "sync", "timing")
-
-    def __init__(self) -> None:
-        self.any = False
-        self.sync: frozenset[str] = frozenset()
-        self.timing: frozenset[str] = frozenset()
-        self.annotate = False
-
-    def set(self, sync: Any, timing: Any, annotate: bool) -> None:
-        global _DEVICE_ANY
-        self.sync, self.timing, self.annotate = frozenset(sync), frozenset(timing), annotate
-        self.any = _DEVICE_ANY = bool(self.sync or self.timing or annotate)
-
-
-DEVICE_DEFAULTS = _DeviceDefaults()
-_DEVICE_ANY = False  # DEVICE_DEFAULTS.any as a plain global: one cheap check on the hot path
 _NO_OPTS: dict[str, Any] = {"device_sync": None, "device_timing": None, "annotate": None}
 
 
 def _device_scope(name: str, category: Any, args: Any, sync: Any, timing: Any,
                   annotate: Any) -> TracedScope:
-    d = DEVICE_DEFAULTS
+    d = STATE.device
     cat = getattr(category, "value", category) or "misc"
     if sync is None:
-        sync = cat in d.sync
-    if timing is None and cat in d.timing:
+        sync = d is not None and cat in d.sync
+    if timing is None and d is not None and cat in d.timing:
         timing = "events"
     if annotate is None:
-        annotate = d.annotate
+        annotate = d is not None and d.annotate
     scope = Scope(name, category, dict(args) if args else None)
     if not (sync or timing or annotate):
         return scope
@@ -102,9 +83,10 @@ def trace_scope(
     """
     if type(name) is not str or (args is not None and type(args) is not dict):
         check_scope_args("trace_scope", name, args)
-    if not STATE.enabled:
+    state = STATE
+    if not state.enabled:
         return NOOP
-    if _DEVICE_ANY or device_sync or device_timing or annotate:
+    if state.device is not None or device_sync or device_timing or annotate:
         return _device_scope(name, category, args, device_sync, device_timing, annotate)
     return Scope(name, category, dict(args) if args else None)
 
@@ -117,9 +99,10 @@ def atrace_scope(
     """Async form of :func:`trace_scope`: ``async with atrace_scope("rollout"): ...``."""
     if type(name) is not str or (args is not None and type(args) is not dict):
         check_scope_args("atrace_scope", name, args)
-    if not STATE.enabled:
+    state = STATE
+    if not state.enabled:
         return NOOP
-    if _DEVICE_ANY or device_sync or device_timing or annotate:
+    if state.device is not None or device_sync or device_timing or annotate:
         return _device_scope(name, category, args, device_sync, device_timing, annotate)
     return Scope(name, category, dict(args) if args else None)
 
@@ -253,7 +236,7 @@ def _decorate(fn: Callable[..., Any], name: str, category: Any) -> Callable[...,
         async def async_wrapper(*a: Any, **k: Any) -> Any:
             if not STATE.enabled:
                 return await fn(*a, **k)
-            if DEVICE_DEFAULTS.any:  # config-wide device options for this category
+            if STATE.device is not None:  # config-wide device options for this category
                 return await device(*a, **k)
             with Scope(name, category):
                 return await fn(*a, **k)
@@ -266,7 +249,7 @@ def _decorate(fn: Callable[..., Any], name: str, category: Any) -> Callable[...,
     def wrapper(*a: Any, **k: Any) -> Any:
         if not STATE.enabled:
             return fn(*a, **k)
-        if DEVICE_DEFAULTS.any:
+        if STATE.device is not None:
             return device(*a, **k)
         with Scope(name, category):
             return fn(*a, **k)

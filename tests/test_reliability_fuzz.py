@@ -290,7 +290,7 @@ def _apply(op: tuple[Any, ...], m: Model) -> None:
 def _open_tasks() -> list[tuple[Any, set[Any]]]:
     from rltrace import sessions
 
-    return [(t.task_id, set(t.open)) for t in sessions._TASKS.values()]
+    return [(t.task_id, set(t.open)) for t in sessions.REGISTRY.tasks.values()]
 
 
 #: every line of a JSONL file; each one (blank ones too) must parse

@@ -60,7 +60,7 @@ def _workload(statuses: dict[int, str] | None = None, slow: set[int] = frozenset
                 pass
             if i in slow and j == 1:
                 # a slow session, planted by its clock: its finalize comes 2 s "later"
-                sess = rltrace.sessions._SESSIONS[sid]
+                sess = rltrace.sessions.REGISTRY.sessions[sid]
                 sess.start_ns -= 2_000_000_000
             status = statuses.get(i, "accepted") if j == 0 else "accepted"
             rltrace.trace_session_event("mark_finalized", session_id=sid, status=status)

@@ -774,7 +774,7 @@ def test_lifecycle_calls_are_noops_returning_ids_when_not_configured() -> None:
     out = _exercise_lifecycle_api()
     _assert_lifecycle_noop(out)
     assert rltrace.sessions.open_counts() == {"open_tasks": 0, "open_sessions": 0}
-    assert sessions.MISUSE == {}
+    assert sessions.REGISTRY.misuse == {}
 
 
 def test_lifecycle_calls_record_nothing_when_session_tracer_is_off(tmp_path: Path) -> None:
