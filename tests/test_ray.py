@@ -2,7 +2,7 @@
 
 One module-scoped run of ``tests/helpers/ray_driver.py`` in its own interpreter (so Ray's
 processes never touch pytest's): a driver configures rltrace once and starts Ray through
-``rltrace.ray.init``; two rollout actors (sync and async, rank 1 planted slow), a trainer and a
+``rltrace.ray.init``; two rollout actors (sync and async, rank 2 planted slow), a trainer and a
 third actor that is ``ray.kill``-ed run a small RL loop over three steps; OTLP goes to the
 in-process receiver with a secret header.  The tests read what the run left behind.
 """
@@ -177,6 +177,15 @@ def test_ray_shutdown_flushes_every_actor_and_ray_kill_loses_only_the_unflushed(
     assert len(_records(run["logdir"], "doomed")) == 3
     doomed = Counter(s["name"] for s in run["spans"] if s["resource"].get("rl.role") == "doomed")
     assert doomed["rl.session"] == 3 and doomed["rl.task"] == 3
+    # ...and counted: the actor's tally (shared memory, kept by the kernel after the SIGKILL)
+    # says how many of its sessions never reached its files
+    [lost] = run["losses"]
+    assert {k: lost[k] for k in ("role", "rank", "pid", "registered", "finalized", "written",
+                                 "unwritten")} == {
+        "role": "doomed", "rank": 4, "pid": run["pids"]["doomed"], "registered": 8,
+        "finalized": 8, "written": 3, "unwritten": 5}
+    assert f"rank 4 (doomed, pid {run['pids']['doomed']}): 5 of its 8 sessions not written (0 open)" \
+        in run["warnings"][0]
 
 
 def test_an_actor_restarted_by_ray_keeps_distinct_files_and_its_rank(run: dict[str, Any]) -> None:
@@ -227,8 +236,12 @@ def test_the_report_names_the_planted_slow_actor_in_every_step(run: dict[str, An
             for r in rep["stragglers"]["per_step"]}
     assert held == {step: (2, 2) for step in range(STEPS)}
     assert all(set(r["rollout_s"]) == {"1", "2"} for r in rep["stragglers"]["per_step"])
+    # each actor is a rank with its role: the findings name both
+    assert {rep["inputs"]["roles"][r] for r in ("1", "2")} == {"rollout"}
+    assert all(r["held_by"]["role"] == "rollout" for r in rep["stragglers"]["per_step"])
     named = [f for f in rep["findings"] if f["kind"] == "straggler" and f.get("rank") == 2]
-    assert any(f"slowest rank in {STEPS} of {STEPS} steps" in f["text"] for f in named)
+    assert any(f"Rank 2 (rollout) is the slowest rank in {STEPS} of {STEPS} steps" in f["text"]
+               for f in named)
 
 
 def test_driver_exit_without_ray_shutdown_flushes_every_actor(tmp_path: Path) -> None:

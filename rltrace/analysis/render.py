@@ -148,8 +148,11 @@ def _md_stragglers(rep: dict[str, Any], img: dict[str, str]) -> list[str]:
                      _num(o["excess_mads"]), "; ".join(_held(b) for b in o["sessions"])]
                     for o in sg["outliers"]]) if sg["outliers"] else ["No outlier (rank, step).", ""]
     L += [img.get("stragglers", "")]
-    L += _md_table(["rank", "steps", "mean rollout", "median × fastest", "slowest in steps", "outlier steps"],
-                   [[r["rank"], r["steps"], fmt_s(r["mean_rollout_s"]), _x(r["median_ratio_to_fastest"]),
+    roles = rep["inputs"].get("roles", {})
+    L += _md_table(["rank", "role", "steps", "mean rollout", "median × fastest", "slowest in steps",
+                    "outlier steps"],
+                   [[r["rank"], roles.get(str(r["rank"]), "–"), r["steps"], fmt_s(r["mean_rollout_s"]),
+                     _x(r["median_ratio_to_fastest"]),
                      r["slowest_in_steps"], r["outlier_steps"]] for r in sg["per_rank"]])
     L += _md_table(["step", "fastest rank", "fastest", "slowest rank", "slowest", "barrier wait",
                     "held by (slowest rank's last session)"],

@@ -34,9 +34,15 @@ def fmt_pct(x: float | None) -> str:
     return "–" if x is None else f"{x * 100:.1f}%"
 
 
+def rank_name(rank: Any, role: str | None = None) -> str:
+    """``rank 3``, or ``rank 3 (rollout)`` when its records name a role (a Ray actor's)."""
+    return f"rank {rank} ({role})" if role else f"rank {rank}"
+
+
 def session_name(b: dict[str, Any]) -> str:
     step = "–" if b.get("step") is None else b["step"]
-    return f"rank {b['rank']} step {step} task {b.get('task_id')} session {b.get('session_id')}"
+    return (f"{rank_name(b['rank'], b.get('role'))} step {step} task {b.get('task_id')} "
+            f"session {b.get('session_id')}")
 
 
 def segment_name(b: dict[str, Any]) -> str:
@@ -76,6 +82,7 @@ def build_report(run: Run) -> dict[str, Any]:
             "sessions": s.size, "sessions_outside_steps": run.reader.filtered,
             "sessions_step_from_scopes": run.reader.resolved,
             "trace_events": run.traces.events, "ranks": run.ranks, "steps": run.steps,
+            "roles": {str(r): role for r, role in sorted(run.reader.roles.items())},
             "skipped_lines": run.skipped.count, "skipped": list(run.skipped.messages),
         },
     }
@@ -111,7 +118,7 @@ def _group_findings(rep: dict[str, Any], add: Add) -> None:
     for i, g in enumerate(rep["groups"]["groups"][:MAX_GROUP_FINDINGS]):
         h = g["holder"]
         head = "Slowest group" if i == 0 else "Group"
-        text = (f"{head}: rank {g['rank']} step {_step(g['step'])} task {g['task_id']} "
+        text = (f"{head}: {_rank(rep, g['rank'])} step {_step(g['step'])} task {g['task_id']} "
                 f"({g['sessions']} sessions) took {fmt_s(g['span_s'])}; session {h['session_id']} held it: "
                 f"{why_slow(h)}.")
         sib = g["siblings_own_s"]
@@ -129,6 +136,10 @@ def _group_findings(rep: dict[str, Any], add: Add) -> None:
             f"{fmt_s(gw['total_group_wait_s'])}, {fmt_pct(gw['group_wait_share'])} of session time.")
 
 
+def _rank(rep: dict[str, Any], rank: Any) -> str:
+    return rank_name(rank, rep["inputs"].get("roles", {}).get(str(rank)))
+
+
 def _held(b: dict[str, Any] | None) -> str:
     if not b:
         return "no session records"
@@ -140,7 +151,7 @@ def _straggler_findings(rep: dict[str, Any], add: Add) -> None:
     sg = rep["stragglers"]
     held = {r["step"]: r.get("held_by") for r in sg["per_step"]}
     for o in sg["outliers"][:MAX_OUTLIER_FINDINGS]:
-        add("straggler", f"Step {o['step']}: rank {o['rank']} rollout took {fmt_s(o['rollout_s'])} "
+        add("straggler", f"Step {o['step']}: {_rank(rep, o['rank'])} rollout took {fmt_s(o['rollout_s'])} "
             f"(median {fmt_s(o['median_s'])}, +{(o['excess_mads'] or 0):.1f} MAD); "
             f"{_held(o['sessions'][0] if o['sessions'] else None)}.", step=o["step"], rank=o["rank"])
     if len(sg["outliers"]) > MAX_OUTLIER_FINDINGS:
@@ -150,15 +161,17 @@ def _straggler_findings(rep: dict[str, Any], add: Add) -> None:
     if len(sg["ranks"]) > 1 and n_steps >= 2:
         worst = max(sg["per_rank"], key=lambda r: r["slowest_in_steps"])
         if worst["slowest_in_steps"] * 2 > n_steps:
-            add("straggler", f"Rank {worst['rank']} is the slowest rank in {worst['slowest_in_steps']} of "
+            who = _rank(rep, worst["rank"])
+            add("straggler", f"{who[0].upper()}{who[1:]} is the slowest rank in "
+                f"{worst['slowest_in_steps']} of "
                 f"{n_steps} steps (median {worst['median_ratio_to_fastest'] or 0:.2f}× the fastest).",
                 rank=worst["rank"])
     if sg["barrier_wait_share"] is not None and sg["total_barrier_wait_s"] > 0:
         top = max((r for r in sg["per_step"] if r.get("barrier_wait_s")), key=lambda r: r["barrier_wait_s"])
         add("barrier", f"Barrier wait (slowest minus fastest rank's rollout) totals "
             f"{fmt_s(sg['total_barrier_wait_s'])}, {fmt_pct(sg['barrier_wait_share'])} of step time; the "
-            f"longest, step {top['step']} ({fmt_s(top['barrier_wait_s'])}): the other ranks waited for rank "
-            f"{top['slowest_rank']}, {_held(held.get(top['step']))}.", step=top["step"],
+            f"longest, step {top['step']} ({fmt_s(top['barrier_wait_s'])}): the other ranks waited for "
+            f"{_rank(rep, top['slowest_rank'])}, {_held(held.get(top['step']))}.", step=top["step"],
             rank=top["slowest_rank"])
 
 

@@ -116,6 +116,8 @@ class SessionReader:
         self.filtered = 0
         #: records whose step came from the trace's step windows
         self.resolved = 0
+        #: rank -> role (the first named in its records: a Ray actor's, ``configure(role=)``)
+        self.roles: dict[int, str] = {}
         self._rank = array.array("i")
         self._step = array.array("i")
         self._status = array.array("b")
@@ -160,7 +162,8 @@ class SessionReader:
         gen = phases.get("generate") or ()
         d = p.decomp
         return {
-            "rank": p.rank, "step": None if p.step < 0 else p.step, "task_id": rec.get("task_id"),
+            "rank": p.rank, "role": self.roles.get(p.rank), "step": None if p.step < 0 else p.step,
+            "task_id": rec.get("task_id"),
             "session_id": rec.get("session_id"), "status": rec.get("status"),
             "reason": rec.get("reason"), "submit_ts": rec.get("submit_ts"),
             "finalized_ts": rec.get("finalized_ts"), "total_s": p.total, "own_s": d.own_s,
@@ -226,6 +229,10 @@ class SessionReader:
             values.append(float(v) if v is not None else sum(_dur(e) for e in phases.get(ph, ())))
         # keep it
         self.resolved += p.resolved
+        if p.rank not in self.roles:
+            role = rec.get("role")
+            if type(role) is str and role:
+                self.roles[p.rank] = role
         self._keep_status(p.status, rec.get("reason"))
         t = self._task_id(p.task)
         if p.submit is not None:

@@ -39,8 +39,8 @@ def matrix(run: Run) -> tuple[list[int], list[int], np.ndarray]:
     return ranks, steps, m
 
 
-HOLDER_KEYS = ("rank", "step", "task_id", "session_id", "own_s", "completion_s", "slow_phase", "slow_turn",
-               "slow_kind", "slow_phase_s", "slow_phase_x_median", "slow_share")
+HOLDER_KEYS = ("rank", "role", "step", "task_id", "session_id", "own_s", "completion_s", "slow_phase",
+               "slow_turn", "slow_kind", "slow_phase_s", "slow_phase_x_median", "slow_share")
 
 
 def holder(run: Run, rank: int, step: int) -> dict[str, Any] | None:
