@@ -34,6 +34,10 @@ class SessionRecordWriter:
         self.written = 0
         #: records a disk fault is holding back (in memory, retried with the next write)
         self.failed = 0
+        #: counts that outlive the process (a writable int64 sequence: slot ``tally_slot``
+        #: gets each record on disk; ``rltrace.tally``), or None
+        self.tally: Any = None
+        self.tally_slot = 2
 
     @property
     def path(self) -> Path:
@@ -63,12 +67,15 @@ class SessionRecordWriter:
         self._buf.clear()
         if ok:
             self.written += n + self.failed
+            if self.tally is not None:
+                self.tally[self.tally_slot] += n + self.failed
             self.failed = 0
         else:
             self.failed += n  # held in memory by the file and retried with the next write
 
     def reset_after_fork(self, path: str | os.PathLike[str] | None = None) -> None:
         self._lock = threading.RLock()
+        self.tally = None  # the parent's counts stay the parent's
         self._buf = []
         self.file.after_fork(path)
 

@@ -39,8 +39,11 @@ What it does:
   the actors gracefully and each flushes at its own exit, as a graceful
   ``ray.actor.exit_actor()`` does.  Session records are written every export cycle in workers
   (``flush_threshold`` 1), so ``ray.kill`` (SIGKILL) or a lost node loses at most what the
-  actor recorded in its last ``flush_interval_s``; the flush names the actors that did not
-  answer (their process is gone, so the records lost there cannot be counted).
+  actor recorded in its last ``flush_interval_s``.  Each worker counts its sessions
+  (registered, finalized, written) in a small shared-memory file (:mod:`rltrace.tally`) whose
+  stores survive a SIGKILL: the flush names each actor that did not answer with the exact
+  number of its sessions that never reached its files (:func:`losses`); for an actor lost
+  with its node the count is unknown.
 
 A task whose sessions run in actors ends where it was registered: finalize it there
 (``trace_session_event("mark_finalized", task_id=...)``) once its sessions are done.
@@ -72,9 +75,11 @@ from opentelemetry.trace import SpanContext, TraceFlags
 
 from . import pipeline, sessions, steps
 from .config import ConfigError
+from .tally import SessionTally, read_tally
 
 __all__ = [
-    "actor_options", "announced_actors", "flush_actors", "init", "labelled_options", "shutdown",
+    "actor_options", "announced_actors", "flush_actors", "init", "labelled_options", "losses",
+    "shutdown",
 ]
 
 ROLE_ENV, RANK_ENV = "RLTRACE_ROLE", "RLTRACE_RANK"
@@ -251,17 +256,25 @@ class _Job:
 
             ray.shutdown = shutdown
 
-    def actors(self, timeout_s: float = 10.0) -> list[Any]:
-        """Handles of every actor of this job that has announced itself (ran a method)."""
+        #: what the flushes found lost (see :func:`losses`)
+        self.losses: list[dict[str, Any]] = []
+
+    def entries(self, timeout_s: float = 10.0) -> dict[str, tuple[Any, dict[str, Any]]]:
+        """Actor id -> (handle, what it announced) for every actor of this job that has
+        announced itself (ran a method)."""
         import ray
 
         if self.registry is None or not ray.is_initialized():
-            return []
+            return {}
         try:
-            return list(ray.get(self.registry.actors.remote(), timeout=timeout_s))
+            return dict(ray.get(self.registry.entries.remote(), timeout=timeout_s))
         except Exception as exc:  # the registry is gone (Ray shutting down): nothing to reach
             pipeline.logger.debug("rltrace.ray: actor registry unreachable: %s", exc)
-            return []
+            return {}
+
+    def actors(self, timeout_s: float = 10.0) -> list[Any]:
+        """Handles of every actor of this job that has announced itself (ran a method)."""
+        return [handle for handle, _ in self.entries(timeout_s).values()]
 
     def flush_all(self, timeout_s: float = 30.0) -> int:
         import ray
@@ -272,6 +285,8 @@ class _Job:
 
 
 _JOB = _Job()
+#: this worker's session tally (kept: its memory map is what a SIGKILL leaves behind)
+_WORKER_TALLY: list[SessionTally] = []
 #: the registry actor's name (one per job namespace)
 REGISTRY_NAME = "rltrace-actors"
 
@@ -281,13 +296,13 @@ def _registry_class(ray: Any) -> Any:
         """Handles of the job's actors, keyed by actor id (a restarted actor replaces its entry)."""
 
         def __init__(self) -> None:
-            self.handles: dict[str, Any] = {}
+            self.handles: dict[str, tuple[Any, dict[str, Any]]] = {}
 
-        def add(self, actor_id: str, handle: Any) -> None:
-            self.handles[actor_id] = handle
+        def add(self, actor_id: str, handle: Any, info: dict[str, Any]) -> None:
+            self.handles[actor_id] = (handle, info)
 
-        def actors(self) -> list[Any]:
-            return list(self.handles.values())
+        def entries(self) -> dict[str, tuple[Any, dict[str, Any]]]:
+            return dict(self.handles)
 
     return ray.remote(ActorRegistry)
 
@@ -306,25 +321,65 @@ def flush_actors(*actors: Any, timeout_s: float = 30.0) -> int:
     """
     import ray
 
+    entries = _JOB.entries()
     if not actors:
-        actors = tuple(_JOB.actors())
+        actors = tuple(handle for handle, _ in entries.values())
+    infos = {aid: info for aid, (_, info) in entries.items()}
     refs = [a.__ray_call__.remote(_flush_here) for a in actors]
     if not refs:
         return 0
     ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
-    confirmed = 0
+    answered = set()
     for ref in ready:
         try:
             ray.get(ref)
-            confirmed += 1
+            answered.add(ref)
         except Exception:  # an actor that died meanwhile: nothing to flush there
             pass
-    if confirmed < len(actors):
+    silent = [_loss(a, infos.get(_actor_id(a) or "")) for a, ref in zip(actors, refs, strict=True)
+              if ref not in answered]
+    if silent:
+        _JOB.losses.extend(silent)
         pipeline.logger.warning(
             "rltrace.ray: %d of %d actors did not answer the flush (killed, lost with their node, "
-            "or still busy after %.0f s): what each recorded since its last export cycle (at "
-            "most flush_interval_s) is lost", len(actors) - confirmed, len(actors), timeout_s)
-    return confirmed
+            "or still busy after %.0f s); what each recorded since its last export cycle (at "
+            "most flush_interval_s) is not in its files: %s", len(silent), len(actors),
+            timeout_s, "; ".join(map(_describe_loss, silent)))
+    return len(answered)
+
+
+def losses() -> list[dict[str, Any]]:
+    """What the flushes of this driver found not flushed: one dict per actor that did not answer
+    (``role``, ``rank``, ``pid``; ``registered``, ``finalized``, ``written`` sessions and
+    ``unwritten``, those whose record never reached its files, read from the actor's
+    :mod:`rltrace.tally` file; None where no count could be read: an actor lost with its node,
+    or one that never announced itself)."""
+    return [dict(x) for x in _JOB.losses]
+
+
+def _actor_id(handle: Any) -> str | None:
+    try:
+        return str(handle._actor_id.hex())
+    except Exception:
+        return None
+
+
+def _loss(handle: Any, info: dict[str, Any] | None) -> dict[str, Any]:
+    info = info or {}
+    out: dict[str, Any] = {"actor_id": _actor_id(handle), "role": info.get("role"),
+                           "rank": info.get("rank"), "pid": info.get("pid")}
+    counts = read_tally(info["tally"]) if info.get("tally") else None
+    for key in ("registered", "finalized", "written", "unwritten"):
+        out[key] = counts[key] if counts is not None else None
+    return out
+
+
+def _describe_loss(x: dict[str, Any]) -> str:
+    who = f"rank {x['rank']} ({x['role']}, pid {x['pid']})" if x["pid"] else f"actor {x['actor_id']}"
+    if x["unwritten"] is None:
+        return f"{who}: session count unknown"
+    return (f"{who}: {x['unwritten']} of its {x['registered']} sessions not written "
+            f"({x['registered'] - x['finalized']} open)")
 
 
 def shutdown(*actors: Any, timeout_s: float = 30.0) -> int:
@@ -362,7 +417,19 @@ def _setup_worker(payload: dict[str, Any], user_hook: Any = None) -> None:
     pipeline.configure(data)  # RLTRACE_ROLE / RLTRACE_RANK of the actor's env win over data
     p = pipeline.get_pipeline()
     if p is not None:  # on the provider only: Ray's spans get it, rltrace's records need not
-        p.processor.add_span_processor(_StepFromCaller())
+        info: dict[str, Any] = {"role": p.cfg.role, "rank": p.rank, "pid": os.getpid()}
+        sp = p.session_processor
+        if sp is not None:
+            try:
+                tally = SessionTally(p.log_dir / "ray" / f"tally-r{p.rank}-p{os.getpid()}.bin")
+            except OSError as exc:
+                pipeline.logger.warning("rltrace.ray: no session tally in this worker (%s): a "
+                                        "ray.kill of it cannot be counted", exc)
+            else:
+                sessions.REGISTRY.tally = sp.writer.tally = tally.view
+                info["tally"] = str(tally.path)
+                _WORKER_TALLY.append(tally)  # the map lives as long as the process
+        p.processor.add_span_processor(_StepFromCaller(info))
     if user_hook is not None:
         if isinstance(user_hook, str):
             module, _, attr = user_hook.rpartition(".")
@@ -466,8 +533,9 @@ class _StepFromCaller(SpanProcessor):
     spans recorded under it carry the step; and, at an actor's first call, announces the actor
     to the job's registry (so the driver can flush it at ``ray.shutdown()`` and exit)."""
 
-    def __init__(self) -> None:
+    def __init__(self, info: dict[str, Any]) -> None:
         self.announced = False
+        self.info = info  # announced with the handle: role, rank, pid, tally file
 
     def on_start(self, span: Any, parent_context: Any = None) -> None:
         if hasattr(span, "slot_attrs"):  # rltrace's own records: nothing to do
@@ -476,10 +544,10 @@ class _StepFromCaller(SpanProcessor):
         if type(step) is int and hasattr(span, "set_attribute"):
             span.set_attribute("rl.step", step)
         if not self.announced:
-            self.announced = _announce_actor()
+            self.announced = _announce_actor(self.info)
 
 
-def _announce_actor() -> bool:
+def _announce_actor(info: dict[str, Any]) -> bool:
     """Add this actor's handle to the job's registry; False while this worker runs tasks, not an
     actor (a pooled worker may host an actor later: asked again at its next span)."""
     import ray
@@ -490,7 +558,7 @@ def _announce_actor() -> bool:
         if actor_id is None:
             return False  # a task: it ends with its call, and its worker flushes every cycle
         registry = ray.get_actor(REGISTRY_NAME)
-        registry.add.remote(actor_id, ctx.current_actor)
+        registry.add.remote(actor_id, ctx.current_actor, info)
     except Exception as exc:  # no registry (ray.init not through rltrace.ray): flush by handle
         pipeline.logger.debug("rltrace.ray: actor not announced: %s", exc)
     return True

@@ -60,6 +60,7 @@ from .semconv import (
     TASK_SPAN,
 )
 from .steps import _STEP_CV, scope_arg_step
+from .tally import FINALIZED, REGISTERED
 
 __all__ = [
     "FINAL_STATUSES",
@@ -510,7 +511,7 @@ class SessionRegistry:
     """
 
     __slots__ = ("_session_ids", "_task_ids", "enabled", "lock", "misuse", "phases",
-                 "recent_sessions", "recent_tasks", "sessions", "tasks")
+                 "recent_sessions", "recent_tasks", "sessions", "tally", "tasks")
 
     def __init__(self, phases: PhaseRegistry | None = None) -> None:
         #: whether session tracing records (set by ``configure``)
@@ -526,6 +527,9 @@ class SessionRegistry:
         self.misuse: dict[str, int] = {}
         self._task_ids = itertools.count()
         self._session_ids = itertools.count()
+        #: counts of sessions registered and finalized that outlive the process
+        #: (:class:`rltrace.tally.SessionTally` ``.view``: a Ray worker's), or None
+        self.tally: Any = None
 
     # ---- bookkeeping -----------------------------------------------------------------------
 
@@ -563,6 +567,7 @@ class SessionRegistry:
         belong to the parent, which finalizes them."""
         self.lock = threading.RLock()
         self.offset_ids(os.getpid())
+        self.tally = None  # the parent's counts stay the parent's
         self.tasks.clear()
         self.sessions.clear()
         for gens in (self.recent_tasks, self.recent_sessions):
@@ -618,6 +623,9 @@ class SessionRegistry:
             task.open.add(session_id)  # type: ignore[union-attr]  # open while registered
             self.sessions[session_id] = SessionScope(session_id, task)
             _remember(self.recent_sessions, session_id, task)
+            tally = self.tally
+            if tally is not None:
+                tally[REGISTERED] += 1
         return session_id
 
     # ---- phases ----------------------------------------------------------------------------
@@ -715,6 +723,9 @@ class SessionRegistry:
                 return
             task = sess.task_rec
             task_done = self._session_left(task, sess.session_id)
+            tally = self.tally
+            if tally is not None:
+                tally[FINALIZED] += 1
         end = recorder.now_ns()
         ops = sess.open_phases
         while ops:  # close what is still open; a phase ending concurrently is closed once

@@ -161,6 +161,7 @@ def main(out: Path) -> None:
         ray.shutdown()  # plain: rltrace.ray.init wrapped it to flush every actor first
         result["ray_s"] = round(time.monotonic() - t0, 2)
         result["warnings"] = [m for m in warnings.messages if "did not answer the flush" in m]
+        result["losses"] = rltrace.ray.losses()
         rltrace.shutdown()
         spans = rx.spans()
         result["spans"] = [{"name": s.name, "trace_id": s.trace_id, "span_id": s.span_id,
