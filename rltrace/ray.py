@@ -19,9 +19,11 @@ What it does:
   actor gets new files), under their role's folder.
 * **Rank and role per actor.**  :func:`actor_options` gives an actor its role and rank (as
   ``RLTRACE_ROLE``/``RLTRACE_RANK`` in the actor's runtime environment: Ray starts such an
-  actor in a worker process of its own).  An actor the driver creates without it gets its
-  class name as role and the next free rank (``init(label_actors=False)`` turns that off).
-  Workers that run remote functions (tasks), and actors created by other actors, are role
+  actor in a worker process of its own).  An actor created without it gets its class name as
+  role and the next free rank (``init(label_actors=False)`` turns that off).  Ranks are the
+  job's, handed out by its registry actor: actors created by other actors (verl's workers are
+  created by its ``TaskRunner`` actor) get ranks no other actor of the job has, with or
+  without :func:`actor_options`.  Workers that run remote functions (tasks) are role
   ``ray-worker``, rank 0.
   Each actor is then a named process in merged traces (``[rollout] Rank 1, Process …``), a
   rank/role in ``rltrace report`` and ``rltrace top``.
@@ -37,9 +39,11 @@ What it does:
   ``ray.shutdown()`` (wrapped by :func:`init`: Ray itself ends workers without their exit
   handlers) and :func:`shutdown` flush every announced actor first; at driver exit Ray ends
   the actors gracefully and each flushes at its own exit, as a graceful
-  ``ray.actor.exit_actor()`` does.  Session records are written every export cycle in workers
-  (``flush_threshold`` 1), so ``ray.kill`` (SIGKILL) or a lost node loses at most what the
-  actor recorded in its last ``flush_interval_s``.  Each worker counts its sessions
+  ``ray.actor.exit_actor()`` or an actor whose handles went out of scope does (its tally
+  records that it did, so the flush counts it as ended, not lost).  Session records are
+  written every export cycle in workers (``flush_threshold`` 1), so ``ray.kill`` (SIGKILL)
+  or a lost node loses at most what the actor recorded in its last ``flush_interval_s``.
+  Each worker counts its sessions
   (registered, finalized, written) in a small shared-memory file (:mod:`rltrace.tally`) whose
   stores survive a SIGKILL: the flush names each actor that did not answer with the exact
   number of its sessions that never reached its files (:func:`losses`); for an actor lost
@@ -51,6 +55,7 @@ A task whose sessions run in actors ends where it was registered: finalize it th
 
 from __future__ import annotations
 
+import atexit
 import functools
 import itertools
 import json
@@ -75,7 +80,7 @@ from opentelemetry.trace import SpanContext, TraceFlags
 
 from . import pipeline, sessions, steps
 from .config import ConfigError
-from .tally import SessionTally, read_tally
+from .tally import EXITED, SessionTally, read_tally
 
 __all__ = [
     "actor_options", "announced_actors", "flush_actors", "init", "labelled_options", "losses",
@@ -93,10 +98,10 @@ def init(*args: Any, runtime_env: Mapping[str, Any] | None = None,
     """``ray.init(...)`` with rltrace configured in every worker process of the job.
 
     Call after :func:`rltrace.configure` in the driver; arguments are ``ray.init``'s, except
-    ``label_actors`` (rltrace's): an actor this driver creates without :func:`actor_options`
-    gets its class name as role and the next free rank, as if created with
-    ``actor_options(ClassName)`` (its own worker process, like any actor with its own
-    environment variables).  ``label_actors=False`` leaves such actors in the shared
+    ``label_actors`` (rltrace's): an actor created without :func:`actor_options`, by the
+    driver or by another actor, gets its class name as role and the job's next free rank, as
+    if created with ``actor_options(ClassName)`` (its own worker process, like any actor with
+    its own environment variables).  ``label_actors=False`` leaves such actors in the shared
     ``ray-worker`` role, rank 0.  A ``worker_process_setup_hook`` of yours in ``runtime_env``
     still runs (after rltrace's).
     """
@@ -116,7 +121,7 @@ def init(*args: Any, runtime_env: Mapping[str, Any] | None = None,
     user_hook = env.get("worker_process_setup_hook")
 
     def rltrace_worker_setup() -> None:  # pickled by Ray with the payload into its GCS
-        _setup_worker(payload, user_hook)
+        _setup_worker(payload, user_hook, label_actors)
 
     env["worker_process_setup_hook"] = rltrace_worker_setup
     kwargs.setdefault("_tracing_startup_hook", f"{__name__}:_tracing_hook")
@@ -127,36 +132,77 @@ def init(*args: Any, runtime_env: Mapping[str, Any] | None = None,
 
 
 class RankAllocator:
-    """Ranks for actors, unique across roles in one driver (rank 0 is the driver): an explicit
-    rank is taken as given (and not handed out again); otherwise the lowest free one from 1."""
+    """Ranks for actors, unique across roles in one job (rank 0 is the driver): an explicit
+    rank is taken as given (and not handed out again); otherwise the lowest free one from 1.
 
-    def __init__(self) -> None:
-        self._used: set[int] = {0}
+    With ``registry`` (a callable returning the job's registry actor, or None) the ranks are
+    the job's: the registry actor hands them out, so actors created by the driver and by other
+    actors never share one; without it (or while no registry can be reached: before
+    :func:`init`) they are this process's."""
+
+    def __init__(self, registry: Any = None) -> None:
+        self.used: set[int] = {0}
         self._lock = threading.Lock()
+        self._registry = registry
 
     def take(self, rank: int | None) -> int:
+        handle = self._registry() if self._registry is not None else None
+        if handle is not None:
+            import ray
+
+            try:
+                rank, held = ray.get(handle.take.remote(rank), timeout=30)
+            except Exception as exc:  # the registry is gone: this process's ranks
+                pipeline.logger.warning("rltrace.ray: the job's rank registry is unreachable "
+                                        "(%s); ranks are handed out by this process alone", exc)
+            else:
+                with self._lock:
+                    self.used.add(rank)
+                if held:
+                    self._warn_held(rank)
+                return int(rank)
         with self._lock:
             if rank is None:
-                rank = next(r for r in itertools.count(1) if r not in self._used)
-            elif rank in self._used:
-                pipeline.logger.warning(
-                    "rltrace.ray: rank %d is already held by %s: rltrace report will merge "
-                    "the two in its per-rank tables; give each actor its own rank, or leave "
-                    "rank out to get a free one", rank,
-                    "the driver" if rank == 0 else "another actor of this driver")
-            self._used.add(rank)
+                rank = next(r for r in itertools.count(1) if r not in self.used)
+            elif rank in self.used:
+                self._warn_held(rank)
+            self.used.add(rank)
             return rank
 
+    @staticmethod
+    def _warn_held(rank: int) -> None:
+        pipeline.logger.warning(
+            "rltrace.ray: rank %d is already held by %s: rltrace report will merge "
+            "the two in its per-rank tables; give each actor its own rank, or leave "
+            "rank out to get a free one", rank,
+            "the driver" if rank == 0 else "another actor of this job")
 
-#: this driver's actor ranks (:func:`actor_options` without ``rank``)
-RANKS = RankAllocator()
+
+def _job_registry() -> Any:
+    """The job's registry actor: the driver's handle, or (in a worker) looked up by name once;
+    None before :func:`init` or outside a traced job."""
+    if _JOB.registry is None and _JOB.in_worker:
+        try:
+            import ray
+
+            _JOB.registry = ray.get_actor(REGISTRY_NAME)
+        except Exception as exc:
+            pipeline.logger.debug("rltrace.ray: no actor registry: %s", exc)
+            _JOB.in_worker = False  # not asked again
+    return _JOB.registry
+
+
+#: the job's actor ranks (:func:`actor_options` without ``rank``, labelled actors), handed out
+#: by the job's registry actor after :func:`init`, in the driver and in actors alike
+RANKS = RankAllocator(registry=_job_registry)
 
 
 def actor_options(role: str, rank: int | None = None, **options: Any) -> dict[str, Any]:
     """Options for ``ActorClass.options(**...)`` giving the actor its rltrace role and rank.
 
-    Without ``rank`` the actor gets the lowest rank no other actor of this driver has (any
-    role; the driver is 0), so ``rltrace report`` and ``top`` tell every actor apart.  Other
+    Without ``rank`` the actor gets the lowest rank no other actor of the job has (any role;
+    the driver is 0; after :func:`init`, in the driver and in actors alike, the job's registry
+    actor hands it out), so ``rltrace report`` and ``top`` tell every actor apart.  Other
     ``options`` (``name``, ``num_cpus``, a ``runtime_env`` of yours, ...) are kept.
     """
     if not isinstance(role, str) or not role or "/" in role:
@@ -233,6 +279,8 @@ class _Job:
 
     def __init__(self) -> None:
         self.registry: Any = None
+        #: a worker process of a traced job (its registry is looked up by name)
+        self.in_worker = False
         self._original_shutdown: Any = None
 
     def start(self, ray: Any, label_actors: bool = True) -> None:
@@ -241,7 +289,7 @@ class _Job:
             name=REGISTRY_NAME, get_if_exists=True, num_cpus=0,
             runtime_env={"env_vars": {"RLTRACE_ENABLED": "false",  # it traces nothing itself
                                       "RLTRACE_SESSION_TRACER_ENABLED": "false"}},
-        ).remote()
+        ).remote(sorted(RANKS.used))  # ranks given out before init stay taken
         if label_actors:
             _label_actor_creation()
         if self._original_shutdown is None:
@@ -252,6 +300,7 @@ class _Job:
             def shutdown(*args: Any, **kwargs: Any) -> Any:  # ray.shutdown: flush actors first
                 self.flush_all()
                 _unlabel_actor_creation()
+                self.registry = None  # gone with the cluster: ranks are this process's again
                 return original(*args, **kwargs)
 
             ray.shutdown = shutdown
@@ -293,10 +342,21 @@ REGISTRY_NAME = "rltrace-actors"
 
 def _registry_class(ray: Any) -> Any:
     class ActorRegistry:
-        """Handles of the job's actors, keyed by actor id (a restarted actor replaces its entry)."""
+        """Handles of the job's actors, keyed by actor id (a restarted actor replaces its
+        entry), and the job's ranks (0 is the driver's)."""
 
-        def __init__(self) -> None:
+        def __init__(self, used: list[int]) -> None:
             self.handles: dict[str, tuple[Any, dict[str, Any]]] = {}
+            self.used = {0, *used}
+
+        def take(self, rank: int | None) -> tuple[int, bool]:
+            """A rank for a new actor: ``rank`` as given, or the lowest free one; and whether
+            it was held already."""
+            if rank is None:
+                rank = next(r for r in itertools.count(1) if r not in self.used)
+            held = rank in self.used
+            self.used.add(rank)
+            return rank, held
 
         def add(self, actor_id: str, handle: Any, info: dict[str, Any]) -> None:
             self.handles[actor_id] = (handle, info)
@@ -338,13 +398,20 @@ def flush_actors(*actors: Any, timeout_s: float = 30.0) -> int:
             pass
     silent = [_loss(a, infos.get(_actor_id(a) or "")) for a, ref in zip(actors, refs, strict=True)
               if ref not in answered]
-    if silent:
-        _JOB.losses.extend(silent)
+    # an actor that ended gracefully (its handles out of scope, exit_actor) flushed at its exit
+    ended = [x for x in silent if x["exited"] and x["unwritten"] == 0]
+    lost = [x for x in silent if x not in ended]
+    if ended:
+        pipeline.logger.debug("rltrace.ray: %d actors had ended and flushed at their exit: %s",
+                              len(ended), ", ".join(f"rank {x['rank']} ({x['role']})"
+                                                    for x in ended))
+    if lost:
+        _JOB.losses.extend(lost)
         pipeline.logger.warning(
             "rltrace.ray: %d of %d actors did not answer the flush (killed, lost with their node, "
             "or still busy after %.0f s); what each recorded since its last export cycle (at "
-            "most flush_interval_s) is not in its files: %s", len(silent), len(actors),
-            timeout_s, "; ".join(map(_describe_loss, silent)))
+            "most flush_interval_s) is not in its files: %s", len(lost), len(actors),
+            timeout_s, "; ".join(map(_describe_loss, lost)))
     return len(answered)
 
 
@@ -353,7 +420,8 @@ def losses() -> list[dict[str, Any]]:
     (``role``, ``rank``, ``pid``; ``registered``, ``finalized``, ``written`` sessions and
     ``unwritten``, those whose record never reached its files, read from the actor's
     :mod:`rltrace.tally` file; None where no count could be read: an actor lost with its node,
-    or one that never announced itself)."""
+    or one that never announced itself).  An actor that had ended gracefully (it flushed at its
+    exit and wrote every session) is not among them."""
     return [dict(x) for x in _JOB.losses]
 
 
@@ -369,8 +437,9 @@ def _loss(handle: Any, info: dict[str, Any] | None) -> dict[str, Any]:
     out: dict[str, Any] = {"actor_id": _actor_id(handle), "role": info.get("role"),
                            "rank": info.get("rank"), "pid": info.get("pid")}
     counts = read_tally(info["tally"]) if info.get("tally") else None
-    for key in ("registered", "finalized", "written", "unwritten"):
+    for key in ("registered", "finalized", "written", "unwritten", "exited"):
         out[key] = counts[key] if counts is not None else None
+    out["exited"] = bool(out["exited"])
     return out
 
 
@@ -395,6 +464,7 @@ def shutdown(*actors: Any, timeout_s: float = 30.0) -> int:
 
     confirmed = flush_actors(*actors, timeout_s=timeout_s) if ray.is_initialized() else 0
     _unlabel_actor_creation()
+    _JOB.registry = None
     original = _JOB._original_shutdown or ray.shutdown
     original()
     return confirmed
@@ -407,9 +477,15 @@ def _flush_here(_actor: Any) -> int:
     return os.getpid()
 
 
-def _setup_worker(payload: dict[str, Any], user_hook: Any = None) -> None:
+def _setup_worker(payload: dict[str, Any], user_hook: Any = None,
+                  label_actors: bool = False) -> None:
     """Runs in every worker process at start (Ray's ``worker_process_setup_hook``)."""
     install_propagator()
+    _JOB.in_worker = True  # ranks of actors created here come from the job's registry
+    if label_actors:
+        _label_actor_creation()
+    # registered before configure's own exit handler, so it runs after that flush (LIFO)
+    atexit.register(_mark_exited)
     sessions.offset_ids(os.getpid())  # task/session ids of its own never equal the driver's
     data = dict(payload)
     if os.environ.get(RANK_ENV) is None:
@@ -418,17 +494,17 @@ def _setup_worker(payload: dict[str, Any], user_hook: Any = None) -> None:
     p = pipeline.get_pipeline()
     if p is not None:  # on the provider only: Ray's spans get it, rltrace's records need not
         info: dict[str, Any] = {"role": p.cfg.role, "rank": p.rank, "pid": os.getpid()}
-        sp = p.session_processor
-        if sp is not None:
-            try:
-                tally = SessionTally(p.log_dir / "ray" / f"tally-r{p.rank}-p{os.getpid()}.bin")
-            except OSError as exc:
-                pipeline.logger.warning("rltrace.ray: no session tally in this worker (%s): a "
-                                        "ray.kill of it cannot be counted", exc)
-            else:
+        try:
+            tally = SessionTally(p.log_dir / "ray" / f"tally-r{p.rank}-p{os.getpid()}.bin")
+        except OSError as exc:
+            pipeline.logger.warning("rltrace.ray: no session tally in this worker (%s): a "
+                                    "ray.kill of it cannot be counted", exc)
+        else:
+            sp = p.session_processor
+            if sp is not None:
                 sessions.REGISTRY.tally = sp.writer.tally = tally.view
-                info["tally"] = str(tally.path)
-                _WORKER_TALLY.append(tally)  # the map lives as long as the process
+            info["tally"] = str(tally.path)
+            _WORKER_TALLY.append(tally)  # the map lives as long as the process
         p.processor.add_span_processor(_StepFromCaller(info))
     if user_hook is not None:
         if isinstance(user_hook, str):
@@ -437,6 +513,12 @@ def _setup_worker(payload: dict[str, Any], user_hook: Any = None) -> None:
 
             user_hook = getattr(importlib.import_module(module), attr)
         user_hook()
+
+
+def _mark_exited() -> None:
+    """At this worker's exit, after rltrace's exit flush: the tally says it ended gracefully."""
+    for tally in _WORKER_TALLY:
+        tally.view[EXITED] = 1
 
 
 def _tracing_hook() -> None:

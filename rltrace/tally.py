@@ -6,7 +6,9 @@ registered and finalized, the session record writer each record on disk, as plai
 a shared memory map of the file: the kernel keeps the stores of a killed process, so the parent
 (the Ray driver) reads exact figures from the file afterwards.  One store per session event,
 done under the lock that already guards it; processes that do not ask for a tally pay one
-``is None`` check.
+``is None`` check.  A last slot, ``exited``, is set once the process has flushed at its
+exit: an actor that ended gracefully (its handles went out of scope, ``exit_actor``) is told
+apart from one that was killed.
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FIELDS", "FINALIZED", "REGISTERED", "WRITTEN", "SessionTally", "read_tally"]
+__all__ = ["EXITED", "FIELDS", "FINALIZED", "REGISTERED", "WRITTEN", "SessionTally",
+           "read_tally"]
 
 #: the slots, in order (int64 each)
-FIELDS = ("registered", "finalized", "written")
-REGISTERED, FINALIZED, WRITTEN = range(len(FIELDS))
+FIELDS = ("registered", "finalized", "written", "exited")
+REGISTERED, FINALIZED, WRITTEN, EXITED = range(len(FIELDS))
 _SIZE = 8 * len(FIELDS)
 
 

@@ -23,6 +23,8 @@ pytest.importorskip("ray")
 
 from conftest import perfetto_check
 
+from rltrace.tally import read_tally
+
 ROOT = Path(__file__).resolve().parent.parent
 DRIVER = ROOT / "tests" / "helpers" / "ray_driver.py"
 SECRET = "ray-secret-7f3a"
@@ -95,8 +97,10 @@ def test_every_actor_is_configured_from_the_driver_with_its_role_rank_and_files(
                     (logdir / "perf_tracer").rglob("traces-*.jsonl"))
     roles = Counter(Path(t).parent.name for t in traces if "/" in t)
     # a file per actor process; the reward actor was created without actor_options: its class
-    # names its role, and it got the next free rank
-    assert roles == {"rollout": 2, "trainer": 1, "doomed": 1, "Reward": 1, "restarted": 2}
+    # names its role, and it got the next free rank; so did the two the trainer created (one
+    # plain, one with actor_options): the job's ranks, not the trainer's own count
+    assert roles == {"rollout": 2, "trainer": 1, "doomed": 1, "Reward": 1, "restarted": 2,
+                     "Judge": 1, "nested": 1}
     assert all("-p" in t for t in traces if "/" in t)  # per process: a restart gets new files
     assert {r["rank"] for r in _records(logdir, "rollout")} == {1, 2}
     assert {r["role"] for r in _records(logdir, "rollout")} == {"rollout"}
@@ -104,7 +108,7 @@ def test_every_actor_is_configured_from_the_driver_with_its_role_rank_and_files(
                for s in run["spans"] if s["name"].endswith("ray.remote_worker")}
     # (the killed actor sent its constructor's span with its flush before the kill)
     assert by_role == {("rollout", 1), ("rollout", 2), ("trainer", 3), ("doomed", 4),
-                       ("Reward", 5), ("restarted", 6)}
+                       ("Reward", 5), ("restarted", 6), ("Judge", 7), ("nested", 8)}
 
 
 def test_otlp_headers_reach_the_collector_from_workers_and_no_environment_or_file(
@@ -168,8 +172,8 @@ def test_ray_shutdown_flushes_every_actor_and_ray_kill_loses_only_the_unflushed(
     """The driver calls plain ``ray.shutdown()``; the actors export only when flushed
     (``flush_interval_s`` is an hour), so every record on disk is the shutdown's flush."""
     # the killed one too (flushing it is skipped: dead); the restarted one once
-    assert run["announced_actors"] == 6
-    assert len(run["warnings"]) == 1 and run["warnings"][0].startswith("rltrace.ray: 1 of 6 actors")
+    assert run["announced_actors"] == 8
+    assert len(run["warnings"]) == 1 and run["warnings"][0].startswith("rltrace.ray: 1 of 8 actors")
     assert len(_records(run["logdir"], "rollout")) == 2 * SESSIONS * STEPS  # every session
     # the killed actor: 3 sessions exported before the kill, 5 recorded after its last export
     # cycle (the README's bound: what the actor finished in its last flush_interval_s), in its
@@ -181,11 +185,28 @@ def test_ray_shutdown_flushes_every_actor_and_ray_kill_loses_only_the_unflushed(
     # says how many of its sessions never reached its files
     [lost] = run["losses"]
     assert {k: lost[k] for k in ("role", "rank", "pid", "registered", "finalized", "written",
-                                 "unwritten")} == {
+                                 "unwritten", "exited")} == {
         "role": "doomed", "rank": 4, "pid": run["pids"]["doomed"], "registered": 8,
-        "finalized": 8, "written": 3, "unwritten": 5}
+        "finalized": 8, "written": 3, "unwritten": 5, "exited": False}
     assert f"rank 4 (doomed, pid {run['pids']['doomed']}): 5 of its 8 sessions not written (0 open)" \
         in run["warnings"][0]
+
+
+def test_actors_created_by_an_actor_get_the_jobs_ranks_and_flush_at_a_graceful_end(
+        run: dict[str, Any]) -> None:
+    """The trainer actor created two: a plain ``Judge.remote()`` it keeps, and one with
+    ``actor_options("nested")`` it lets go (Ray ends it gracefully).  Both got the job's next
+    free ranks (7, 8: not the trainer's own count from 1); the one let go flushed at its exit,
+    which its tally records, so ``ray.shutdown()``'s flush counts it as ended, not lost."""
+    logdir = run["logdir"]
+    assert run["nested_exited"]
+    for role, rank in (("Judge", 7), ("nested", 8)):
+        pid = run["pids"][role.lower()]
+        [traces] = (logdir / "perf_tracer" / role).glob(f"traces-r{rank}-p{pid}.jsonl")
+        assert "reward.score" in traces.read_text()  # flushed: by ray.shutdown(), at its exit
+    nested = read_tally(logdir / "ray" / f"tally-r8-p{run['pids']['nested']}.bin")
+    assert nested is not None and nested["exited"] == 1
+    assert [x["role"] for x in run["losses"]] == ["doomed"]
 
 
 def test_an_actor_restarted_by_ray_keeps_distinct_files_and_its_rank(run: dict[str, Any]) -> None:
@@ -215,6 +236,8 @@ def test_the_merged_trace_shows_each_actor_as_a_named_process(run: dict[str, Any
     assert f"[trainer] Rank 3, Process {pid['trainer']}" in names
     assert f"[doomed] Rank 4, Process {pid['doomed']}" in names
     assert f"[Reward] Rank 5, Process {pid['reward']}" in names
+    assert f"[Judge] Rank 7, Process {pid['judge']}" in names  # created by the trainer
+    assert f"[nested] Rank 8, Process {pid['nested']}" in names
     for restarted in pid["restarted"]:  # both processes of the restarted actor
         assert f"[restarted] Rank 6, Process {restarted}" in names
     assert sum(n.startswith("[rollout] Rank ") for n in names) == 2

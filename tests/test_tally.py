@@ -55,7 +55,8 @@ def test_a_killed_process_leaves_exact_counts_of_its_unwritten_sessions(tmp_path
     finally:
         proc.wait(timeout=60)
     assert proc.returncode == -signal.SIGKILL
-    assert read_tally(path) == {"registered": 6, "finalized": 5, "written": 3, "unwritten": 3}
+    assert read_tally(path) == {"registered": 6, "finalized": 5, "written": 3, "exited": 0,
+                                "unwritten": 3}
     [records] = list((tmp_path / "logs").rglob("sessions-*.jsonl"))
     assert len(read_jsonl(records)) == 3  # what the file holds agrees with the count
 
@@ -64,8 +65,10 @@ def test_tally_counts_and_an_unreadable_file(tmp_path: Path) -> None:
     tally = SessionTally(tmp_path / "sub" / "t.bin")
     tally.view[0] += 2
     tally.view[2] += 1
-    assert tally.counts() == {"registered": 2, "finalized": 0, "written": 1}
-    assert read_tally(tally.path) == {"registered": 2, "finalized": 0, "written": 1, "unwritten": 1}
+    tally.view[3] = 1
+    assert tally.counts() == {"registered": 2, "finalized": 0, "written": 1, "exited": 1}
+    assert read_tally(tally.path) == {"registered": 2, "finalized": 0, "written": 1, "exited": 1,
+                                      "unwritten": 1}
     assert read_tally(tmp_path / "missing.bin") is None
-    (tmp_path / "short.bin").write_bytes(b"\0" * 8)
+    (tmp_path / "short.bin").write_bytes(b"\0" * 24)  # a tally of fewer slots
     assert read_tally(tmp_path / "short.bin") is None

@@ -4,8 +4,9 @@ Run as ``python ray_driver.py OUT_DIR``: a driver with two rollout actors (one s
 async; rank 2 planted slow: every generate takes 30 ms more; the sync one called through an
 ``ActorPool``) running the sessions of the task the driver registers for each step, a
 trainer actor, a third rollout actor that is killed with ``ray.kill``, a reward actor
-created without ``actor_options`` (labelled by its class), and a rollout actor that crashes
-once and is restarted by Ray.  OTLP goes to an
+created without ``actor_options`` (labelled by its class), a rollout actor that crashes
+once and is restarted by Ray, and two actors the trainer creates (one plain, one with
+``actor_options``).  OTLP goes to an
 in-process receiver with a secret header.  Writes ``OUT_DIR/result.json`` (the spans the
 receiver decoded, pids, what the killed actor had flushed) and leaves rltrace's files under
 ``OUT_DIR/logs``.
@@ -17,6 +18,7 @@ import asyncio
 import json
 import logging
 import os
+import select
 import signal
 import sys
 import time
@@ -98,16 +100,45 @@ class Trainer:
             time.sleep(0.005)
         return os.getpid()
 
+    def spawn(self) -> dict[str, int]:
+        """Actors created by an actor (as verl's workers are, by its TaskRunner actor): a plain
+        ``Judge.remote()``, labelled by its class, kept (flushed by ``ray.shutdown()``), and
+        one given ``actor_options``, let go when this returns (Ray ends it gracefully: it
+        flushes at its exit); their ranks are the job's next free ones."""
+        judge = Judge.remote()
+        self.kept = judge
+        nested = Reward.options(**rltrace.ray.actor_options("nested")).remote()
+        return {"judge": ray.get(judge.score.remote(1)), "nested": ray.get(nested.score.remote(1))}
 
-@ray.remote
-class Reward:
-    """Created with a plain ``Reward.remote()``: rltrace labels it (role ``Reward``, a rank)."""
 
+class _Scorer:
     def score(self, n: int) -> int:
         for _ in range(n):
             with rltrace.trace_scope("reward.score"):
                 pass
         return os.getpid()
+
+
+@ray.remote
+class Reward(_Scorer):
+    """Created with a plain ``Reward.remote()``: rltrace labels it (role ``Reward``, a rank)."""
+
+
+@ray.remote
+class Judge(_Scorer):
+    """Created by the trainer actor with a plain ``Judge.remote()``."""
+
+
+def _wait_exit(pid: int, timeout_s: float) -> bool:
+    """Wait until process ``pid`` (not a child of ours) has ended; False on timeout."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([fd], [], [], timeout_s)[0])
+    finally:
+        os.close(fd)
 
 
 class _Warnings(logging.Handler):
@@ -155,6 +186,8 @@ def main(out: Path) -> None:
         second = ray.get(phoenix.crash_once.remote(str(out / "crashed")))
         ray.get(phoenix.record_then_flush.remote(0, 2))  # left to ray.shutdown's flush
         pids["restarted"] = [first, second]
+        pids.update(ray.get(trainer.spawn.remote()))  # ranks 7 (Judge) and 8 (nested)
+        result["nested_exited"] = _wait_exit(pids["nested"], timeout_s=60)
         result["worker_environ_has_secret"] = ray.get(trainer.environ_has.remote(SECRET))
         ray.kill(doomed)
         result["announced_actors"] = len(rltrace.ray.announced_actors())
