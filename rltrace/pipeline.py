@@ -360,6 +360,8 @@ class Pipeline:
         self._drain()
 
     def _drain(self) -> None:
+        if self.tail_sampler is not None:
+            self.tail_sampler.sweep()  # other processes' tasks whose part here ended
         for q in self.queued:
             q.drain()
         if self.chrome is not None:

@@ -582,7 +582,7 @@ def _task_field() -> str | None:
     task_id = sessions.get_task_id()
     if task_id is None or type(task_id) not in (int, str):
         return None
-    sc = sessions.task_span_context(task_id)
+    sc = sessions.REGISTRY.task_span_context(task_id, spread=True)
     if sc is None:
         caller = sessions.caller_task()  # a task this process runs for its own caller
         if caller is None or caller[0] != task_id:

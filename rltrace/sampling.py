@@ -21,6 +21,14 @@ tasks chosen by trace id, plus every task with a session whose status is in
 ends (its last session finalized).  The task's spans are held until then (at most
 ``max_held``; past that the oldest task is decided early on what is known).  Traces that are
 not a task's (train steps, weight syncs) are all sent.
+
+A task whose sessions run in other processes (``rltrace.ray``: an actor's sessions join the
+driver's task) is decided by each process for its own part, as no process sees the others'
+sessions: the ratio part by the task's trace id, the same everywhere, so a task kept by ratio
+is whole in every process; an actor's sessions of the task are held until the last of them
+there is finalized, then kept if the task is in the ratio or one of them is of a kept status
+or slow.  The driver sends the task's span even when it drops the task (one span), so what an
+actor keeps is never an orphan in the backend.
 """
 
 from __future__ import annotations
@@ -161,23 +169,28 @@ class TaskTailSampler(SpanProcessor):
     whole or drops it (mode ``sessions``; see the module docstring)."""
 
     def __init__(self, target: Any, cfg: SamplingConfig) -> None:
-        from .sessions import SessionScope, TaskScope
+        from .sessions import RemoteTaskScope, SessionScope, TaskScope
 
         self.target = target
         self._task_cls, self._session_cls = TaskScope, SessionScope
+        self._remote_cls = RemoteTaskScope
         self.ratio = _ratio(cfg.ratio, "sampling.ratio")
         self._by_id = TraceIdRatioBased(self.ratio)
         self.keep_statuses = frozenset(cfg.keep_statuses)
         self.slow_ns = None if cfg.slow_s is None else int(cfg.slow_s * 1e9)
         self.max_held = cfg.max_held
-        #: trace id -> [task record, spans held]; oldest first
-        self._held: OrderedDict[int, list[Any]] = OrderedDict()
-        self._reasons: dict[int, str] = {}  # trace id -> why it is kept (once any is known)
+        #: trace id (or, for another process's task, its stand-in record) -> [task record,
+        #: spans held]; oldest first
+        self._held: OrderedDict[Any, list[Any]] = OrderedDict()
+        #: another process's tasks held here -> how many of their sessions arrived
+        self._parts: dict[Any, int] = {}
+        self._reasons: dict[Any, str] = {}  # held key -> why it is kept (once any is known)
         self._decided: OrderedDict[int, bool] = OrderedDict()  # recently decided traces
         self._n_held = 0
         self._lock = threading.Lock()
         self.kept = {"ratio": 0, "status": 0, "slow": 0}
         self.dropped_tasks = 0
+        self.roots_sent = 0  # task spans sent for dropped tasks whose sessions ran elsewhere
         self.spans_kept = 0
         self.spans_dropped = 0
         self.early = 0
@@ -198,10 +211,12 @@ class TaskTailSampler(SpanProcessor):
         if not isinstance(root, self._task_cls):
             self.target.on_end(span)  # not a task's trace
             return
-        key = rec.get_span_context().trace_id  # the task's trace: one id for all its spans
+        remote = root.__class__ is self._remote_cls
+        # the task's trace: one id for all its spans; another process's task: its part here
+        key: Any = root if remote else rec.get_span_context().trace_id
         forward: list[Any] = []
         with self._lock:
-            done = self._decided.get(key)
+            done = root.decision if remote else self._decided.get(key)  # type: ignore[attr-defined]
             if done is not None:  # a straggler of a task decided already
                 if done:
                     forward.append(span)
@@ -219,6 +234,10 @@ class TaskTailSampler(SpanProcessor):
                         self._reasons[key] = why
                 if rec is root:
                     forward = self._decide(key)
+                elif remote and isinstance(rec, self._session_cls):
+                    self._parts[key] = self._parts.get(key, 0) + 1
+                    if self._part_done(key):
+                        forward = self._decide(key)
                 while self._n_held > self.max_held and self._held:
                     self.early += 1
                     forward += self._decide(next(iter(self._held)))
@@ -233,24 +252,54 @@ class TaskTailSampler(SpanProcessor):
                 return "slow"
         return None
 
-    def _decide(self, key: int) -> list[Any]:
+    def _part_done(self, key: Any) -> bool:
+        """Whether every session of another process's task held as ``key`` has arrived: the
+        task's part here ended (its last session here was finalized) and as many sessions
+        arrived as were registered under it (holds the lock)."""
+        return bool(key.end_ns) and self._parts.get(key, 0) >= key.parts
+
+    def sweep(self) -> None:
+        """Decide the parts of other processes' tasks whose last session arrived before the
+        part ended (once per export cycle)."""
+        if not self._parts:
+            return
+        forward: list[Any] = []
+        with self._lock:
+            for key in [k for k in self._parts if self._part_done(k)]:
+                forward += self._decide(key)
+        for item in forward:
+            self.target.on_end(item)
+
+    def _decide(self, key: Any) -> list[Any]:
         """Keep or drop the held task trace ``key`` (holds the lock); returns what to send."""
         root, *items = self._held.pop(key)
         self._n_held -= len(items)
         why = self._reasons.pop(key, None)
-        if why is None and self._by_id.should_sample(None, key, root.name).decision in _SAMPLED_DECISIONS:
+        remote = root.__class__ is self._remote_cls
+        trace_id = root.get_span_context().trace_id
+        if why is None and self._by_id.should_sample(
+                None, trace_id, root.name).decision in _SAMPLED_DECISIONS:
             why = "ratio"
         keep = why is not None
-        self._decided[key] = keep
-        if len(self._decided) > 65_536:
-            self._decided.popitem(last=False)
+        if remote:
+            self._parts.pop(key, None)
+            root.decision = keep  # its stragglers follow; a later part here is decided anew
+        else:
+            self._decided[key] = keep
+            if len(self._decided) > 65_536:
+                self._decided.popitem(last=False)
         if why is not None:
             self.kept[why] += 1
             self.spans_kept += len(items)
             return items
         self.dropped_tasks += 1
-        self.spans_dropped += len(items)
-        return []
+        sent: list[Any] = []
+        if root.spread:  # its sessions ran elsewhere too: what they keep needs this parent
+            sent = [x for x in items if getattr(x, "rltrace_record", x) is root]
+            self.roots_sent += len(sent)
+            self.spans_kept += len(sent)
+        self.spans_dropped += len(items) - len(sent)
+        return sent
 
     def decide_all(self) -> None:
         """Decide every held task now (final flush: tasks still open are decided as they are)."""
@@ -270,12 +319,14 @@ class TaskTailSampler(SpanProcessor):
 
     def reset_after_fork(self) -> None:
         self._held = OrderedDict()
+        self._parts = {}
         self._reasons = {}
         self._n_held = 0
         self._lock = threading.Lock()
 
     def stats(self) -> dict[str, Any]:
         return {"mode": "sessions", "ratio": self.ratio, "tasks_kept": dict(self.kept),
-                "tasks_dropped": self.dropped_tasks, "spans_kept": self.spans_kept,
+                "tasks_dropped": self.dropped_tasks, "task_spans_sent": self.roots_sent,
+                "spans_kept": self.spans_kept,
                 "spans_dropped": self.spans_dropped, "spans_held": self._n_held,
                 "decided_early": self.early}

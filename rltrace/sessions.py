@@ -104,7 +104,7 @@ class TaskScope(Scope):
 
     slot_attrs = True
     kept = True
-    __slots__ = ("_attrs", "open", "step", "task_id")
+    __slots__ = ("_attrs", "open", "spread", "step", "task_id")
 
     def __init__(self, task_id: Any) -> None:
         self.name = TASK_SPAN
@@ -115,6 +115,8 @@ class TaskScope(Scope):
         self._attrs: dict[str, Any] | None = None
         self.task_id = task_id
         self.open: set[Any] | None = set()  # ids of its open sessions; None once it ended
+        #: its context went to another process (``rltrace.ray``), whose sessions join it there
+        self.spread = False
         step = _STEP_CV.get()
         self.step = scope_arg_step() if step is None else step  # AReaL style: args.global_step
         self._start_under(None, False)
@@ -137,9 +139,11 @@ class RemoteTaskScope(TaskScope):
     Sessions registered under it are children of that process's ``rl.task`` span, in its trace.
     It records nothing itself (the task's span is the other process's): it leaves this
     process's registry when its last session here is finalized, or by ``finalize_task``.
+    ``parts`` counts the sessions registered under it here, and ``decision`` is what
+    session-aware sampling decided for them (see :class:`rltrace.sampling.TaskTailSampler`).
     """
 
-    __slots__ = ()
+    __slots__ = ("decision", "parts")
 
     def __init__(self, task_id: Any, context: SpanContext) -> None:
         self.name = TASK_SPAN
@@ -153,6 +157,9 @@ class RemoteTaskScope(TaskScope):
         step = _STEP_CV.get()
         self.step = scope_arg_step() if step is None else step
         self._sc = context
+        self.parts = 0
+        self.decision: bool | None = None
+        self.spread = False
         self.parent = None
         self.thread = 0
         self.task = None
@@ -597,11 +604,16 @@ class SessionRegistry:
             _remember(self.recent_tasks, task_id, task)
         return task
 
-    def task_span_context(self, task_id: Any) -> SpanContext | None:
+    def task_span_context(self, task_id: Any, spread: bool = False) -> SpanContext | None:
         """The ``SpanContext`` of task ``task_id``'s span in this process (open or recently
-        finished), for propagation to the processes that run its sessions; None if unknown."""
+        finished), for propagation to the processes that run its sessions; None if unknown.
+        ``spread``: mark the task as having gone to another process (its span is then sent
+        by session-aware sampling even when the task is dropped here, so the sessions other
+        processes keep have their parent)."""
         with self.lock:
             task = self.tasks.get(task_id) or _recent(self.recent_tasks, task_id)
+            if task is not None and spread:
+                task.spread = True
         return None if task is None else task.get_span_context()
 
     def register_session(self, task_id: Any = None) -> Any:
@@ -621,6 +633,8 @@ class SessionRegistry:
         with self.lock:
             task = self._task_locked(next(self._task_ids) if task_id is None else task_id)
             task.open.add(session_id)  # type: ignore[union-attr]  # open while registered
+            if task.__class__ is RemoteTaskScope:
+                task.parts += 1
             self.sessions[session_id] = SessionScope(session_id, task)
             _remember(self.recent_sessions, session_id, task)
             tally = self.tally

@@ -252,3 +252,63 @@ def test_an_unknown_env_sampler_is_warned_about_and_the_default_kept_as_the_sdk_
     assert [s.name for s in receiver.wait_for_spans(1)] == ["kept"]
     assert diag["sampling"] == {"mode": "parent"}
     assert any("jaeger_remote" in r.getMessage() for r in caplog.records)
+
+
+def test_session_mode_across_processes_each_decides_its_part_the_same_by_ratio(
+        tmp_path: Path, receiver: OTLPReceiver) -> None:
+    """A driver's tasks whose sessions run in another process (``rltrace.ray``'s propagator;
+    both sides here on two pipelines one after the other, as ``tests/test_caller_task.py``
+    does; ``tests/test_ray.py`` runs the propagation on real actors).  Each side decides its
+    part: by the task's trace id (the same decision on both sides), or, in the actor, a failed
+    session keeps the sessions of the task open with it.  The driver sends the span of every
+    task it drops (its sessions ran elsewhere), so what the actor keeps has its parent.  The
+    actor holds nothing once its part of each task is over: nothing waits for shutdown."""
+    from opentelemetry import context as otel_context
+
+    from rltrace.ray import CallerContextPropagator
+
+    n, ratio, failed = 40, 0.5, {3, 7, 8}
+    sampling = {"mode": "sessions", "ratio": ratio}
+    carriers: list[dict[str, str]] = []
+    _configure(tmp_path / "driver", receiver, sampling=sampling)
+    for i in range(n):
+        task = rltrace.register_task(f"task-{i}")
+        rltrace.set_task_id(task)
+        carriers.append({})
+        CallerContextPropagator().inject(carriers[-1])
+        rltrace.trace_session_event("mark_finalized", task_id=task, status="accepted")
+    rltrace.set_task_id(None)
+    driver, _, _ = _finish(tmp_path / "driver")
+    tasks = {s.attributes["rl.task.id"]: s for s in receiver.wait_for_spans("rl.task", min_count=n)}
+    assert len(tasks) == n  # every task's span, kept or not
+    by_ratio = {t for t, s in tasks.items() if _ratio_keeps(s.trace_id, ratio)}
+    assert 0 < len(by_ratio) < n
+    assert driver["sampling"]["tasks_kept"]["ratio"] == len(by_ratio)
+    assert driver["sampling"]["task_spans_sent"] == n - len(by_ratio)
+
+    _configure(tmp_path / "actor", receiver, sampling=sampling)
+    for i, carrier in enumerate(carriers):
+        token = otel_context.attach(CallerContextPropagator().extract(carrier))
+        try:
+            sids = [rltrace.register_session() for _ in range(2)]  # open together: one part
+            for j, sid in enumerate(sids):
+                with rltrace.trace_session_phase("generate", session_id=sid):
+                    pass
+                status = "failed" if i in failed and j == 0 else "accepted"
+                rltrace.trace_session_event("mark_finalized", session_id=sid, status=status)
+        finally:
+            otel_context.detach(token)
+    rltrace.flush(wait_s=5)
+    actor = rltrace.diagnostics()["sampling"]
+    assert actor["spans_held"] == 0  # decided as each part ended, not at shutdown
+    want = by_ratio | {f"task-{i}" for i in failed}
+    # (a failed session's reason comes first)
+    assert actor["tasks_kept"] == {"ratio": len(want) - len(failed), "status": len(failed),
+                                   "slow": 0}
+    sessions = receiver.wait_for_spans("rl.session", min_count=2 * len(want))
+    _finish(tmp_path / "actor")
+    got = Counter(s.attributes["rl.task.id"] for s in sessions)
+    assert got == {t: 2 for t in want}  # whole parts, the ratio ones the driver kept too
+    for s in sessions:  # under the driver's task span, in its trace
+        task = tasks[s.attributes["rl.task.id"]]
+        assert (s.trace_id, s.parent_span_id) == (task.trace_id, task.span_id)
