@@ -224,8 +224,9 @@ def _with_role_rank(env: Mapping[str, Any] | None, role: str, rank: int) -> dict
 def labelled_options(actor_cls: Any, options: dict[str, Any],
                      ranks: RankAllocator | None = None) -> dict[str, Any]:
     """The creation options of a Ray actor class with rltrace's role and rank added when they
-    lack them: role = the class name, rank = the next free one (from ``ranks``, default this
-    driver's :data:`RANKS`).  Options that
+    lack them: role = the class name, rank = the next free one (from ``ranks``, default the
+    job's :data:`RANKS`; in an async actor, asking the job's registry blocks its event loop
+    for that one call).  Options that
     already name a role or rank (:func:`actor_options`, or ``RLTRACE_ROLE``/``RLTRACE_RANK`` in
     ``runtime_env`` of yours) are returned as they are."""
     from ray.runtime_env import RuntimeEnv
@@ -400,7 +401,7 @@ def flush_actors(*actors: Any, timeout_s: float = 30.0) -> int:
               if ref not in answered]
     # an actor that ended gracefully (its handles out of scope, exit_actor) flushed at its exit
     ended = [x for x in silent if x["exited"] and x["unwritten"] == 0]
-    lost = [x for x in silent if x not in ended]
+    lost = [x for x in silent if not (x["exited"] and x["unwritten"] == 0)]
     if ended:
         pipeline.logger.debug("rltrace.ray: %d actors had ended and flushed at their exit: %s",
                               len(ended), ", ".join(f"rank {x['rank']} ({x['role']})"
