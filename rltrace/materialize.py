@@ -14,7 +14,7 @@ from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import Link, SpanKind
+from opentelemetry.trace import Link, SpanContext, SpanKind
 from opentelemetry.trace.status import Status, StatusCode
 
 from rltrace.exporters.values import category_name, flatten_into, text, thread_name
@@ -104,7 +104,8 @@ class SpanBuilder:
                     self.limits.max_event_attributes, ev_attrs, immutable=True,
                     max_value_len=self.limits.max_attribute_length), ts))
             for target, link_attrs in extra.get("links", ()):
-                links.append(Link(target.get_span_context(), link_attrs))
+                sc = target if isinstance(target, SpanContext) else target.get_span_context()
+                links.append(Link(sc, link_attrs))
             status = extra.get("status") or _UNSET
             error = extra.get("error")
             if error is not None:

@@ -128,6 +128,8 @@ class BoundedBatchProcessor(SpanProcessor):
         self.failed = 0
         #: spans not sent because their trace was not sampled
         self.unsampled = 0
+        #: whether the last export succeeded (the collector answers)
+        self.last_ok = True
         self._init_runtime()
 
     def _init_runtime(self) -> None:
@@ -189,6 +191,7 @@ class BoundedBatchProcessor(SpanProcessor):
                 except Exception as exc:
                     logger.debug("rltrace: %s export raised %r", self.name, exc)
                     ok = False
+                self.last_ok = ok
                 if self._inflight:  # not already written off by a timed-out shutdown
                     self._inflight = 0
                     if ok:
@@ -213,6 +216,15 @@ class BoundedBatchProcessor(SpanProcessor):
         self._export_lock.release()
         self._export_all(deadline)
         return not self._queue
+
+    def send_now(self, timeout_s: float) -> bool:
+        """Send what is queued on this thread, waiting at most ``timeout_s``, while the collector
+        answers; after a failed export only wake the sender's thread (a dead collector costs
+        one wait, not one per call).  Returns whether the queue was emptied here."""
+        if not self.last_ok:
+            self._wake.set()
+            return False
+        return self.force_flush(int(timeout_s * 1000))
 
     def shutdown(self) -> None:
         self._stop = True

@@ -23,8 +23,8 @@ What it does:
   role and the next free rank (``init(label_actors=False)`` turns that off).  Ranks are the
   job's, handed out by its registry actor: actors created by other actors (verl's workers are
   created by its ``TaskRunner`` actor) get ranks no other actor of the job has, with or
-  without :func:`actor_options`.  Workers that run remote functions (tasks) are role
-  ``ray-worker``, rank 0.
+  without :func:`actor_options`.  Pooled workers, which run remote functions (tasks), are
+  role ``ray-worker`` with ranks of their own from :data:`WORKER_RANK_BASE` up.
   Each actor is then a named process in merged traces (``[rollout] Rank 1, Process …``), a
   rank/role in ``rltrace report`` and ``rltrace top``.
 * **Context across ``.remote()``.**  Ray's own trace propagation is switched on
@@ -35,6 +35,8 @@ What it does:
   ``args={"global_step": n}``): spans, tasks and sessions recorded in the actor carry it; and
   the current task (``set_task_id``): a session the actor registers without a task joins the
   driver's task, as a child of its ``rl.task`` span in the driver's trace, with its task id.
+* **Results back.**  ``ray.get`` links the current span to the remote calls whose results it
+  returned, when they were made under another trace (:mod:`rltrace.ray_links`).
 * **Lifecycle.**  Each actor announces itself to a registry actor at its first call.
   ``ray.shutdown()`` (wrapped by :func:`init`: Ray itself ends workers without their exit
   handlers) and :func:`shutdown` flush every announced actor first; at driver exit Ray ends
@@ -43,6 +45,7 @@ What it does:
   records that it did, so the flush counts it as ended, not lost).  Session records are
   written every export cycle in workers (``flush_threshold`` 1), so ``ray.kill`` (SIGKILL)
   or a lost node loses at most what the actor recorded in its last ``flush_interval_s``.
+  A pooled worker flushes when each remote function returns (``init(flush_tasks=...)``).
   Each worker counts its sessions
   (registered, finalized, written) in a small shared-memory file (:mod:`rltrace.tally`) whose
   stores survive a SIGKILL: the flush names each actor that did not answer with the exact
@@ -76,10 +79,10 @@ from opentelemetry.propagators.textmap import (
     default_setter,
 )
 from opentelemetry.sdk.trace import SpanProcessor
-from opentelemetry.trace import SpanContext, TraceFlags
+from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 
-from . import pipeline, sessions, steps
-from .config import ConfigError
+from . import pipeline, ray_links, sessions, steps
+from .config import _BOOLS, ConfigError
 from .tally import EXITED, SessionTally, read_tally
 
 __all__ = [
@@ -90,11 +93,16 @@ __all__ = [
 ROLE_ENV, RANK_ENV = "RLTRACE_ROLE", "RLTRACE_RANK"
 #: the role of worker processes started without :func:`actor_options`
 DEFAULT_ROLE = "ray-worker"
+#: pooled worker processes (those that run remote functions) get ranks from here up, a band of
+#: their own: Ray starts them when it likes, so taking actors' ranks would make those vary
+WORKER_RANK_BASE = 100_000
+#: what a pooled worker flushes when a remote function returns (see :func:`init`)
+FLUSH_TASKS = ("all", "files", "cycle")
 _STEP_HEADER = "rltrace-step"
 
 
 def init(*args: Any, runtime_env: Mapping[str, Any] | None = None,
-         label_actors: bool = True, **kwargs: Any) -> Any:
+         label_actors: bool = True, flush_tasks: str = "all", **kwargs: Any) -> Any:
     """``ray.init(...)`` with rltrace configured in every worker process of the job.
 
     Call after :func:`rltrace.configure` in the driver; arguments are ``ray.init``'s, except
@@ -102,11 +110,21 @@ def init(*args: Any, runtime_env: Mapping[str, Any] | None = None,
     driver or by another actor, gets its class name as role and the job's next free rank, as
     if created with ``actor_options(ClassName)`` (its own worker process, like any actor with
     its own environment variables).  ``label_actors=False`` leaves such actors in the shared
-    ``ray-worker`` role, rank 0.  A ``worker_process_setup_hook`` of yours in ``runtime_env``
+    ``ray-worker`` role, in the pooled workers' rank band.  ``flush_tasks`` (rltrace's): what a
+    pooled worker does when a remote function returns, before Ray hands its result to the
+    caller: ``"all"`` writes its files and sends its spans over OTLP (while the collector
+    answers), so ``ray.shutdown()`` loses nothing of it; ``"files"`` writes the files and
+    leaves the OTLP send to the sender's thread (cheaper; a ``ray.shutdown()`` right after the
+    call may cut that send); ``"cycle"`` leaves both to the export cycle (the cheapest;
+    ``ray.shutdown()`` loses what the worker recorded since its last cycle).  Actors are
+    flushed by handle instead.  A ``worker_process_setup_hook`` of yours in ``runtime_env``
     still runs (after rltrace's).
     """
     import ray
 
+    if flush_tasks not in FLUSH_TASKS:
+        raise ValueError(f"rltrace.ray.init: flush_tasks must be one of {', '.join(FLUSH_TASKS)}, "
+                         f"got {flush_tasks!r}")
     cfg = pipeline.get_config()
     if cfg is None:
         raise ConfigError("rltrace.ray.init: rltrace is not configured in this driver; call "
@@ -121,7 +139,7 @@ def init(*args: Any, runtime_env: Mapping[str, Any] | None = None,
     user_hook = env.get("worker_process_setup_hook")
 
     def rltrace_worker_setup() -> None:  # pickled by Ray with the payload into its GCS
-        _setup_worker(payload, user_hook, label_actors)
+        _setup_worker(payload, user_hook, label_actors, flush_tasks)
 
     env["worker_process_setup_hook"] = rltrace_worker_setup
     kwargs.setdefault("_tracing_startup_hook", f"{__name__}:_tracing_hook")
@@ -283,6 +301,9 @@ class _Job:
         #: a worker process of a traced job (its registry is looked up by name)
         self.in_worker = False
         self._original_shutdown: Any = None
+        #: the span of each recent remote call, for ``ray.get``'s links (:mod:`.ray_links`)
+        self.submissions = ray_links.Submissions()
+        self._submissions_on: Any = None  # the pipeline it was added to
 
     def start(self, ray: Any, label_actors: bool = True) -> None:
         _unlabel_actor_creation()  # the registry is no actor of the user's
@@ -293,6 +314,11 @@ class _Job:
         ).remote(sorted(RANKS.used))  # ranks given out before init stay taken
         if label_actors:
             _label_actor_creation()
+        p = pipeline.get_pipeline()
+        if p is not None and self._submissions_on is not p:
+            p.processor.add_span_processor(self.submissions)
+            self._submissions_on = p
+        ray_links.install(self.submissions)
         if self._original_shutdown is None:
             self._original_shutdown = ray.shutdown
             original = ray.shutdown
@@ -301,6 +327,7 @@ class _Job:
             def shutdown(*args: Any, **kwargs: Any) -> Any:  # ray.shutdown: flush actors first
                 self.flush_all()
                 _unlabel_actor_creation()
+                ray_links.uninstall()
                 self.registry = None  # gone with the cluster: ranks are this process's again
                 return original(*args, **kwargs)
 
@@ -465,6 +492,7 @@ def shutdown(*actors: Any, timeout_s: float = 30.0) -> int:
 
     confirmed = flush_actors(*actors, timeout_s=timeout_s) if ray.is_initialized() else 0
     _unlabel_actor_creation()
+    ray_links.uninstall()
     _JOB.registry = None
     original = _JOB._original_shutdown or ray.shutdown
     original()
@@ -479,7 +507,7 @@ def _flush_here(_actor: Any) -> int:
 
 
 def _setup_worker(payload: dict[str, Any], user_hook: Any = None,
-                  label_actors: bool = False) -> None:
+                  label_actors: bool = False, flush_tasks: str = "all") -> None:
     """Runs in every worker process at start (Ray's ``worker_process_setup_hook``)."""
     install_propagator()
     _JOB.in_worker = True  # ranks of actors created here come from the job's registry
@@ -489,8 +517,8 @@ def _setup_worker(payload: dict[str, Any], user_hook: Any = None,
     atexit.register(_mark_exited)
     sessions.offset_ids(os.getpid())  # task/session ids of its own never equal the driver's
     data = dict(payload)
-    if os.environ.get(RANK_ENV) is None:
-        data["rank"] = 0
+    if os.environ.get(RANK_ENV) is None:  # a pooled worker (remote functions, plain actors)
+        data["rank"] = _pooled_worker_rank() if _enabled_here(data) else 0
     pipeline.configure(data)  # RLTRACE_ROLE / RLTRACE_RANK of the actor's env win over data
     p = pipeline.get_pipeline()
     if p is not None:  # on the provider only: Ray's spans get it, rltrace's records need not
@@ -506,7 +534,9 @@ def _setup_worker(payload: dict[str, Any], user_hook: Any = None,
                 sessions.REGISTRY.tally = sp.writer.tally = tally.view
             info["tally"] = str(tally.path)
             _WORKER_TALLY.append(tally)  # the map lives as long as the process
-        p.processor.add_span_processor(_StepFromCaller(info))
+        p.processor.add_span_processor(_StepFromCaller(info, flush_tasks))
+        p.processor.add_span_processor(_JOB.submissions)
+        ray_links.install(_JOB.submissions)
     if user_hook is not None:
         if isinstance(user_hook, str):
             module, _, attr = user_hook.rpartition(".")
@@ -514,6 +544,35 @@ def _setup_worker(payload: dict[str, Any], user_hook: Any = None,
 
             user_hook = getattr(importlib.import_module(module), attr)
         user_hook()
+
+
+def _enabled_here(data: Mapping[str, Any]) -> bool:
+    """Whether rltrace will be on in this worker (``RLTRACE_ENABLED`` of its environment wins,
+    as in ``configure``; the registry actor has it off)."""
+    env = _BOOLS.get(os.environ.get("RLTRACE_ENABLED", "").strip().lower())
+    return bool(data.get("enabled", True)) if env is None else env
+
+
+def _pooled_worker_rank() -> int:
+    """This pooled worker's rank: the lowest of the band from :data:`WORKER_RANK_BASE` no
+    other worker of the job has claimed, claimed in Ray's key-value store (GCS) with a
+    put-if-absent per rank.  (Not from the registry actor: a call to an actor from the setup
+    hook crashes Ray 2.60's worker.)  0, as the driver, when the store does not answer."""
+    import ray
+    from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_put
+
+    try:
+        prefix = f"rltrace/{ray.get_runtime_context().get_job_id()}/worker-rank"
+        hint = _internal_kv_get(f"{prefix}/next".encode())  # a hint: the claims decide
+        rank = max(WORKER_RANK_BASE, int(hint) if hint else 0)
+        while _internal_kv_put(f"{prefix}/{rank}".encode(), b"", overwrite=False):
+            rank += 1  # claimed by another worker
+        _internal_kv_put(f"{prefix}/next".encode(), str(rank + 1).encode(), overwrite=True)
+        return rank
+    except Exception as exc:
+        pipeline.logger.warning("rltrace.ray: no rank for this worker process from Ray's "
+                                "key-value store (%s); it is rank 0, as the driver is", exc)
+        return 0
 
 
 def _mark_exited() -> None:
@@ -613,12 +672,16 @@ def install_propagator() -> None:
 
 class _StepFromCaller(SpanProcessor):
     """Puts the caller's step on the span Ray starts for a remote call (``rl.step``), so the
-    spans recorded under it carry the step; and, at an actor's first call, announces the actor
-    to the job's registry (so the driver can flush it at ``ray.shutdown()`` and exit)."""
+    spans recorded under it carry the step; at an actor's first call, announces the actor
+    to the job's registry (so the driver can flush it at ``ray.shutdown()`` and exit); and at
+    the end of each remote function (a task, not an actor method) flushes this worker, before
+    Ray hands the result to the caller: pooled workers have no handle to flush them by, and
+    ``ray.shutdown()`` ends them without their exit handlers."""
 
-    def __init__(self, info: dict[str, Any]) -> None:
+    def __init__(self, info: dict[str, Any], flush_tasks: str = "all") -> None:
         self.announced = False
         self.info = info  # announced with the handle: role, rank, pid, tally file
+        self.flush_tasks = flush_tasks
 
     def on_start(self, span: Any, parent_context: Any = None) -> None:
         if hasattr(span, "slot_attrs"):  # rltrace's own records: nothing to do
@@ -628,6 +691,24 @@ class _StepFromCaller(SpanProcessor):
             span.set_attribute("rl.step", step)
         if not self.announced:
             self.announced = _announce_actor(self.info)
+
+    def on_end(self, span: Any) -> None:
+        if (self.flush_tasks == "cycle" or span.kind is not SpanKind.CONSUMER
+                or not span.name.endswith(" ray.remote_worker")):
+            return
+        import ray
+
+        try:
+            if ray.get_runtime_context().get_actor_id() is not None:
+                return  # an actor method: the actor is flushed by handle, at exit, each cycle
+        except Exception:
+            return
+        p = pipeline.get_pipeline()
+        if p is None:
+            return
+        p.flush()  # the files and session records written, spans handed to the OTLP sender
+        if p.otlp is not None and self.flush_tasks == "all":  # sent, while the collector answers
+            p.otlp.send_now(p.cfg.otlp.timeout_s if p.cfg.otlp.timeout_s is not None else 5.0)
 
 
 def _announce_actor(info: dict[str, Any]) -> bool:

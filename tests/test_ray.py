@@ -23,6 +23,7 @@ pytest.importorskip("ray")
 
 from conftest import perfetto_check
 
+from rltrace.ray import WORKER_RANK_BASE
 from rltrace.tally import read_tally
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,6 +79,14 @@ def test_an_actor_created_without_actor_options_is_labelled_by_its_class() -> No
     assert ranks.take(None) == 4
 
 
+def test_init_names_a_bad_flush_tasks_mode_and_the_ones_there_are() -> None:
+    """Checked before anything starts (no cluster), whether rltrace is configured or not."""
+    import rltrace.ray as rray
+
+    with pytest.raises(ValueError, match="flush_tasks must be one of all, files, cycle, got 'al'"):
+        rray.init(flush_tasks="al")
+
+
 def test_an_explicit_rank_already_held_is_warned_about(caplog: pytest.LogCaptureFixture) -> None:
     import rltrace.ray as rray
 
@@ -96,6 +105,7 @@ def test_every_actor_is_configured_from_the_driver_with_its_role_rank_and_files(
     traces = sorted(str(p.relative_to(logdir / "perf_tracer")) for p in
                     (logdir / "perf_tracer").rglob("traces-*.jsonl"))
     roles = Counter(Path(t).parent.name for t in traces if "/" in t)
+    roles.pop("ray-worker", None)  # pooled workers (remote functions): tested below
     # a file per actor process; the reward actor was created without actor_options: its class
     # names its role, and it got the next free rank; so did the two the trainer created (one
     # plain, one with actor_options): the job's ranks, not the trainer's own count
@@ -105,7 +115,8 @@ def test_every_actor_is_configured_from_the_driver_with_its_role_rank_and_files(
     assert {r["rank"] for r in _records(logdir, "rollout")} == {1, 2}
     assert {r["role"] for r in _records(logdir, "rollout")} == {"rollout"}
     by_role = {(s["resource"].get("rl.role"), s["resource"].get("rl.rank"))
-               for s in run["spans"] if s["name"].endswith("ray.remote_worker")}
+               for s in run["spans"] if s["name"].endswith("ray.remote_worker")
+               and s["resource"].get("rl.role") != "ray-worker"}
     # (the killed actor sent its constructor's span with its flush before the kill)
     assert by_role == {("rollout", 1), ("rollout", 2), ("trainer", 3), ("doomed", 4),
                        ("Reward", 5), ("restarted", 6), ("Judge", 7), ("nested", 8)}
@@ -258,13 +269,70 @@ def test_the_report_names_the_planted_slow_actor_in_every_step(run: dict[str, An
     held = {r["step"]: (r["slowest_rank"], r["held_by"]["rank"])
             for r in rep["stragglers"]["per_step"]}
     assert held == {step: (2, 2) for step in range(STEPS)}
-    assert all(set(r["rollout_s"]) == {"1", "2"} for r in rep["stragglers"]["per_step"])
+    # the rollout actors, and the pooled workers that ran the step's remote function (their
+    # ranks are a band of their own)
+    for r in rep["stragglers"]["per_step"]:
+        assert {"1", "2"} <= set(r["rollout_s"]), r
+        assert all(int(k) >= WORKER_RANK_BASE for k in set(r["rollout_s"]) - {"1", "2"}), r
     # each actor is a rank with its role: the findings name both
     assert {rep["inputs"]["roles"][r] for r in ("1", "2")} == {"rollout"}
+    assert {role for rank, role in rep["inputs"]["roles"].items()
+            if int(rank) >= WORKER_RANK_BASE} == {"ray-worker"}
     assert all(r["held_by"]["role"] == "rollout" for r in rep["stragglers"]["per_step"])
     named = [f for f in rep["findings"] if f["kind"] == "straggler" and f.get("rank") == 2]
     assert any(f"Rank 2 (rollout) is the slowest rank in {STEPS} of {STEPS} steps" in f["text"]
                for f in named)
+
+
+def test_remote_functions_run_in_workers_with_ranks_of_their_own_and_nothing_is_lost(
+        run: dict[str, Any]) -> None:
+    """A remote function runs in a pooled worker: rank from the band at WORKER_RANK_BASE, one
+    per process, never the driver's 0 nor an actor's.  Its worker is flushed when each call
+    ends, before the result reaches the caller: every session record is in the files and
+    every span reached the collector, though ``flush_interval_s`` is an hour and
+    ``ray.shutdown()`` ends pooled workers without their exit handlers."""
+    scored = run["scored"]
+    assert [s["submitted_in"] for s in scored] == list(range(STEPS))
+    records = _records(run["logdir"], "ray-worker")
+    assert len(records) == STEPS
+    assert all(r["rank"] >= WORKER_RANK_BASE for r in records)
+    assert Counter(r["step"] for r in records) == {step: 1 for step in range(STEPS)}
+    spans = run["spans"]
+    phases = [s for s in spans if s["name"] == "reward"
+              and s["resource"].get("rl.role") == "ray-worker"]
+    rank_of = {s["resource"]["process.pid"]: s["resource"]["rl.rank"] for s in phases}
+    assert sorted(s["resource"]["process.pid"] for s in phases) == sorted(s["pid"] for s in scored)
+    assert sorted(r["rank"] for r in records) == sorted(rank_of[s["pid"]] for s in scored)
+    # two calls that ran at once, so in two processes: two ranks of the band
+    met = run["met"]
+    assert [m["met"] for m in met] == [2, 2] and len({m["pid"] for m in met}) == 2
+    ranks = {s["resource"]["process.pid"]: s["resource"]["rl.rank"] for s in spans
+             if s["name"] == "meet"}
+    assert set(ranks) == {m["pid"] for m in met}
+    assert len(set(ranks.values())) == 2 and min(ranks.values()) >= WORKER_RANK_BASE
+    assert all(ranks[pid] == rank_of[pid] for pid in set(ranks) & set(rank_of))
+
+
+def test_ray_get_links_the_consuming_step_to_the_call_that_produced_the_result(
+        run: dict[str, Any]) -> None:
+    """The remote function is submitted in step N and its result taken (``ray.get``) in step
+    N+1: step N+1's span links to the call's span in step N's trace, whose subtree holds the
+    worker's span; the last result is taken outside any step: no link."""
+    spans = run["spans"]
+    by_id = {s["span_id"]: s for s in spans}
+    steps = {s["attributes"]["rl.step"]: s for s in spans if s["name"] == "train.step"}
+    calls = {by_id[s["parent"]]["attributes"]["rl.step"]: s for s in spans
+             if s["name"] == "__main__.score ray.remote"}
+    assert sorted(calls) == list(range(STEPS))
+    for step in range(STEPS):
+        links = [(t, sp) for t, sp, attrs in steps[step]["links"]
+                 if attrs.get("rl.link.type") == "ray.get"]
+        want = [] if step == 0 else [(calls[step - 1]["trace_id"], calls[step - 1]["span_id"])]
+        assert links == want, step
+        assert calls[step]["trace_id"] == steps[step]["trace_id"]
+    workers = [s for s in spans if s["name"] == "__main__.score ray.remote_worker"]
+    assert {(w["trace_id"], w["parent"]) for w in workers} == {
+        (c["trace_id"], c["span_id"]) for c in calls.values()}
 
 
 def test_driver_exit_without_ray_shutdown_flushes_every_actor(tmp_path: Path) -> None:

@@ -203,3 +203,44 @@ def test_memory_stays_bounded_by_the_otlp_queue_while_the_backend_is_away_for_a_
     finally:
         release.set()
         rx.stop()
+
+
+
+def test_send_now_waits_for_a_collector_that_answers_and_only_wakes_the_sender_after_a_failure(
+) -> None:
+    """What a Ray pooled worker calls when each remote function returns (``flush_tasks="all"``):
+    while the collector answers, the spans are sent before it returns; after a failed export
+    it only wakes the sender's thread, so a dead collector costs one wait, not one per call.
+    (The SDK's HTTP exporter into the real receiver; the sender's own schedule is an hour, so
+    only ``send_now`` and its wake make it send.)"""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from rltrace.processors import BoundedBatchProcessor
+
+    with OTLPReceiver() as rx:
+        sender = BoundedBatchProcessor(
+            OTLPSpanExporter(endpoint=rx.http_endpoint + "/v1/traces", timeout=5),
+            schedule_delay_s=3600)
+        provider = TracerProvider()
+        provider.add_span_processor(sender)
+        tracer = provider.get_tracer("send-now")
+
+        def one(name: str) -> bool:
+            tracer.start_span(name).end()  # queued for the sender
+            return sender.send_now(5.0)
+
+        assert one("sent.now") and [s.name for s in rx.spans()] == ["sent.now"]
+        rx.fail_with(400)
+        assert one("refused")  # this call waited: the export failed, the queue is empty
+        assert sender.last_ok is False and sender.stats()["failed"] == 1
+        refused = len(rx.requests)
+        assert not one("left.to.sender")  # returns at once: the sender's thread sends it
+        assert sender.force_flush(10_000)  # (waits for that send, or sends it)
+        assert len(rx.requests) == refused + 1 and sender.stats()["failed"] == 2
+        rx.fail_with(None)
+        assert not one("recovered")  # still after a failure: woken, sent by the sender
+        assert sender.force_flush(10_000) and sender.last_ok
+        assert one("sent.now.again")
+        assert [s.name for s in rx.spans()] == ["sent.now", "recovered", "sent.now.again"]
+        provider.shutdown()

@@ -5,11 +5,11 @@ async; rank 2 planted slow: every generate takes 30 ms more; the sync one called
 ``ActorPool``) running the sessions of the task the driver registers for each step, a
 trainer actor, a third rollout actor that is killed with ``ray.kill``, a reward actor
 created without ``actor_options`` (labelled by its class), a rollout actor that crashes
-once and is restarted by Ray, and two actors the trainer creates (one plain, one with
-``actor_options``).  OTLP goes to an
-in-process receiver with a secret header.  Writes ``OUT_DIR/result.json`` (the spans the
-receiver decoded, pids, what the killed actor had flushed) and leaves rltrace's files under
-``OUT_DIR/logs``.
+once and is restarted by Ray, two actors the trainer creates (one plain, one with
+``actor_options``), and a remote function (run by pooled workers) submitted in each step and
+consumed (``ray.get``) in the next.  OTLP goes to an in-process receiver with a secret
+header.  Writes ``OUT_DIR/result.json`` (the spans the receiver decoded, pids, what the
+killed actor had flushed) and leaves rltrace's files under ``OUT_DIR/logs``.
 """
 
 from __future__ import annotations
@@ -46,6 +46,28 @@ def _session(delay: float, own_task: bool = True) -> Any:
         pass
     rltrace.trace_session_event("mark_finalized", session_id=sid, status="accepted")
     return sid
+
+
+@ray.remote
+def score(step: int) -> dict[str, int]:
+    """A remote function (run by a pooled worker): one session of a task of its own."""
+    sid = rltrace.register_session(rltrace.register_task())
+    with rltrace.trace_session_phase("reward", session_id=sid):
+        time.sleep(0.002)
+    rltrace.trace_session_event("mark_finalized", session_id=sid, status="accepted")
+    return {"pid": os.getpid(), "submitted_in": step}
+
+
+@ray.remote
+def meet(folder: str, n: int) -> dict[str, int]:
+    """Runs until ``n`` calls of it run at once (so each in a pooled worker of its own)."""
+    Path(folder, str(os.getpid())).touch()
+    deadline = time.monotonic() + 60
+    while len(os.listdir(folder)) < n and time.monotonic() < deadline:
+        time.sleep(0.01)  # a rendezvous of processes, bounded
+    with rltrace.trace_scope("meet"):
+        pass
+    return {"pid": os.getpid(), "met": len(os.listdir(folder))}
 
 
 @ray.remote
@@ -166,9 +188,13 @@ def main(out: Path) -> None:
         slow = AsyncRollout.options(**rltrace.ray.actor_options("rollout", rank=2)).remote(0.031)
         trainer = Trainer.options(**rltrace.ray.actor_options("trainer", rank=3)).remote()
         doomed = Rollout.options(**rltrace.ray.actor_options("doomed", rank=4)).remote(0.0)
-        pids = {}
+        pids: dict[str, Any] = {}
+        scored, pending_score = [], None
         for step in range(STEPS):
             with rltrace.step(step):
+                if pending_score is not None:  # submitted in the step before: a ray.get link
+                    scored.append(ray.get(pending_score))
+                pending_score = score.remote(step)
                 task = rltrace.register_task()  # one task per step: its sessions run in actors
                 rltrace.set_task_id(task)
                 pending = slow.rollout.remote(SESSIONS)  # the sync actor through an ActorPool
@@ -176,6 +202,10 @@ def main(out: Path) -> None:
                 ray.get(pending)
                 rltrace.trace_session_event("mark_finalized", task_id=task, status="accepted")
                 pids["trainer"] = ray.get(trainer.train.remote(step))
+        scored.append(ray.get(pending_score))  # outside any step: no link
+        result["scored"] = scored
+        (out / "meet").mkdir()
+        result["met"] = ray.get([meet.remote(str(out / "meet"), 2) for _ in range(2)])
         pids["doomed"] = ray.get(doomed.record_then_flush.remote(3, 5))
         reward = Reward.remote()  # no actor_options: role Reward, rank 5
         pids["reward"] = ray.get(reward.score.remote(2))
@@ -198,7 +228,7 @@ def main(out: Path) -> None:
         rltrace.shutdown()
         spans = rx.spans()
         result["spans"] = [{"name": s.name, "trace_id": s.trace_id, "span_id": s.span_id,
-                            "parent": s.parent_span_id,
+                            "parent": s.parent_span_id, "links": s.links,
                             "attributes": {k: v for k, v in s.attributes.items()
                                            if k.startswith(("rl.", "args."))},
                             "resource": {k: v for k, v in s.resource_attributes.items()

@@ -1,0 +1,182 @@
+"""Ray results back into the consumer's span: ``ray.get`` links to the calls that produced them.
+
+Ray's tracing makes each remote call a span of the caller's trace (``Rollout.rollout
+ray.remote``), parent of the worker's span and of what the worker records under it.  When the
+results are consumed under another trace (async RL: rollouts submitted under step N are
+trained on in step N+1), :func:`rltrace.ray.init` makes ``ray.get`` (and what calls it:
+``ActorPool``, ...) add a span link from the current span, the consumer, to the span of each
+call whose result it returned (``rl.link.type`` = ``ray.get``).  Links within the consumer's
+own trace are left out: that relation is already its tree.
+
+Ray has no public hook for what a ``.remote()`` call returns: ``RemoteFunction._remote`` and
+``ActorMethod._remote`` are wrapped (as Ray's own tracing wraps them) and ``ray.get`` is
+replaced by a wrapper while the job runs; ``tests/test_ray.py`` fails on a Ray release where
+this stops working.  ``await ref`` in async code and a ``get`` imported before
+:func:`~rltrace.ray.init` (``from ray import get``) add no links.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any
+
+from opentelemetry.sdk.trace import SpanProcessor
+from opentelemetry.trace import SpanContext, SpanKind
+
+from . import pipeline, recorder
+from .sessions import RECENT_CAP
+
+#: the links a consumer gets carry this type (beside ``consumed`` of ``link_consumed``)
+LINK_TYPE = "ray.get"
+_GEN = RECENT_CAP // 2
+
+
+class Submissions(SpanProcessor):
+    """The span of each recent remote call, by the binary id of the refs it returned.
+
+    A span processor of the process's provider: it sees Ray's span of a call being submitted
+    (kind ``PRODUCER``) start on the submitting thread; the wrapped ``_remote`` reads it once
+    the call returns its refs.  The ``RECENT_CAP`` most recent refs are kept (ids only:
+    holding a ref would keep its object alive in the object store)."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._gens: list[dict[bytes, SpanContext]] = [{}, {}]
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        if getattr(span, "kind", None) is SpanKind.PRODUCER:
+            self._local.span = span
+
+    def submit(self, original: Any, *args: Any, **kwargs: Any) -> Any:
+        """Call Ray's ``_remote`` and remember the span of the call for the refs it returns."""
+        local = self._local
+        local.span = None
+        out = original(*args, **kwargs)
+        span = local.span
+        if span is not None:
+            local.span = None
+            try:
+                self._note(out, span.get_span_context())
+            except Exception as exc:  # never in the way of the call
+                pipeline.logger.debug("rltrace.ray: refs of a call not noted: %s", exc)
+        return out
+
+    def _note(self, out: Any, sc: SpanContext) -> None:
+        keys = [r.binary() for r in _refs(out)]
+        if not keys or not sc.is_valid:
+            return
+        with self._lock:
+            recent = self._gens[0]
+            for key in keys:
+                recent[key] = sc
+            if len(recent) >= _GEN:  # the older generation goes
+                self._gens[1] = recent
+                self._gens[0] = {}
+
+    def producer(self, ref: Any) -> SpanContext | None:
+        """The span of the call that returned ``ref``, if it is among the recent ones."""
+        key = ref.binary()
+        gens = self._gens
+        found = gens[0].get(key)
+        return found if found is not None else gens[1].get(key)
+
+    def link_consumer(self, object_refs: Any) -> int:
+        """Link the current span to the calls that produced ``object_refs`` (outside its own
+        trace); returns how many links were added."""
+        scope = recorder.current_scope()
+        target = scope if scope is not None else recorder.current_span()
+        if target is None or not target.is_recording():
+            return 0
+        own = target.get_span_context().trace_id
+        found: list[SpanContext] = []
+        for ref in _refs(object_refs):
+            sc = self.producer(ref)
+            if sc is not None and sc.trace_id != own and sc not in found:
+                found.append(sc)
+        if not found:
+            return 0
+        attrs = {"rl.link.type": LINK_TYPE}
+        if scope is not None:
+            links = scope.extras().setdefault("links", [])
+            known = {_ids(t) for t, _ in links}
+            links.extend((sc, dict(attrs)) for sc in found if _ids(sc) not in known)
+        else:  # a span of another instrumentation (SDK span: links after start are allowed)
+            for sc in found:
+                target.add_link(sc, dict(attrs))
+        return len(found)
+
+
+def _ids(target: Any) -> tuple[int, int]:
+    sc = target if isinstance(target, SpanContext) else target.get_span_context()
+    return sc.trace_id, sc.span_id
+
+
+def _refs(value: Any) -> list[Any]:
+    """The object refs in what ``_remote`` returned or ``ray.get`` was given (a ref, or a
+    list/tuple of refs; anything else has none)."""
+    import ray
+
+    if isinstance(value, ray.ObjectRef):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [r for r in value if isinstance(r, ray.ObjectRef)]
+    return []
+
+
+def install(submissions: Submissions) -> None:
+    """Wrap Ray's ``_remote`` of remote functions and actor methods and replace ``ray.get``
+    (once per process; :func:`uninstall` undoes it)."""
+    import ray
+    from ray.actor import ActorMethod
+    from ray.remote_function import RemoteFunction
+
+    for cls in (RemoteFunction, ActorMethod):
+        original = cls._remote
+        if getattr(original, "_rltrace_original", None) is not None:
+            continue
+
+        def _remote(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            return submissions.submit(_original, *args, **kwargs)
+
+        functools.update_wrapper(_remote, original)
+        _remote._rltrace_original = original  # type: ignore[attr-defined]
+        cls._remote = _remote  # type: ignore[method-assign]
+
+    get = ray.get
+    if getattr(get, "_rltrace_original", None) is None:
+        from ray.exceptions import GetTimeoutError
+
+        def link(object_refs: Any) -> None:
+            try:
+                submissions.link_consumer(object_refs)
+            except Exception as exc:
+                pipeline.logger.debug("rltrace.ray: ray.get not linked: %s", exc)
+
+        @functools.wraps(get)
+        def ray_get(object_refs: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                result = get(object_refs, *args, **kwargs)
+            except GetTimeoutError:  # nothing consumed
+                raise
+            except BaseException:  # a failed call's result is consumed too, as its error
+                link(object_refs)
+                raise
+            link(object_refs)
+            return result
+
+        ray_get._rltrace_original = get  # type: ignore[attr-defined]
+        ray.get = ray_get
+
+
+def uninstall() -> None:
+    """Put Ray's ``_remote`` methods and ``ray.get`` back."""
+    import ray
+    from ray.actor import ActorMethod
+    from ray.remote_function import RemoteFunction
+
+    for owner, name in ((RemoteFunction, "_remote"), (ActorMethod, "_remote"), (ray, "get")):
+        original = getattr(getattr(owner, name), "_rltrace_original", None)
+        if original is not None:
+            setattr(owner, name, original)
