@@ -693,7 +693,7 @@ class _StepFromCaller(SpanProcessor):
             self.announced = _announce_actor(self.info)
 
     def on_end(self, span: Any) -> None:
-        if (self.flush_tasks == "cycle" or span.kind is not SpanKind.CONSUMER
+        if (self.flush_tasks == "cycle" or getattr(span, "kind", None) is not SpanKind.CONSUMER
                 or not span.name.endswith(" ray.remote_worker")):
             return
         import ray
