@@ -351,14 +351,14 @@ class _Job:
 
     def actors(self, timeout_s: float = 10.0) -> list[Any]:
         """Handles of every actor of this job that has announced itself (ran a method)."""
-        return [handle for handle, _ in self.entries(timeout_s).values()]
+        return [handle for handle, _ in self.entries(timeout_s).values() if handle is not None]
 
     def flush_all(self, timeout_s: float = 30.0) -> int:
         import ray
 
         if not ray.is_initialized():
             return 0
-        return flush_actors(*self.actors(), timeout_s=timeout_s)
+        return flush_actors(timeout_s=timeout_s)  # every announced actor and pooled worker
 
 
 _JOB = _Job()
@@ -404,14 +404,18 @@ def announced_actors() -> list[Any]:
 def flush_actors(*actors: Any, timeout_s: float = 30.0) -> int:
     """Flush rltrace in each of these actors now (sync or async); returns how many confirmed.
 
-    With no actors given: every actor of the job that has run a method.  An actor that is dead
-    or does not answer within ``timeout_s`` is skipped.
+    With no actors given: every actor of the job that has run a method, and the tally of each
+    pooled worker that has run a remote function is read (what it holds unwritten is counted
+    in :func:`losses`).  An actor that is dead or does not answer within ``timeout_s`` is
+    skipped, and counted.
     """
     import ray
 
     entries = _JOB.entries()
-    if not actors:
-        actors = tuple(handle for handle, _ in entries.values())
+    whole_job = not actors
+    if whole_job:
+        actors = tuple(handle for handle, _ in entries.values() if handle is not None)
+        _count_pooled_losses([info for handle, info in entries.values() if handle is None])
     infos = {aid: info for aid, (_, info) in entries.items()}
     refs = [a.__ray_call__.remote(_flush_here) for a in actors]
     if not refs:
@@ -441,6 +445,29 @@ def flush_actors(*actors: Any, timeout_s: float = 30.0) -> int:
             "most flush_interval_s) is not in its files: %s", len(lost), len(actors),
             timeout_s, "; ".join(map(_describe_loss, lost)))
     return len(answered)
+
+
+def _count_pooled_losses(workers: list[dict[str, Any]]) -> None:
+    """Pooled workers have no handle to flush them by: each flushes when a remote function
+    returns (``flush_tasks``), and its tally says what it holds unwritten (a call killed
+    midway, or the export cycle's share under ``flush_tasks="cycle"``): counted as lost, since
+    ``ray.shutdown()`` ends it without exit handlers.  A tally that cannot be read here (another
+    node, no shared file system) is not counted: nothing says the worker lost anything."""
+    lost = []
+    for info in workers:
+        counts = read_tally(info["tally"]) if info.get("tally") else None
+        if counts is None or counts["unwritten"] == 0:
+            continue
+        out = {"actor_id": None, "role": info.get("role"), "rank": info.get("rank"),
+               "pid": info.get("pid"), **counts}
+        out["exited"] = bool(out["exited"])
+        lost.append(out)
+    if lost:
+        _JOB.losses.extend(lost)
+        pipeline.logger.warning(
+            "rltrace.ray: %d pooled worker processes hold sessions not in their files (a remote "
+            "function killed midway, or left to the export cycle): %s", len(lost),
+            "; ".join(map(_describe_loss, lost)))
 
 
 def losses() -> list[dict[str, Any]]:
@@ -682,6 +709,7 @@ class _StepFromCaller(SpanProcessor):
         self.announced = False
         self.info = info  # announced with the handle: role, rank, pid, tally file
         self.flush_tasks = flush_tasks
+        self.worker_announced = False
 
     def on_start(self, span: Any, parent_context: Any = None) -> None:
         if hasattr(span, "slot_attrs"):  # rltrace's own records: nothing to do
@@ -690,7 +718,29 @@ class _StepFromCaller(SpanProcessor):
         if type(step) is int and hasattr(span, "set_attribute"):
             span.set_attribute("rl.step", step)
         if not self.announced:
-            self.announced = _announce_actor(self.info)
+            self.announced = self._announce()
+
+    def _announce(self) -> bool:
+        """Add this worker to the job's registry: an actor with its handle (True: done); a
+        pooled worker running a remote function without one, once (False: a pooled worker may
+        host an actor later, announced then)."""
+        import ray
+
+        try:
+            ctx = ray.get_runtime_context()
+            actor_id = ctx.get_actor_id()
+            if actor_id is None and self.worker_announced:
+                return False
+            registry = ray.get_actor(REGISTRY_NAME)
+            if actor_id is None:  # waited for (once per process): the call may be killed
+                self.worker_announced = True
+                ray.get(registry.add.remote(f"worker-{ctx.get_worker_id()}", None, self.info),
+                        timeout=30)
+                return False
+            registry.add.remote(actor_id, ctx.current_actor, self.info)
+        except Exception as exc:  # no registry (ray.init not through rltrace.ray): by handle
+            pipeline.logger.debug("rltrace.ray: not announced: %s", exc)
+        return True
 
     def on_end(self, span: Any) -> None:
         if (self.flush_tasks == "cycle" or getattr(span, "kind", None) is not SpanKind.CONSUMER
@@ -709,21 +759,3 @@ class _StepFromCaller(SpanProcessor):
         p.flush()  # the files and session records written, spans handed to the OTLP sender
         if p.otlp is not None and self.flush_tasks == "all":  # sent, while the collector answers
             p.otlp.send_now(p.cfg.otlp.timeout_s if p.cfg.otlp.timeout_s is not None else 5.0)
-
-
-def _announce_actor(info: dict[str, Any]) -> bool:
-    """Add this actor's handle to the job's registry; False while this worker runs tasks, not an
-    actor (a pooled worker may host an actor later: asked again at its next span)."""
-    import ray
-
-    try:
-        ctx = ray.get_runtime_context()
-        actor_id = ctx.get_actor_id()
-        if actor_id is None:
-            return False  # a task: it ends with its call, and its worker flushes every cycle
-        registry = ray.get_actor(REGISTRY_NAME)
-        registry.add.remote(actor_id, ctx.current_actor, info)
-    except Exception as exc:  # no registry (ray.init not through rltrace.ray): flush by handle
-        pipeline.logger.debug("rltrace.ray: actor not announced: %s", exc)
-    return True
-

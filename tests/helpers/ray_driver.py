@@ -70,6 +70,16 @@ def meet(folder: str, n: int) -> dict[str, int]:
     return {"pid": os.getpid(), "met": len(os.listdir(folder))}
 
 
+@ray.remote(max_retries=0)
+def die_midway() -> None:
+    """Two sessions, one finalized, then the worker is killed (as an OOM kill would): no
+    flush at the call's end, none at exit."""
+    first = rltrace.register_session(rltrace.register_task())
+    rltrace.register_session(rltrace.register_task())
+    rltrace.trace_session_event("mark_finalized", session_id=first, status="accepted")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 @ray.remote
 class Rollout:
     def __init__(self, delay: float) -> None:
@@ -206,6 +216,10 @@ def main(out: Path) -> None:
         result["scored"] = scored
         (out / "meet").mkdir()
         result["met"] = ray.get([meet.remote(str(out / "meet"), 2) for _ in range(2)])
+        try:
+            ray.get(die_midway.remote())
+        except ray.exceptions.WorkerCrashedError:
+            result["died_midway"] = True
         pids["doomed"] = ray.get(doomed.record_then_flush.remote(3, 5))
         reward = Reward.remote()  # no actor_options: role Reward, rank 5
         pids["reward"] = ray.get(reward.score.remote(2))
@@ -224,6 +238,7 @@ def main(out: Path) -> None:
         ray.shutdown()  # plain: rltrace.ray.init wrapped it to flush every actor first
         result["ray_s"] = round(time.monotonic() - t0, 2)
         result["warnings"] = [m for m in warnings.messages if "did not answer the flush" in m]
+        result["pooled_warnings"] = [m for m in warnings.messages if "pooled worker" in m]
         result["losses"] = rltrace.ray.losses()
         rltrace.shutdown()
         spans = rx.spans()
