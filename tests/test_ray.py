@@ -269,6 +269,27 @@ def test_the_merged_trace_shows_each_actor_as_a_named_process(run: dict[str, Any
     assert sum(n.startswith("[rollout] Rank ") for n in names) == 2
 
 
+def test_rltrace_top_shows_each_actor_as_a_rank_with_its_role(run: dict[str, Any]) -> None:
+    """``rltrace top --once`` over the run: a row per process, with the actor's rank and role
+    (the live files each worker published), the pooled workers in their band."""
+    proc = subprocess.run([sys.executable, "-m", "rltrace.cli", "top", "--once",
+                           str(run["logdir"])], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "COLUMNS": "200"})
+    assert proc.returncode == 0, proc.stderr
+    ranks_table = proc.stdout.split("long tail")[0]  # the first table: a row per process
+    rows = {tuple(line.split()[:3]) for line in ranks_table.splitlines()
+            if line.split()[:1] and line.split()[0].isdigit()}
+    pid = run["pids"]
+    for role, rank, p in (("trainer", 3, pid["trainer"]), ("doomed", 4, pid["doomed"]),
+                          ("Reward", 5, pid["reward"]), ("Judge", 7, pid["judge"]),
+                          ("nested", 8, pid["nested"])):
+        assert (str(rank), role, str(p)) in rows, (role, rows)
+    assert {r[1] for r in rows if r[0] in ("1", "2")} == {"rollout"}
+    assert {(r[0], r[1]) for r in rows if r[0] == "6"} == {("6", "restarted")}
+    workers = {r for r in rows if r[1] == "ray-worker"}
+    assert workers and all(int(r[0]) >= WORKER_RANK_BASE for r in workers)
+
+
 def test_the_report_names_the_planted_slow_actor_in_every_step(run: dict[str, Any],
                                                                tmp_path: Path) -> None:
     """Rollout rank 2's generate takes 30 ms more: it holds every step's rollout."""
