@@ -116,9 +116,10 @@ def init(*args: Any, runtime_env: Mapping[str, Any] | None = None,
     answers), so ``ray.shutdown()`` loses nothing of it; ``"files"`` writes the files and
     leaves the OTLP send to the sender's thread (cheaper; a ``ray.shutdown()`` right after the
     call may cut that send); ``"cycle"`` leaves both to the export cycle (the cheapest;
-    ``ray.shutdown()`` loses what the worker recorded since its last cycle).  Actors are
-    flushed by handle instead.  A ``worker_process_setup_hook`` of yours in ``runtime_env``
-    still runs (after rltrace's).
+    ``ray.shutdown()`` loses what the worker recorded since its last cycle).  (A generator
+    task's span ends when Ray has the generator: what it records while yielding goes with
+    the worker's next call or cycle.)  Actors are flushed by handle instead.  A
+    ``worker_process_setup_hook`` of yours in ``runtime_env`` still runs (after rltrace's).
     """
     import ray
 
@@ -333,8 +334,9 @@ class _Job:
 
             ray.shutdown = shutdown
 
-        #: what the flushes found lost (see :func:`losses`)
-        self.losses: list[dict[str, Any]] = []
+        #: what the flushes found lost (see :func:`losses`), by actor id or tally file: a
+        #: later flush that finds the same one again replaces its entry
+        self.losses: dict[str, dict[str, Any]] = {}
 
     def entries(self, timeout_s: float = 10.0) -> dict[str, tuple[Any, dict[str, Any]]]:
         """Actor id -> (handle, what it announced) for every actor of this job that has
@@ -351,14 +353,18 @@ class _Job:
 
     def actors(self, timeout_s: float = 10.0) -> list[Any]:
         """Handles of every actor of this job that has announced itself (ran a method)."""
-        return [handle for handle, _ in self.entries(timeout_s).values() if handle is not None]
+        return [handle for handle, _ in self.entries(timeout_s).values()]
 
-    def flush_all(self, timeout_s: float = 30.0) -> int:
+    def flush_all(self, *actors: Any, timeout_s: float = 30.0) -> int:
+        """At shutdown: flush these actors (default: every announced one), then count what
+        the job's pooled workers hold unwritten (``ray.shutdown()`` ends them next)."""
         import ray
 
         if not ray.is_initialized():
             return 0
-        return flush_actors(timeout_s=timeout_s)  # every announced actor and pooled worker
+        confirmed = flush_actors(*actors, timeout_s=timeout_s)
+        _count_pooled_losses()
+        return confirmed
 
 
 _JOB = _Job()
@@ -404,18 +410,14 @@ def announced_actors() -> list[Any]:
 def flush_actors(*actors: Any, timeout_s: float = 30.0) -> int:
     """Flush rltrace in each of these actors now (sync or async); returns how many confirmed.
 
-    With no actors given: every actor of the job that has run a method, and the tally of each
-    pooled worker that has run a remote function is read (what it holds unwritten is counted
-    in :func:`losses`).  An actor that is dead or does not answer within ``timeout_s`` is
-    skipped, and counted.
+    With no actors given: every actor of the job that has run a method.  An actor that is dead
+    or does not answer within ``timeout_s`` is skipped, and counted in :func:`losses`.
     """
     import ray
 
     entries = _JOB.entries()
-    whole_job = not actors
-    if whole_job:
-        actors = tuple(handle for handle, _ in entries.values() if handle is not None)
-        _count_pooled_losses([info for handle, info in entries.values() if handle is None])
+    if not actors:
+        actors = tuple(handle for handle, _ in entries.values())
     infos = {aid: info for aid, (_, info) in entries.items()}
     refs = [a.__ray_call__.remote(_flush_here) for a in actors]
     if not refs:
@@ -438,7 +440,7 @@ def flush_actors(*actors: Any, timeout_s: float = 30.0) -> int:
                               len(ended), ", ".join(f"rank {x['rank']} ({x['role']})"
                                                     for x in ended))
     if lost:
-        _JOB.losses.extend(lost)
+        _JOB.losses.update((x["actor_id"] or f"#{len(_JOB.losses)}", x) for x in lost)
         pipeline.logger.warning(
             "rltrace.ray: %d of %d actors did not answer the flush (killed, lost with their node, "
             "or still busy after %.0f s); what each recorded since its last export cycle (at "
@@ -447,37 +449,77 @@ def flush_actors(*actors: Any, timeout_s: float = 30.0) -> int:
     return len(answered)
 
 
-def _count_pooled_losses(workers: list[dict[str, Any]]) -> None:
-    """Pooled workers have no handle to flush them by: each flushes when a remote function
-    returns (``flush_tasks``), and its tally says what it holds unwritten (a call killed
-    midway, or the export cycle's share under ``flush_tasks="cycle"``): counted as lost, since
-    ``ray.shutdown()`` ends it without exit handlers.  A tally that cannot be read here (another
-    node, no shared file system) is not counted: nothing says the worker lost anything."""
+def _count_pooled_losses() -> None:
+    """At shutdown: pooled workers have no handle to flush them by.  Each flushes when a remote
+    function returns (``flush_tasks``) and published its tally file in Ray's key-value store
+    at start; what one holds unwritten (a call killed or still running, or the export cycle's
+    share under ``flush_tasks="cycle"``) is lost when ``ray.shutdown()`` ends it, and counted
+    here.  A tally that cannot be read here (another node, no shared file system) is not
+    counted: nothing says that worker lost anything.  A pooled worker that hosts an actor is
+    the actor's (flushed by handle)."""
+    actor_pids = {info.get("pid") for _, info in _JOB.entries().values()}
     lost = []
-    for info in workers:
-        counts = read_tally(info["tally"]) if info.get("tally") else None
+    for info in _pooled_workers():
+        if info.get("pid") in actor_pids or not info.get("tally"):
+            continue
+        counts = read_tally(info["tally"])
         if counts is None or counts["unwritten"] == 0:
             continue
         out = {"actor_id": None, "role": info.get("role"), "rank": info.get("rank"),
                "pid": info.get("pid"), **counts}
         out["exited"] = bool(out["exited"])
         lost.append(out)
+        _JOB.losses[info["tally"]] = out
     if lost:
-        _JOB.losses.extend(lost)
         pipeline.logger.warning(
             "rltrace.ray: %d pooled worker processes hold sessions not in their files (a remote "
-            "function killed midway, or left to the export cycle): %s", len(lost),
-            "; ".join(map(_describe_loss, lost)))
+            "function killed midway or still running, or left to the export cycle): %s",
+            len(lost), "; ".join(map(_describe_loss, lost)))
+
+
+def _kv_prefix() -> str:
+    import ray
+
+    return f"rltrace/{ray.get_runtime_context().get_job_id()}"
+
+
+def _publish_pooled_worker(info: dict[str, Any]) -> None:
+    """In a pooled worker at start: its role, rank, pid and tally file, for the driver."""
+    from ray.experimental.internal_kv import _internal_kv_put
+
+    try:
+        _internal_kv_put(f"{_kv_prefix()}/worker-info/{info['rank']}".encode(),
+                         json.dumps(info).encode(), overwrite=True)
+    except Exception as exc:
+        pipeline.logger.debug("rltrace.ray: pooled worker not published: %s", exc)
+
+
+def _pooled_workers() -> list[dict[str, Any]]:
+    """What the job's pooled workers published at start (read in the driver)."""
+    from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_list
+
+    try:
+        prefix = f"{_kv_prefix()}/worker-info/".encode()
+        out = []
+        for key in _internal_kv_list(prefix):
+            value = _internal_kv_get(key)
+            if value:
+                out.append(json.loads(value))
+        return out
+    except Exception as exc:
+        pipeline.logger.debug("rltrace.ray: pooled workers not read: %s", exc)
+        return []
 
 
 def losses() -> list[dict[str, Any]]:
     """What the flushes of this driver found not flushed: one dict per actor that did not answer
-    (``role``, ``rank``, ``pid``; ``registered``, ``finalized``, ``written`` sessions and
-    ``unwritten``, those whose record never reached its files, read from the actor's
-    :mod:`rltrace.tally` file; None where no count could be read: an actor lost with its node,
-    or one that never announced itself).  An actor that had ended gracefully (it flushed at its
-    exit and wrote every session) is not among them."""
-    return [dict(x) for x in _JOB.losses]
+    and per pooled worker that held sessions unwritten at shutdown (``role``, ``rank``,
+    ``pid``; ``registered``, ``finalized``, ``written`` sessions and ``unwritten``, those whose
+    record never reached its files, read from the worker's :mod:`rltrace.tally` file; None
+    where no count could be read: an actor lost with its node, or one that never announced
+    itself).  An actor that had ended gracefully (it flushed at its exit and wrote every
+    session) is not among them."""
+    return [dict(x) for x in _JOB.losses.values()]
 
 
 def _actor_id(handle: Any) -> str | None:
@@ -517,7 +559,7 @@ def shutdown(*actors: Any, timeout_s: float = 30.0) -> int:
     """
     import ray
 
-    confirmed = flush_actors(*actors, timeout_s=timeout_s) if ray.is_initialized() else 0
+    confirmed = _JOB.flush_all(*actors, timeout_s=timeout_s)
     _unlabel_actor_creation()
     ray_links.uninstall()
     _JOB.registry = None
@@ -561,6 +603,8 @@ def _setup_worker(payload: dict[str, Any], user_hook: Any = None,
                 sessions.REGISTRY.tally = sp.writer.tally = tally.view
             info["tally"] = str(tally.path)
             _WORKER_TALLY.append(tally)  # the map lives as long as the process
+        if os.environ.get(RANK_ENV) is None and p.rank >= WORKER_RANK_BASE:
+            _publish_pooled_worker(info)
         p.processor.add_span_processor(_StepFromCaller(info, flush_tasks))
         p.processor.add_span_processor(_JOB.submissions)
         ray_links.install(_JOB.submissions)
@@ -585,11 +629,10 @@ def _pooled_worker_rank() -> int:
     other worker of the job has claimed, claimed in Ray's key-value store (GCS) with a
     put-if-absent per rank.  (Not from the registry actor: a call to an actor from the setup
     hook crashes Ray 2.60's worker.)  0, as the driver, when the store does not answer."""
-    import ray
     from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_put
 
     try:
-        prefix = f"rltrace/{ray.get_runtime_context().get_job_id()}/worker-rank"
+        prefix = f"{_kv_prefix()}/worker-rank"
         hint = _internal_kv_get(f"{prefix}/next".encode())  # a hint: the claims decide
         rank = max(WORKER_RANK_BASE, int(hint) if hint else 0)
         while _internal_kv_put(f"{prefix}/{rank}".encode(), b"", overwrite=False):
@@ -709,7 +752,6 @@ class _StepFromCaller(SpanProcessor):
         self.announced = False
         self.info = info  # announced with the handle: role, rank, pid, tally file
         self.flush_tasks = flush_tasks
-        self.worker_announced = False
 
     def on_start(self, span: Any, parent_context: Any = None) -> None:
         if hasattr(span, "slot_attrs"):  # rltrace's own records: nothing to do
@@ -718,29 +760,8 @@ class _StepFromCaller(SpanProcessor):
         if type(step) is int and hasattr(span, "set_attribute"):
             span.set_attribute("rl.step", step)
         if not self.announced:
-            self.announced = self._announce()
-
-    def _announce(self) -> bool:
-        """Add this worker to the job's registry: an actor with its handle (True: done); a
-        pooled worker running a remote function without one, once (False: a pooled worker may
-        host an actor later, announced then)."""
-        import ray
-
-        try:
-            ctx = ray.get_runtime_context()
-            actor_id = ctx.get_actor_id()
-            if actor_id is None and self.worker_announced:
-                return False
-            registry = ray.get_actor(REGISTRY_NAME)
-            if actor_id is None:  # waited for (once per process): the call may be killed
-                self.worker_announced = True
-                ray.get(registry.add.remote(f"worker-{ctx.get_worker_id()}", None, self.info),
-                        timeout=30)
-                return False
-            registry.add.remote(actor_id, ctx.current_actor, self.info)
-        except Exception as exc:  # no registry (ray.init not through rltrace.ray): by handle
-            pipeline.logger.debug("rltrace.ray: not announced: %s", exc)
-        return True
+            self.announced = True  # the registry call's own span comes back here: skipped
+            self.announced = _announce_actor(self.info)
 
     def on_end(self, span: Any) -> None:
         if (self.flush_tasks == "cycle" or getattr(span, "kind", None) is not SpanKind.CONSUMER
@@ -759,3 +780,20 @@ class _StepFromCaller(SpanProcessor):
         p.flush()  # the files and session records written, spans handed to the OTLP sender
         if p.otlp is not None and self.flush_tasks == "all":  # sent, while the collector answers
             p.otlp.send_now(p.cfg.otlp.timeout_s if p.cfg.otlp.timeout_s is not None else 5.0)
+
+
+def _announce_actor(info: dict[str, Any]) -> bool:
+    """Add this actor's handle to the job's registry; False while this worker runs tasks, not an
+    actor (a pooled worker may host an actor later: asked again at its next span)."""
+    import ray
+
+    try:
+        ctx = ray.get_runtime_context()
+        actor_id = ctx.get_actor_id()
+        if actor_id is None:
+            return False  # a remote function: its worker published itself at start
+        registry = ray.get_actor(REGISTRY_NAME)
+        registry.add.remote(actor_id, ctx.current_actor, info)
+    except Exception as exc:  # no registry (ray.init not through rltrace.ray): flush by handle
+        pipeline.logger.debug("rltrace.ray: actor not announced: %s", exc)
+    return True

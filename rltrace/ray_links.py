@@ -18,6 +18,7 @@ this stops working.  ``await ref`` in async code and a ``get`` imported before
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 from typing import Any
 
@@ -37,8 +38,9 @@ class Submissions(SpanProcessor):
 
     A span processor of the process's provider: it sees Ray's span of a call being submitted
     (kind ``PRODUCER``) start on the submitting thread; the wrapped ``_remote`` reads it once
-    the call returns its refs.  The ``RECENT_CAP`` most recent refs are kept (ids only:
-    holding a ref would keep its object alive in the object store)."""
+    the call returns its refs.  The most recent refs are kept, between ``RECENT_CAP / 2`` and
+    ``RECENT_CAP`` of them (two generations; ids only: holding a ref would keep its object
+    alive in the object store)."""
 
     def __init__(self) -> None:
         self._local = threading.local()
@@ -90,22 +92,32 @@ class Submissions(SpanProcessor):
         if target is None or not target.is_recording():
             return 0
         own = target.get_span_context().trace_id
+        links = scope.extras().setdefault("links", []) if scope is not None else []
+        known = {_ids(t) for t, _ in links}
+        room = _max_links() - len(links)  # beyond the span's link limit they would be cut
         found: list[SpanContext] = []
         for ref in _refs(object_refs):
+            if len(found) >= room:
+                break
             sc = self.producer(ref)
-            if sc is not None and sc.trace_id != own and sc not in found:
+            if sc is not None and sc.trace_id != own and _ids(sc) not in known:
+                known.add(_ids(sc))
                 found.append(sc)
         if not found:
             return 0
-        attrs = {"rl.link.type": LINK_TYPE}
         if scope is not None:
-            links = scope.extras().setdefault("links", [])
-            known = {_ids(t) for t, _ in links}
-            links.extend((sc, dict(attrs)) for sc in found if _ids(sc) not in known)
+            links.extend((sc, {"rl.link.type": LINK_TYPE}) for sc in found)
         else:  # a span of another instrumentation (SDK span: links after start are allowed)
             for sc in found:
-                target.add_link(sc, dict(attrs))
+                target.add_link(sc, {"rl.link.type": LINK_TYPE})
         return len(found)
+
+
+def _max_links() -> int:
+    """The pipeline's link limit per span (``OTEL_SPAN_LINK_COUNT_LIMIT``, the SDK's 128)."""
+    p = pipeline.get_pipeline()
+    limit = p.builder.limits.max_links if p is not None else 128
+    return sys.maxsize if limit is None else limit
 
 
 def _ids(target: Any) -> tuple[int, int]:

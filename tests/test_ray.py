@@ -87,6 +87,36 @@ def test_init_names_a_bad_flush_tasks_mode_and_the_ones_there_are() -> None:
         rray.init(flush_tasks="al")
 
 
+def test_ray_get_links_each_producing_call_once_and_no_more_than_the_link_limit(
+        tmp_path: Path) -> None:
+    """In-process (no cluster): object refs made from ids, mapped to producer spans as the
+    wrapped ``_remote`` maps them; the cluster run checks the wrapping itself."""
+    import ray
+    from opentelemetry.trace import SpanContext, TraceFlags
+
+    import rltrace
+    from rltrace.ray_links import Submissions
+
+    rltrace.configure(fileroot=str(tmp_path), exporters={"chrome": False})
+    subs = Submissions()
+    refs = [ray.ObjectRef(os.urandom(28)) for _ in range(300)]
+    for i, ref in enumerate(refs):
+        sc = SpanContext(0xABC0 + i // 2, 0x10 + i // 2, False, TraceFlags(1))  # 2 refs a call
+        subs._note(ref, sc)
+    with rltrace.trace_scope("consumer") as scope:
+        assert subs.link_consumer(refs[:6] + refs[:6]) == 3  # three calls, each linked once
+        assert subs.link_consumer(refs[:6]) == 0
+        assert subs.link_consumer(refs) == 128 - 3  # the SDK's default link limit
+        links = scope.extras()["links"]
+    assert len(links) == 128
+    assert len({(t.trace_id, t.span_id) for t, _ in links}) == 128
+    assert {a["rl.link.type"] for _, a in links} == {"ray.get"}
+    with rltrace.trace_scope("same.trace") as own:  # a call made under the consumer's own trace
+        subs._note(refs[0], own.get_span_context())
+        assert subs.link_consumer(refs[0]) == 0
+    rltrace.shutdown()
+
+
 def test_an_explicit_rank_already_held_is_warned_about(caplog: pytest.LogCaptureFixture) -> None:
     import rltrace.ray as rray
 
@@ -329,6 +359,7 @@ def test_remote_functions_run_in_workers_with_ranks_of_their_own_and_nothing_is_
     ``ray.shutdown()`` ends pooled workers without their exit handlers."""
     scored = run["scored"]
     assert [s["submitted_in"] for s in scored] == list(range(STEPS))
+    assert all(s["sent_before_result"] for s in scored)  # OTLP too, before the result came
     records = _records(run["logdir"], "ray-worker")
     assert len(records) == STEPS
     assert all(r["rank"] >= WORKER_RANK_BASE for r in records)
@@ -351,21 +382,25 @@ def test_remote_functions_run_in_workers_with_ranks_of_their_own_and_nothing_is_
 
 def test_ray_get_links_the_consuming_step_to_the_call_that_produced_the_result(
         run: dict[str, Any]) -> None:
-    """The remote function is submitted in step N and its result taken (``ray.get``) in step
-    N+1: step N+1's span links to the call's span in step N's trace, whose subtree holds the
-    worker's span; the last result is taken outside any step: no link."""
+    """A remote function and an actor method are called in step N and their results taken
+    (``ray.get``) in step N+1: step N+1's span links to both calls' spans in step N's trace,
+    whose subtrees hold the workers' spans; the last result is taken outside any step: no
+    link."""
     spans = run["spans"]
     by_id = {s["span_id"]: s for s in spans}
     steps = {s["attributes"]["rl.step"]: s for s in spans if s["name"] == "train.step"}
     calls = {by_id[s["parent"]]["attributes"]["rl.step"]: s for s in spans
              if s["name"] == "__main__.score ray.remote"}
-    assert sorted(calls) == list(range(STEPS))
+    pings = {by_id[s["parent"]]["attributes"]["rl.step"]: s for s in spans
+             if s["name"] == "Rollout.ping ray.remote"}
+    assert sorted(calls) == sorted(pings) == list(range(STEPS))
     for step in range(STEPS):
-        links = [(t, sp) for t, sp, attrs in steps[step]["links"]
-                 if attrs.get("rl.link.type") == "ray.get"]
-        want = [] if step == 0 else [(calls[step - 1]["trace_id"], calls[step - 1]["span_id"])]
+        links = {(t, sp) for t, sp, attrs in steps[step]["links"]
+                 if attrs.get("rl.link.type") == "ray.get"}
+        want = set() if step == 0 else {(c[step - 1]["trace_id"], c[step - 1]["span_id"])
+                                        for c in (calls, pings)}
         assert links == want, step
-        assert calls[step]["trace_id"] == steps[step]["trace_id"]
+        assert calls[step]["trace_id"] == pings[step]["trace_id"] == steps[step]["trace_id"]
     workers = [s for s in spans if s["name"] == "__main__.score ray.remote_worker"]
     assert {(w["trace_id"], w["parent"]) for w in workers} == {
         (c["trace_id"], c["span_id"]) for c in calls.values()}

@@ -205,7 +205,6 @@ def test_memory_stays_bounded_by_the_otlp_queue_while_the_backend_is_away_for_a_
         rx.stop()
 
 
-
 def test_send_now_waits_for_a_collector_that_answers_and_only_wakes_the_sender_after_a_failure(
 ) -> None:
     """What a Ray pooled worker calls when each remote function returns (``flush_tasks="all"``):

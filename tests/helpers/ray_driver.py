@@ -55,7 +55,7 @@ def score(step: int) -> dict[str, int]:
     with rltrace.trace_session_phase("reward", session_id=sid):
         time.sleep(0.002)
     rltrace.trace_session_event("mark_finalized", session_id=sid, status="accepted")
-    return {"pid": os.getpid(), "submitted_in": step}
+    return {"pid": os.getpid(), "submitted_in": step, "session": sid}
 
 
 @ray.remote
@@ -95,6 +95,9 @@ class Rollout:
         rltrace.flush(wait_s=10)  # an export cycle, and OTLP sent (before the kill, surely)
         for _ in range(unflushed):
             _session(0.0)
+        return os.getpid()
+
+    def ping(self) -> int:
         return os.getpid()
 
     def crash_once(self, marker: str) -> int:
@@ -199,12 +202,22 @@ def main(out: Path) -> None:
         trainer = Trainer.options(**rltrace.ray.actor_options("trainer", rank=3)).remote()
         doomed = Rollout.options(**rltrace.ray.actor_options("doomed", rank=4)).remote(0.0)
         pids: dict[str, Any] = {}
-        scored, pending_score = [], None
+        scored: list[dict[str, Any]] = []
+        pending_score = pending_ping = None
+
+        def take_score() -> None:
+            got = ray.get(pending_score)
+            # flush_tasks="all": the call's spans reached the collector before its result came
+            sent = {s.attributes.get("rl.session.id") for s in rx.spans() if s.name == "rl.session"}
+            scored.append({**got, "sent_before_result": got["session"] in sent})
+
         for step in range(STEPS):
             with rltrace.step(step):
-                if pending_score is not None:  # submitted in the step before: a ray.get link
-                    scored.append(ray.get(pending_score))
+                if pending_score is not None:  # submitted in the step before: ray.get links
+                    take_score()
+                    ray.get(pending_ping)  # an actor method's result, likewise
                 pending_score = score.remote(step)
+                pending_ping = fast.ping.remote()
                 task = rltrace.register_task()  # one task per step: its sessions run in actors
                 rltrace.set_task_id(task)
                 pending = slow.rollout.remote(SESSIONS)  # the sync actor through an ActorPool
@@ -212,7 +225,7 @@ def main(out: Path) -> None:
                 ray.get(pending)
                 rltrace.trace_session_event("mark_finalized", task_id=task, status="accepted")
                 pids["trainer"] = ray.get(trainer.train.remote(step))
-        scored.append(ray.get(pending_score))  # outside any step: no link
+        take_score()  # outside any step: no link
         result["scored"] = scored
         (out / "meet").mkdir()
         result["met"] = ray.get([meet.remote(str(out / "meet"), 2) for _ in range(2)])
