@@ -94,8 +94,8 @@ _dict_set = dict.__setitem__
 class RecorderState:
     """Mutable state shared by the hot path and the exporter thread."""
 
-    __slots__ = ("buffer", "cap", "device", "dropped", "enabled", "on_start", "overflow", "pid",
-                 "sampling", "wake", "wake_at")
+    __slots__ = ("buffer", "cap", "device", "dropped", "enabled", "help", "help_at", "on_start",
+                 "overflow", "pid", "sampling", "wake", "wake_at")
 
     def __init__(self) -> None:
         self.enabled = False
@@ -103,6 +103,11 @@ class RecorderState:
         self.cap = 262_144
         self.wake_at = 8_192
         self.wake: Any = _noop
+        #: past this many queued records the recording thread runs an export cycle itself
+        #: when no cycle is running (:meth:`rltrace.pipeline.Pipeline.help`), every
+        #: ``HELP_EVERY`` records
+        self.help_at = 1 << 62
+        self.help: Any = _noop
         #: called with a kept record (task, session, phase) that meets a queue at twice its
         #: cap: the pipeline makes room by exporting on the caller's thread (backpressure)
         self.overflow: Any = None
@@ -136,6 +141,19 @@ def _call_on_start(span: Any, parent_context: Any) -> None:
 STATE = RecorderState()
 
 
+#: how often (in queued records) a recording thread past ``help_at`` offers to help
+HELP_EVERY = 512
+
+
+def _past_wake(state: RecorderState, n: int) -> None:
+    """A record was queued at position ``n`` >= ``wake_at``: wake the exporter at the mark, and
+    past ``help_at`` offer a cycle on this thread every ``HELP_EVERY`` records."""
+    if n == state.wake_at:
+        state.wake()
+    elif n >= state.help_at and not n % HELP_EVERY:
+        state.help()
+
+
 def push(item: Any, keep: bool = False) -> None:
     """Queue a finished span for export; count it as dropped when the buffer is full.
 
@@ -149,8 +167,8 @@ def push(item: Any, keep: bool = False) -> None:
     n = len(buf)
     if n < state.cap or (keep and n < 2 * state.cap):
         buf.append(item)
-        if n == state.wake_at:
-            state.wake()
+        if n >= state.wake_at:
+            _past_wake(state, n)
     elif keep and state.overflow is not None:
         state.overflow(item)
     else:
@@ -326,8 +344,8 @@ class Scope(Span):
                     n = len(buf)
                     if n < state.cap:
                         buf.append(self)
-                        if n == state.wake_at:
-                            state.wake()
+                        if n >= state.wake_at:
+                            _past_wake(state, n)
                     else:
                         state.dropped += 1
         except Exception as err:  # pragma: no cover - defensive

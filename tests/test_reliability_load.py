@@ -503,3 +503,70 @@ def test_a_burst_of_one_million_sessions_leaves_one_million_records_on_disk(tmp_
     # bounded: the queue holds at most twice its cap of records, whatever the burst
     held_bytes = 2 * result["max_queue_size"] * result["bytes_per_held_record"]
     assert result["peak_rss_mb"] - result["rss_before_mb"] < 2 * held_bytes / 2**20 + 200, result
+
+
+def test_a_burst_on_the_default_queue_is_exported_by_the_recording_thread_past_help_at(
+        tmp_path: Path) -> None:
+    """The default queue (cap 262,144) and a loop faster than the exporter thread, which shares
+    its GIL: that burst used to queue most of itself (71k of 80k records in bench_compare's
+    20k-session run), and the GC's full collections walked every queued record.  Past
+    ``HELP_AT`` the recording thread exports cycles itself, so the queue stays near it."""
+    rltrace.configure(fileroot=str(tmp_path), flush_at_exit=False,
+                      session_tracer={"enabled": True})
+    n, peak = 40_000, 0
+    for i in range(n):
+        task = rltrace.register_task()
+        sid = rltrace.register_session(task)
+        with rltrace.trace_session_phase("generate", session_id=sid):
+            pass
+        with rltrace.trace_session_phase("reward", session_id=sid):
+            pass
+        rltrace.trace_session_event("mark_finalized", session_id=sid, status="accepted")
+        if i % 97 == 0:
+            peak = max(peak, len(STATE.buffer))
+    diag = rltrace.diagnostics()
+    rltrace.flush()
+    written = rltrace.diagnostics()["sessions"]["written"]
+    rltrace.shutdown()
+    assert diag["helped_cycles"] > 0 and diag["dropped"] == 0 and diag["backpressure_cycles"] == 0
+    assert written == n
+    # near HELP_AT: a cycle of CYCLE_MAX every HELP_EVERY records past it (one back-off of
+    # HELP_AT allowed for a cycle that outlasted HELP_WAIT_S on a loaded machine)
+    assert peak <= 3 * pipeline.HELP_AT, peak
+
+
+def test_help_waits_a_bounded_time_for_a_stalled_cycle_then_backs_off(tmp_path: Path) -> None:
+    """A cycle that does not end (a stalled disk, here a thread holding the pipeline's lock):
+    the recording thread waits at most ``HELP_WAIT_S`` once, then leaves the exporter alone
+    until the queue has grown by another ``HELP_AT`` records."""
+    rltrace.configure(fileroot=str(tmp_path), flush_at_exit=False, flush_interval_s=3600)
+    p = pipeline.get_pipeline()
+    assert p is not None
+    for _ in range(100):
+        with rltrace.trace_scope("queued"):
+            pass
+    held, release = threading.Event(), threading.Event()
+
+    def stalled_cycle() -> None:
+        with p._lock:
+            held.set()
+            release.wait(60)
+
+    stuck = threading.Thread(target=stalled_cycle)
+    stuck.start()
+    try:
+        assert held.wait(10)
+        p.help()  # waits HELP_WAIT_S for the lock, then gives up
+        assert (p.help_timeouts, p.helped) == (1, 0)
+        p.help()  # backed off: the queue has not grown by HELP_AT since
+        assert (p.help_timeouts, p.helped) == (1, 0)
+        assert len(STATE.buffer) == 100
+    finally:
+        release.set()
+        stuck.join()
+    p.help()  # the queue has not grown: still backed off, nothing exported here
+    assert p.helped == 0
+    p._help_after = 0  # (as after the queue grew past it)
+    p.help()
+    assert p.helped == 1 and len(STATE.buffer) == 0  # one cycle: up to CYCLE_MAX records
+    rltrace.shutdown()
