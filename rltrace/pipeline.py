@@ -73,6 +73,7 @@ CYCLE_MAX = 2048
 #: how long :meth:`Pipeline.help` waits for a running cycle before backing off
 HELP_WAIT_S = 0.1
 
+
 class Pipeline:
     """One configured tracing pipeline (see module docstring)."""
 

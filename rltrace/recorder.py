@@ -103,9 +103,9 @@ class RecorderState:
         self.cap = 262_144
         self.wake_at = 8_192
         self.wake: Any = _noop
-        #: past this many queued records the recording thread runs an export cycle itself
-        #: when no cycle is running (:meth:`rltrace.pipeline.Pipeline.help`), every
-        #: ``HELP_EVERY`` records
+        #: past this many queued records the recording thread runs an export cycle itself,
+        #: after the running one if any, every ``HELP_EVERY`` records
+        #: (:meth:`rltrace.pipeline.Pipeline.help`)
         self.help_at = 1 << 62
         self.help: Any = _noop
         #: called with a kept record (task, session, phase) that meets a queue at twice its
