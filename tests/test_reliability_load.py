@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 import pytest
-from conftest import clean_env
+from conftest import clean_env, one_session
 from opentelemetry.sdk.metrics.export import MetricReader
 
 import rltrace
@@ -515,13 +515,7 @@ def test_a_burst_on_the_default_queue_is_exported_by_the_recording_thread_past_h
                       session_tracer={"enabled": True})
     n, peak = 40_000, 0
     for i in range(n):
-        task = rltrace.register_task()
-        sid = rltrace.register_session(task)
-        with rltrace.trace_session_phase("generate", session_id=sid):
-            pass
-        with rltrace.trace_session_phase("reward", session_id=sid):
-            pass
-        rltrace.trace_session_event("mark_finalized", session_id=sid, status="accepted")
+        one_session()
         if i % 97 == 0:
             peak = max(peak, len(STATE.buffer))
     diag = rltrace.diagnostics()
