@@ -298,16 +298,18 @@ class Pipeline:
         lock = self._lock
         if len(STATE.buffer) < self._help_after or lock.held_by_me():
             return
-        if not lock.acquire(timeout=HELP_WAIT_S):
+        if lock.acquire(timeout=HELP_WAIT_S):
+            try:
+                self.helped += 1
+                self._help_after = 0
+                self.flush(everything=False, batch=CYCLE_MAX)
+            finally:
+                lock.release()
+        else:
             self.help_timeouts += 1
             self._help_after = len(STATE.buffer) + HELP_AT
-            return
-        try:
-            self.helped += 1
-            self._help_after = 0
-            self.flush(everything=False, batch=CYCLE_MAX)
-        finally:
-            lock.release()
+        if self._on_unlock is not None:  # a SIGTERM deferred while this thread waited or held
+            self._on_unlock()
 
     def overflow(self, record: Any) -> None:
         """A kept record met a queue at twice its cap: export a batch on this thread first.

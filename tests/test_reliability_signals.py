@@ -94,3 +94,52 @@ def test_sigterm_from_torchrun_loses_no_session_on_any_rank(tmp_path: Path) -> N
         missing = set(counted) - set(on_disk)
         assert not missing, f"rank {rank}: {len(missing)} of {len(counted)} finalized sessions lost"
         assert len(on_disk) == len(set(on_disk))
+
+
+_HELP_CHILD = r'''
+import os, signal, sys, threading, time
+signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the defaults, whatever was inherited
+signal.signal(signal.SIGINT, signal.default_int_handler)
+import rltrace
+from rltrace import pipeline
+rltrace.configure(fileroot=sys.argv[1], flush_interval_s=3600, flush_at_exit=False,
+                  session_tracer={"enabled": True})
+p = pipeline.get_pipeline()
+sid = rltrace.register_session(rltrace.register_task())
+rltrace.trace_session_event("mark_finalized", session_id=sid, status="accepted")
+held, release = threading.Event(), threading.Event()
+
+def stalled_cycle():
+    with p._lock:
+        held.set()
+        release.wait(60)
+
+def terminate():
+    while not p._lock._waiters:  # until the main thread waits for the lock in help()
+        time.sleep(0.001)
+    os.kill(os.getpid(), signal.SIGTERM)
+    while not p.help_timeouts:  # until help() gave up waiting
+        time.sleep(0.001)
+    release.set()  # the handler's own flush can take the lock now
+
+threading.Thread(target=stalled_cycle, daemon=True).start()
+held.wait(60)
+threading.Thread(target=terminate, daemon=True).start()
+p.help()  # SIGTERM lands while this thread waits: deferred, then raised as help() returns
+print("survived", flush=True)
+'''
+
+
+def test_sigterm_while_a_recording_thread_waits_to_help_is_handled_when_the_wait_ends(
+        tmp_path: Path) -> None:
+    """The recording (main) thread waits up to ``HELP_WAIT_S`` for the exporter's cycle in
+    ``Pipeline.help``: a SIGTERM landing then is deferred (the thread is inside rltrace's lock)
+    and must be raised when the wait ends, not whenever the main thread next leaves the lock:
+    the process ends by SIGTERM right there, with the finalized session on disk."""
+    out = subprocess.run([sys.executable, "-c", _HELP_CHILD, str(tmp_path)], capture_output=True,
+                         text=True, timeout=120, env=_env(), cwd=str(tmp_path))
+    assert out.returncode == -signal.SIGTERM, (out.returncode, out.stdout, out.stderr[-3000:])
+    assert "survived" not in out.stdout
+    records = [json.loads(line) for f in tmp_path.rglob("sessions-*.jsonl")
+               for line in f.read_text().splitlines()]
+    assert [r["status"] for r in records] == ["accepted"]
