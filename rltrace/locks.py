@@ -32,33 +32,53 @@ class FairRLock:
         self._waiters: deque[tuple[int, Any]] = deque()
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
-        """Take the lock (again, if this thread holds it); False if not granted in ``timeout``."""
+        """Take the lock (again, if this thread holds it); False if not granted in ``timeout``.
+
+        An exception while queued (``KeyboardInterrupt`` from Ctrl-C) leaves the queue, and a
+        lock handed over meanwhile is passed on: it never goes to a thread that stopped
+        waiting for it."""
         me = _get_ident()
-        with self._mutex:
-            self._inside = me
-            try:
-                if self._owner == me:
-                    self._depth += 1
-                    return True
-                if self._owner is None and not self._waiters:
-                    self._owner, self._depth = me, 1
-                    return True
-                if not blocking:
-                    return False
-                gate = threading.Lock()
-                gate.acquire()
-                entry = (me, gate)
-                self._waiters.append(entry)
-            finally:
-                self._inside = None
-        if gate.acquire(timeout=timeout) if timeout is not None and timeout >= 0 else gate.acquire():
-            return True  # the releaser made this thread the owner
+        entry = None
+        try:
+            with self._mutex:
+                self._inside = me
+                try:
+                    if self._owner == me:
+                        self._depth += 1
+                        return True
+                    if self._owner is None and not self._waiters:
+                        self._owner, self._depth = me, 1
+                        return True
+                    if not blocking:
+                        return False
+                    gate = threading.Lock()
+                    gate.acquire()
+                    entry = (me, gate)
+                    self._waiters.append(entry)
+                finally:
+                    self._inside = None
+            if gate.acquire(timeout=timeout) if timeout is not None and timeout >= 0 \
+                    else gate.acquire():
+                return True  # the releaser made this thread the owner
+        except BaseException:
+            if entry is not None:
+                self._leave(entry)
+            raise
         with self._mutex:
             try:
                 self._waiters.remove(entry)
             except ValueError:
                 return True  # handed over between the timeout and here: ours after all
             return False
+
+    def _leave(self, entry: tuple[int, Any]) -> None:
+        """A waiter that stops waiting: out of the queue, or, if the lock was handed to it
+        already, released to the next one."""
+        with self._mutex:
+            try:
+                self._waiters.remove(entry)
+            except ValueError:
+                self.release()
 
     def release(self) -> None:
         """Release one level; the last one hands the lock to the longest waiter."""

@@ -143,3 +143,49 @@ def test_sigterm_while_a_recording_thread_waits_to_help_is_handled_when_the_wait
     records = [json.loads(line) for f in tmp_path.rglob("sessions-*.jsonl")
                for line in f.read_text().splitlines()]
     assert [r["status"] for r in records] == ["accepted"]
+
+
+_INTERRUPTED_WAITER = r'''
+import os, signal, threading, time
+signal.signal(signal.SIGINT, signal.default_int_handler)  # the default, whatever was inherited
+from rltrace.locks import FairRLock
+lock = FairRLock()
+holding, release = threading.Event(), threading.Event()
+
+def holder():
+    with lock:
+        holding.set()
+        release.wait(60)
+
+def interrupt():
+    while not lock._waiters:  # until the main thread waits in acquire()
+        time.sleep(0.001)
+    os.kill(os.getpid(), signal.SIGINT)
+
+threading.Thread(target=holder).start()
+holding.wait(60)
+threading.Thread(target=interrupt).start()
+try:
+    lock.acquire()
+    print("acquired")
+except KeyboardInterrupt:
+    print("interrupted, waiters left:", len(lock._waiters))
+release.set()
+got = []
+taker = threading.Thread(target=lambda: got.append(lock.acquire(timeout=10)))
+taker.start()
+taker.join()
+print("another thread took it:", got)
+'''
+
+
+def test_ctrl_c_while_waiting_for_the_pipeline_lock_leaves_no_ghost_waiter(tmp_path: Path) -> None:
+    """The recording thread can wait for rltrace's lock (``Pipeline.help``, backpressure, an
+    explicit flush).  Ctrl-C there raises KeyboardInterrupt out of the wait; the lock must not
+    later be handed to that thread, which stopped waiting (the exporter thread would then
+    wait for it for ever)."""
+    out = subprocess.run([sys.executable, "-c", _INTERRUPTED_WAITER], capture_output=True,
+                         text=True, timeout=120, env=_env(), cwd=str(tmp_path))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.splitlines() == ["interrupted, waiters left: 0",
+                                       "another thread took it: [True]"], out.stdout
