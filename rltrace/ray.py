@@ -779,7 +779,7 @@ class _StepFromCaller(SpanProcessor):
             return
         p.flush()  # the files and session records written, spans handed to the OTLP sender
         if p.otlp is not None and self.flush_tasks == "all":  # sent, while the collector answers
-            p.otlp.send_now(p.cfg.otlp.timeout_s if p.cfg.otlp.timeout_s is not None else 5.0)
+            p.otlp.send_now(p.otlp.shutdown_timeout_s)  # (the configured OTLP timeout)
 
 
 def _announce_actor(info: dict[str, Any]) -> bool:
