@@ -462,12 +462,9 @@ def _count_pooled_losses() -> None:
     for info in _pooled_workers():
         if info.get("pid") in actor_pids or not info.get("tally"):
             continue
-        counts = read_tally(info["tally"])
-        if counts is None or counts["unwritten"] == 0:
+        out = _loss(None, info)  # (no handle: actor_id None)
+        if not out["unwritten"]:  # nothing unwritten, or no count readable here
             continue
-        out = {"actor_id": None, "role": info.get("role"), "rank": info.get("rank"),
-               "pid": info.get("pid"), **counts}
-        out["exited"] = bool(out["exited"])
         lost.append(out)
         _JOB.losses[info["tally"]] = out
     if lost:

@@ -18,7 +18,6 @@ this stops working.  ``await ref`` in async code and a ``get`` imported before
 from __future__ import annotations
 
 import functools
-import sys
 import threading
 from typing import Any
 
@@ -26,11 +25,11 @@ from opentelemetry.sdk.trace import SpanProcessor
 from opentelemetry.trace import SpanContext, SpanKind
 
 from . import pipeline, recorder
-from .sessions import RECENT_CAP
+from .materialize import bound
+from .sessions import _recent, _remember
 
 #: the links a consumer gets carry this type (beside ``consumed`` of ``link_consumed``)
 LINK_TYPE = "ray.get"
-_GEN = RECENT_CAP // 2
 
 
 class Submissions(SpanProcessor):
@@ -70,19 +69,12 @@ class Submissions(SpanProcessor):
         if not keys or not sc.is_valid:
             return
         with self._lock:
-            recent = self._gens[0]
             for key in keys:
-                recent[key] = sc
-            if len(recent) >= _GEN:  # the older generation goes
-                self._gens[1] = recent
-                self._gens[0] = {}
+                _remember(self._gens, key, sc)
 
     def producer(self, ref: Any) -> SpanContext | None:
         """The span of the call that returned ``ref``, if it is among the recent ones."""
-        key = ref.binary()
-        gens = self._gens
-        found = gens[0].get(key)
-        return found if found is not None else gens[1].get(key)
+        return _recent(self._gens, ref.binary())
 
     def link_consumer(self, object_refs: Any) -> int:
         """Link the current span to the calls that produced ``object_refs`` (outside its own
@@ -116,8 +108,7 @@ class Submissions(SpanProcessor):
 def _max_links() -> int:
     """The pipeline's link limit per span (``OTEL_SPAN_LINK_COUNT_LIMIT``, the SDK's 128)."""
     p = pipeline.get_pipeline()
-    limit = p.builder.limits.max_links if p is not None else 128
-    return sys.maxsize if limit is None else limit
+    return bound(p.builder.limits.max_links) if p is not None else 128
 
 
 def _ids(target: Any) -> tuple[int, int]:

@@ -493,16 +493,20 @@ RECENT_CAP = 4_096
 _RECENT_GEN = RECENT_CAP // 2
 
 
-def _remember(gens: list[dict[Any, TaskScope]], key: Any, task: TaskScope) -> None:
-    """Keep ``key -> task`` among the recent links (caller holds the registry's lock)."""
+_V = TypeVar("_V")
+
+
+def _remember(gens: list[dict[Any, _V]], key: Any, value: _V) -> None:
+    """Keep ``key -> value`` among the recent ones (the caller holds the lock that guards
+    ``gens``; rltrace.ray_links keeps recent Ray calls the same way)."""
     recent = gens[0]
-    recent[key] = task
+    recent[key] = value
     if len(recent) >= _RECENT_GEN:  # the older generation goes
         gens[1] = recent
         gens[0] = {}
 
 
-def _recent(gens: list[dict[Any, TaskScope]], key: Any) -> TaskScope | None:
+def _recent(gens: list[dict[Any, _V]], key: Any) -> _V | None:
     found = gens[0].get(key)
     return found if found is not None else gens[1].get(key)
 
