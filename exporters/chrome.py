@@ -38,7 +38,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace.status import StatusCode
 
 from .files import LineFile
-from .values import category_name, json_default, json_safe, thread_name
+from .values import category_name, dumps_line, json_default, thread_name, thread_names
 
 logger = logging.getLogger("rltrace")
 
@@ -49,14 +49,32 @@ _THREAD_ID = "thread.id"
 _THREAD_NAME = "thread.name"
 _HIDDEN = frozenset({_LANE, _CATEGORY, _INSTANT, _THREAD_ID, _THREAD_NAME})
 _OPT = orjson.OPT_NON_STR_KEYS
+#: set to 1 to run the pure-Python encoder even where the compiled one is built
+PURE_PYTHON_ENV = "RLTRACE_PURE_PYTHON"
+
+
+def load_accel(honour_env: bool = True) -> Any:
+    """The compiled per-record loop (``_chrome_accel``, built when the package is installed with
+    a C compiler at hand), or None: not built, or ``RLTRACE_PURE_PYTHON=1`` (unless not
+    ``honour_env``: the tests compare the two loops in one process)."""
+    if honour_env and os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0"):
+        return None
+    try:
+        from . import _chrome_accel  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    _chrome_accel.configure(ReadableSpan, thread_names(), thread_name, orjson.dumps,
+                            {"default": json_default, "option": _OPT})
+    return _chrome_accel
+
+
+_ACCEL: Any = load_accel()
+#: whether Chrome encoding runs compiled in this process (``rltrace.diagnostics()``)
+ACCELERATED = _ACCEL is not None
 
 
 def _dumps(obj: Any) -> bytes:
-    try:
-        return orjson.dumps(obj, default=json_default, option=_OPT)
-    except (TypeError, orjson.JSONEncodeError):
-        # e.g. an int beyond 64 bits or a tuple dict key: make the value JSON-safe, keep it
-        return orjson.dumps(json_safe(obj), default=json_default, option=_OPT)
+    return dumps_line(obj)
 
 
 def chrome_args(attributes: Any) -> dict[str, Any]:
@@ -84,6 +102,7 @@ class ChromeEncoder:
     def __init__(
         self, *, rank: int = 0, world_size: int = 1, role: str | None = None,
         host: str | None = None, experiment: str | None = None, trial: str | None = None,
+        accelerate: bool = True,
     ) -> None:
         self.rank = rank
         self.world_size = world_size
@@ -98,6 +117,8 @@ class ChromeEncoder:
         self._tids: dict[tuple[int, int, str], int] = {}
         self._names: dict[str, bytes] = {}
         self._cats: dict[Any, bytes] = {}
+        #: the compiled loop (``accelerate`` and built), or None: the same loop in Python
+        self.accel = _ACCEL if accelerate else None
 
     def process_label(self, pid: int | None = None) -> str:
         """The process name: AReaL's (as its trace converter writes it) plus the host."""
@@ -167,54 +188,57 @@ class ChromeEncoder:
             self._pid = pid
             self._tids = {}
             self._process_metadata(pid, out)
-        tids = self._tids
-        names = self._names
+        if self.accel is not None:  # the same loop, compiled; it hands us what it does not cover
+            self.accel.encode(self, items, out, pid)
+            return
+        encode_item = self._encode_item
         for item in items:
-            rec = getattr(item, "rltrace_record", item)
-            if isinstance(rec, ReadableSpan):
-                self._encode_foreign(rec, pid, out)
-                continue
-            tname = thread_name(rec.thread)
-            tid = tids.get((rec.thread, rec.lane, tname))
-            if tid is None:
-                tid = self._new_tid(pid, rec.thread, rec.lane, tname, out)
-            name = names.get(rec.name) or self._name(rec.name)
-            cat = self._cat(rec.category)
-            args = rec.args
-            extra = rec.extra
-            start = rec.start_ns
-            us = start // 1000
-            if extra is None and not rec.slot_attrs:
-                d = rec.end_ns - us * 1000
-                out.append(_X % (pid, tid, us, d // 1000, d % 1000, name, cat,
-                                 self.args_json(args)))
-                continue
-            own = rec.record_attrs()
-            if not args:
-                args = own if own else {}  # the record's own dict: only read below
-                if extra is not None:
-                    args = dict(args)  # an error may be added to it
-            elif own:
-                args = {**args, **own}
-            else:
-                args = dict(args)
-            if extra is None:
-                d = rec.end_ns - us * 1000
-                out.append(_X % (pid, tid, us, d // 1000, d % 1000, name, cat,
-                                 self.args_json(args)))
-                continue
-            error = extra.get("error")
-            if error is not None:
-                args["error"] = f"{error[0]}: {error[1]}"
-            if extra.get("instant"):
-                out.append(_I % (pid, tid, us, name, cat, self.args_json(args)))
-                continue
+            encode_item(item, pid, out)
+
+    def _encode_item(self, item: Any, pid: int, out: list[bytes]) -> None:
+        """One record or ``ReadableSpan`` (``_chrome_accel`` mirrors the common case)."""
+        rec = getattr(item, "rltrace_record", item)
+        if isinstance(rec, ReadableSpan):
+            self._encode_foreign(rec, pid, out)
+            return
+        tname = thread_name(rec.thread)
+        tid = self._tids.get((rec.thread, rec.lane, tname))
+        if tid is None:
+            tid = self._new_tid(pid, rec.thread, rec.lane, tname, out)
+        name = self._names.get(rec.name) or self._name(rec.name)
+        cat = self._cat(rec.category)
+        args = rec.args
+        extra = rec.extra
+        us = rec.start_ns // 1000
+        if extra is None and not rec.slot_attrs:
             d = rec.end_ns - us * 1000
             out.append(_X % (pid, tid, us, d // 1000, d % 1000, name, cat, self.args_json(args)))
-            for ev_name, ts, ev_args, ev_cat in extra.get("events", ()):
-                out.append(_I % (pid, tid, ts // 1000, self._name(ev_name),
-                                 self._cat(ev_cat) if ev_cat is not None else cat,
-                                 self.args_json(ev_args)))
+            return
+        own = rec.record_attrs()
+        if not args:
+            args = own if own else {}  # the record's own dict: only read below
+            if extra is not None:
+                args = dict(args)  # an error may be added to it
+        elif own:
+            args = {**args, **own}
+        else:
+            args = dict(args)
+        if extra is None:
+            d = rec.end_ns - us * 1000
+            out.append(_X % (pid, tid, us, d // 1000, d % 1000, name, cat, self.args_json(args)))
+            return
+        error = extra.get("error")
+        if error is not None:
+            args["error"] = f"{error[0]}: {error[1]}"
+        if extra.get("instant"):
+            out.append(_I % (pid, tid, us, name, cat, self.args_json(args)))
+            return
+        d = rec.end_ns - us * 1000
+        out.append(_X % (pid, tid, us, d // 1000, d % 1000, name, cat, self.args_json(args)))
+        for ev_name, ts, ev_args, ev_cat in extra.get("events", ()):
+            out.append(_I % (pid, tid, ts // 1000, self._name(ev_name),
+                             self._cat(ev_cat) if ev_cat is not None else cat,
+                             self.args_json(ev_args)))
 
     def encode_counters(self, values: dict[str, float], ts_ns: int, out: list[bytes]) -> None:
         """Counter-track samples (``ph: "C"``) for user counters at ``ts_ns``."""
@@ -295,8 +319,10 @@ class ChromeTraceExporter(SpanExporter):
     holds_on_failure = True
 
     def stats(self) -> dict[str, int]:
-        """Bytes held back by a disk fault, and lines dropped past the in-memory cap."""
-        return {"held_bytes": self.file.pending_bytes, "lost": self.file.lost_lines}
+        """Bytes held back by a disk fault, lines dropped past the in-memory cap, and whether
+        the compiled encoder loop runs (``accelerated``: 1, or 0 for the Python one)."""
+        return {"held_bytes": self.file.pending_bytes, "lost": self.file.lost_lines,
+                "accelerated": int(self.encoder.accel is not None)}
 
     def reset_after_fork(self, path: str | os.PathLike[str] | None = None) -> None:
         """In a forked child: fresh lock, names written again, optionally a per-process file."""

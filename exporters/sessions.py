@@ -12,10 +12,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from .files import LineFile
-from .values import json_default, json_safe
+from .values import dumps_line
 
 
 class SessionRecordWriter:
@@ -45,12 +43,7 @@ class SessionRecordWriter:
 
     def add(self, record: dict[str, Any]) -> None:
         """Buffer one record; append the buffer once it holds ``flush_threshold`` records."""
-        try:
-            line = orjson.dumps(record, default=json_default, option=orjson.OPT_NON_STR_KEYS)
-        except (TypeError, orjson.JSONEncodeError):  # e.g. a lone surrogate: keep the record
-            line = orjson.dumps(json_safe(record), default=json_default,
-                                option=orjson.OPT_NON_STR_KEYS)
-        line += b"\n"
+        line = dumps_line(record) + b"\n"
         with self._lock:
             self._buf.append(line)
             if len(self._buf) >= self.flush_threshold:

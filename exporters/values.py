@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from enum import Enum
 from typing import Any
 
+import orjson
+
 MAX_STRING = 65_536
 MAX_SEQUENCE = 256
 MAX_DEPTH = 4
@@ -124,6 +126,28 @@ def json_default(value: Any) -> Any:
         return f"<unconvertible {type(value).__name__}>"
 
 
+_OPT = orjson.OPT_NON_STR_KEYS
+_dumps = orjson.dumps
+
+
+def dumps_line(obj: Any) -> bytes:
+    """``obj`` as compact JSON bytes, whatever it holds.
+
+    String keys and JSON values take orjson's plain call (the common case, and the cheapest);
+    non-string keys and values JSON has no form for are written through ``json_default``; what
+    orjson still refuses (an int beyond 64 bits, a lone surrogate) is made :func:`json_safe`.
+    Every path writes the same bytes for what the plain call accepts.
+    """
+    try:
+        return _dumps(obj)
+    except TypeError:  # orjson.JSONEncodeError is a TypeError
+        pass
+    try:
+        return _dumps(obj, default=json_default, option=_OPT)
+    except TypeError:
+        return _dumps(json_safe(obj), default=json_default, option=_OPT)
+
+
 def category_name(category: Any, default: str = "misc") -> str:
     """The string form of a category (``Category`` enum member or any string)."""
     if category is None:
@@ -141,6 +165,12 @@ def refresh_thread_names() -> None:
     for t in threading.enumerate():
         if t.ident is not None:
             _last_names[t.ident] = t.name
+
+
+def thread_names() -> dict[int, str]:
+    """The live map of thread idents to names that :func:`thread_name` reads (the compiled
+    Chrome encoder looks names up in it directly)."""
+    return _last_names
 
 
 def thread_name(ident: int) -> str:

@@ -35,6 +35,7 @@ from opentelemetry.sdk.trace import (
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
+from rltrace.exporters.chrome import ACCELERATED as CHROME_ACCELERATED
 from rltrace.exporters.sessions import SessionRecordWriter
 from rltrace.exporters.values import refresh_thread_names
 
@@ -379,7 +380,8 @@ class Pipeline:
         record_procs = self.record_processors
         todo = len(buf) if batch is None else min(batch, len(buf))
         if self._direct:
-            queued = self._record_sinks
+            taken: list[Any] = []
+            keep = taken.append
             for _ in range(todo):
                 try:
                     rec = popleft()
@@ -388,11 +390,22 @@ class Pipeline:
                 try:
                     for rp in record_procs:
                         rp.on_record(rec)
-                    for q in queued:
-                        q.on_end(rec)
                 except Exception as exc:
                     self.errors += 1
                     internal_error("span export", exc)
+                    continue
+                keep(rec)
+            for q in self._record_sinks:  # the whole cycle at once (queued exporters take it)
+                take = getattr(q, "on_end_batch", None)
+                if take is not None:
+                    take(taken)
+                    continue
+                for rec in taken:
+                    try:
+                        q.on_end(rec)
+                    except Exception as exc:
+                        self.errors += 1
+                        internal_error("span export", exc)
             self._drain()
             return
         build = self.builder.build
@@ -543,6 +556,8 @@ class Pipeline:
                                **self.registry.open_counts()}
         out["misuse"] = dict(self.registry.misuse)
         out["span_api"] = SPAN_API.snapshot()
+        # the compiled hot paths in use (both off: not built, or RLTRACE_PURE_PYTHON=1)
+        out["accelerated"] = {"scope": recorder.ACCELERATED, "chrome": CHROME_ACCELERATED}
         return out
 
 

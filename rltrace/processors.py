@@ -46,6 +46,12 @@ class QueuedExportProcessor(SpanProcessor):
         if not self._closed:
             self._queue.append(span)
 
+    def on_end_batch(self, spans: list[Any]) -> None:
+        """:meth:`on_end` for each of ``spans`` (the pipeline's export cycle hands them over
+        at once)."""
+        if not self._closed:
+            self._queue.extend(spans)
+
     def drain(self) -> None:
         """Export the queued spans (called by the exporter thread or a flush)."""
         with self._lock:

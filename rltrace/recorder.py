@@ -20,7 +20,7 @@ import traceback
 from collections import deque
 from heapq import heappop, heappush
 from types import TracebackType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from opentelemetry.context import Context
 from opentelemetry.trace import (
@@ -32,8 +32,8 @@ from opentelemetry.trace import (
 )
 from opentelemetry.trace.status import Status, StatusCode
 
+from .otel_compat import CONTEXT_VAR, ctx_get, ctx_reset, ctx_set
 from .otel_compat import SPAN_KEY as _SPAN_KEY
-from .otel_compat import ctx_get, ctx_reset, ctx_set
 from .semconv import ATTR_STEP
 
 logger = logging.getLogger("rltrace")
@@ -46,6 +46,9 @@ _rng = random.Random()  # our own generator: a user's random.seed() must not mak
 rand_bits = _rng.getrandbits
 os.register_at_fork(after_in_child=lambda: _rng.seed())
 
+
+#: set to 1 to run the pure-Python hot path even where the compiled one is built
+PURE_PYTHON_ENV = "RLTRACE_PURE_PYTHON"
 
 DEFAULT_CLOCK = now_ns
 DEFAULT_ID_SOURCE = rand_bits
@@ -224,16 +227,15 @@ os.register_at_fork(after_in_child=_reset_after_fork)
 # ---- the scope record ----------------------------------------------------------------------
 
 
-class Scope(Span):
-    """A traced region: the context manager returned by ``trace_scope`` and the span record.
+_S = TypeVar("_S", bound="_PyScopeCore")
 
-    It is a real :class:`opentelemetry.trace.Span` while open (other instrumentation can read
-    its ``SpanContext``, set attributes, add events) and becomes an SDK ``ReadableSpan`` when
-    the exporter thread picks it up.  Ids are drawn lazily, the first time anything asks for
-    the ``SpanContext`` (a child, another instrumentation, or the exporter thread), so the hot
-    path draws none.  Rarely used fields live in ``extra`` (None until needed): ``events``
-    (name, ts, args, category) tuples, ``error`` (type, message, stack), ``attrs``,
-    ``status`` and ``instant``.
+
+class _PyScopeCore:
+    """A scope record's fields and hot methods, in Python.
+
+    ``rltrace._scope_accel.ScopeCore`` is the same class compiled (built by ``pip install``
+    where a C compiler is at hand): :class:`Scope` derives from that one when it is built,
+    unless ``RLTRACE_PURE_PYTHON=1``, and from this one otherwise.  Keep the two in step.
     """
 
     __slots__ = (
@@ -264,11 +266,12 @@ class Scope(Span):
     start_ns: int
     task: Any
     thread: int
-    #: the record keeps attributes in slots of its own (sessions, tasks, phases) and builds
-    #: them in :meth:`record_attrs`; a plain scope's are all in ``extra``
-    slot_attrs = False
-    #: never dropped under overload (tasks, sessions, phases: the session records' input)
-    kept = False
+    if TYPE_CHECKING:  # Scope's, which both cores call
+        kept: bool
+
+        def _set_error(self, exc: BaseException) -> None: ...
+
+        def _restore_parent(self) -> None: ...
 
     def __init__(
         self, name: str, category: Any = None, args: dict[str, Any] | None = None
@@ -280,8 +283,8 @@ class Scope(Span):
         self.extra = None
         # ``_token`` and ``_sc`` stay unset until needed (two stores fewer on the hot path)
 
-    # -- lifecycle (the hot path: kept inline on purpose) ----------------------------------
-    def __enter__(self) -> Scope:
+    # -- lifecycle (the hot path: kept inline on purpose; _scope_accel.c mirrors it) ------
+    def __enter__(self: _S) -> _S:
         try:
             ctx = _ctx_get()
             parent = ctx.get(_SPAN_KEY)
@@ -296,7 +299,7 @@ class Scope(Span):
                 else:
                     self.lane = _acquire_lane(thread)
                 self.owns_lane = True
-            elif type(parent) is Scope or isinstance(parent, Scope):
+            elif isinstance(parent, _PyScopeCore):
                 self.parent = parent
                 if parent.thread == thread and parent.task is task:
                     self.lane = parent.lane
@@ -351,29 +354,7 @@ class Scope(Span):
         except Exception as err:  # pragma: no cover - defensive
             internal_error("trace_scope exit", err)
 
-    async def __aenter__(self) -> Scope:
-        return self.__enter__()
-
-    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        self.__exit__(exc_type, exc, tb)
-
-    def begin_detached(self, parent: Any = None, *, from_context: bool = True,
-                       share_lane: bool = False) -> None:
-        """Start without entering the context (generators, sessions, phases).
-
-        The parent is the current span (``from_context``) or ``parent``.  The record gets a
-        lane of its own unless ``share_lane`` and the parent is an rltrace scope opened in
-        this same thread and asyncio task (then it nests inside the parent's lane).
-        """
-        if from_context:
-            parent = _ctx_get().get(_SPAN_KEY)
-        if parent is not None and not isinstance(parent, Scope):
-            if not parent.get_span_context().is_valid:
-                parent = None
-            share_lane = False
-        self._start_under(parent, share_lane)
-
-    def _start_under(self, parent: Scope | None, share_lane: bool) -> None:
+    def _start_under(self, parent: Any, share_lane: bool) -> None:
         """:meth:`begin_detached` under a known rltrace ``parent`` (or none): the session path."""
         self.parent = parent
         thread = self.thread = _get_ident()
@@ -404,6 +385,76 @@ class Scope(Span):
             _release_lane(self.thread, self.lane)
         if not hold:
             push(self, keep or self.kept)
+
+
+
+def _load_accel() -> Any:
+    """The compiled hot path (``rltrace._scope_accel``, configured), or None: not built,
+    another OTel runtime context than the contextvar one, or ``RLTRACE_PURE_PYTHON=1``."""
+    if os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0") or CONTEXT_VAR is None:
+        return None
+    try:
+        from . import _scope_accel  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    _scope_accel.configure(
+        contextvar=CONTEXT_VAR, span_key=_SPAN_KEY, context_type=Context, state=STATE,
+        lanes=_LANES, heappop=heappop, heappush=heappush, get_running_loop=_get_running_loop,
+        current_task=_current_task, globals=globals(), call_on_start=_call_on_start,
+        past_wake=_past_wake, internal_error=internal_error, time_ns=time.time_ns)
+    return _scope_accel
+
+
+#: ``rltrace._scope_accel`` when the hot path runs compiled, else None
+SCOPE_ACCEL = _load_accel()
+if TYPE_CHECKING:
+    _Core = _PyScopeCore
+else:
+    _Core = _PyScopeCore if SCOPE_ACCEL is None else SCOPE_ACCEL.ScopeCore
+#: whether the scope hot path runs compiled in this process (``rltrace.diagnostics()``)
+ACCELERATED = _Core is not _PyScopeCore
+
+
+class Scope(_Core, Span):
+    """A traced region: the context manager returned by ``trace_scope`` and the span record.
+
+    It is a real :class:`opentelemetry.trace.Span` while open (other instrumentation can read
+    its ``SpanContext``, set attributes, add events) and becomes an SDK ``ReadableSpan`` when
+    the exporter thread picks it up.  Ids are drawn lazily, the first time anything asks for
+    the ``SpanContext`` (a child, another instrumentation, or the exporter thread), so the hot
+    path draws none.  Rarely used fields live in ``extra`` (None until needed): ``events``
+    (name, ts, args, category) tuples, ``error`` (type, message, stack), ``attrs``,
+    ``status`` and ``instant``.
+    """
+
+    __slots__ = ()  # the fields are the core's
+    #: the record keeps attributes in slots of its own (sessions, tasks, phases) and builds
+    #: them in :meth:`record_attrs`; a plain scope's are all in ``extra``
+    slot_attrs = False
+    #: never dropped under overload (tasks, sessions, phases: the session records' input)
+    kept = False
+
+    async def __aenter__(self) -> Scope:
+        return self.__enter__()
+
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self.__exit__(exc_type, exc, tb)
+
+    def begin_detached(self, parent: Any = None, *, from_context: bool = True,
+                       share_lane: bool = False) -> None:
+        """Start without entering the context (generators, sessions, phases).
+
+        The parent is the current span (``from_context``) or ``parent``.  The record gets a
+        lane of its own unless ``share_lane`` and the parent is an rltrace scope opened in
+        this same thread and asyncio task (then it nests inside the parent's lane).
+        """
+        if from_context:
+            parent = _ctx_get().get(_SPAN_KEY)
+        if parent is not None and not isinstance(parent, Scope):
+            if not parent.get_span_context().is_valid:
+                parent = None
+            share_lane = False
+        self._start_under(parent, share_lane)
 
     def _restore_parent(self) -> None:
         cur = _ctx_get()

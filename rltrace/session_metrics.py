@@ -124,7 +124,9 @@ class SessionMetricsProcessor(SpanProcessor):
         sid = attrs[ATTR_SESSION]
         if name == SESSION_SPAN:
             trace_id = span.get_span_context().trace_id  # drawn only for session spans
-            record = self._record(attrs, start, end, trace_id, self._acc.pop(sid, {}))
+            # an rltrace record keeps user-set attributes (counters among them) in ``extra``
+            record = self._record(attrs, start, end, trace_id, self._acc.pop(sid, {}),
+                                  writable is None or span.extra is not None)
             if writable is not None:
                 writable["rl.session.total_s"] = record["total_s"]
                 writable["rl.session.turns"] = record["turns"]
@@ -158,7 +160,8 @@ class SessionMetricsProcessor(SpanProcessor):
             )
 
     def _record(self, attrs: Mapping[str, Any], start: int, end: int, trace_id: int,
-                phases: dict[str, list[tuple[int, int, Any, bool]]]) -> dict[str, Any]:
+                phases: dict[str, list[tuple[int, int, Any, bool]]],
+                counters_possible: bool = True) -> dict[str, Any]:
         status = attrs.get(ATTR_STATUS, "pending")
         totals: dict[str, float] = {}
         out_phases: dict[str, list[dict[str, Any]]] = {}
@@ -197,7 +200,8 @@ class SessionMetricsProcessor(SpanProcessor):
             "toolcall_s": totals.get("toolcall", 0.0),
             "phases": out_phases,
         }
-        counters = {k[_COUNTER_LEN:]: v for k, v in attrs.items() if k.startswith(COUNTER_PREFIX)}
+        counters = {k[_COUNTER_LEN:]: v for k, v in attrs.items()
+                    if k.startswith(COUNTER_PREFIX)} if counters_possible else None
         if counters:  # AReaL's ``counters`` (``trace_session_event("increment_counter", ...)``)
             record["counters"] = counters
         record["trace_id"] = f"{trace_id:032x}"
