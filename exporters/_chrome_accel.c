@@ -42,7 +42,7 @@ offsets_for(PyTypeObject *type)
     for (int i = 0; i < type_cache_n; i++)
         if (type_cache[i].type == type) return type_cache[i].off;
     if (type_cache_n == TYPE_CACHE) return NULL;
-    Py_ssize_t *off = type_cache[type_cache_n].off;
+    Py_ssize_t off[NFIELDS]; /* found here, then published at once (getattr may run Python) */
     for (int f = 0; f < NFIELDS; f++) {
         off[f] = -1;
         PyObject *d = PyObject_GetAttr((PyObject *)type, field_names[f]);
@@ -53,7 +53,11 @@ offsets_for(PyTypeObject *type)
         }
         Py_DECREF(d);
     }
+    for (int i = 0; i < type_cache_n; i++) /* another thread found it meanwhile */
+        if (type_cache[i].type == type) return type_cache[i].off;
+    if (type_cache_n == TYPE_CACHE) return NULL;
     Py_INCREF(type); /* kept: its address must not be reused by another type */
+    memcpy(type_cache[type_cache_n].off, off, sizeof off);
     type_cache[type_cache_n].type = type;
     return type_cache[type_cache_n++].off;
 }
@@ -161,7 +165,10 @@ cached(PyObject *encoder, PyObject *cache, PyObject *key, PyObject *method)
 {
     PyObject *b = PyDict_GetItemWithError(cache, key); /* borrowed */
     if (b != NULL) { Py_INCREF(b); return b; }
-    if (PyErr_Occurred()) PyErr_Clear(); /* unhashable: the Python method copes */
+    if (PyErr_Occurred()) { /* unhashable: the Python method copes */
+        if (!PyErr_ExceptionMatches(PyExc_TypeError)) return NULL;
+        PyErr_Clear();
+    }
     return PyObject_CallMethodOneArg(encoder, method, key);
 }
 
@@ -224,27 +231,28 @@ encode_record(PyObject *encoder, PyObject *rec, long pid, PyObject *out, PyObjec
 
     const Py_ssize_t *off = offsets_for(Py_TYPE(rec));
     extra = field(rec, off, F_EXTRA);
-    if (extra == NULL) { PyErr_Clear(); goto done; }
+    if (extra == NULL) goto fail_attr;
     if (extra != Py_None) goto done;
     if (!(thread = field(rec, off, F_THREAD))) goto fail_attr;
     if (!(lane = field(rec, off, F_LANE))) goto fail_attr;
     if (!(start = field(rec, off, F_START))) goto fail_attr;
     if (!(end = field(rec, off, F_END))) goto fail_attr;
     long long start_ns = as_ll(start, &ok), end_ns = as_ll(end, &ok);
-    if (!ok || start_ns < 0) goto done;
+    if (!ok || start_ns < 0 || end_ns < 0) goto done; /* (no overflow below) */
     long long us = start_ns / 1000, d = end_ns - us * 1000;
     if (d < 0) goto done;
 
     tname = PyDict_GetItemWithError(last_names, thread);
-    if (tname != NULL) {
+    if (tname != NULL && PyUnicode_CheckExact(tname) && PyUnicode_GET_LENGTH(tname)) {
         Py_INCREF(tname);
-    } else {
-        if (PyErr_Occurred()) goto fail;
+    } else { /* unseen, or a name thread_name() replaces ("" -> thread-<ident>) */
+        if (tname == NULL && PyErr_Occurred()) goto fail;
         tname = PyObject_CallOneArg(thread_name_fn, thread);
         if (tname == NULL) goto fail;
     }
     /* the track of the previous record, most often this one's too */
-    int same = last_tids == tids && last_tname == tname;
+    int same = last_tids == tids && last_tname == tname && PyLong_CheckExact(thread)
+               && PyLong_CheckExact(lane);
     if (same) same = PyObject_RichCompareBool(last_thread, thread, Py_EQ);
     if (same > 0) same = PyObject_RichCompareBool(last_lane, lane, Py_EQ);
     if (same < 0) goto fail;
@@ -386,23 +394,24 @@ encode(PyObject *self, PyObject *const *argv, Py_ssize_t argc)
     }
     seq = PySequence_Fast(items, "items must be a sequence");
     if (seq == NULL) goto end;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *item = PySequence_Fast_GET_ITEM(seq, i); /* borrowed */
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) { /* (callbacks may change it) */
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+        Py_INCREF(item);
         PyObject *rec = NULL;
         int r = 1;
-        if (lookup_attr(item, s_rltrace_record, &rec) < 0) goto end;
+        if (lookup_attr(item, s_rltrace_record, &rec) < 0) { Py_DECREF(item); goto end; }
         if (rec == NULL) { rec = item; Py_INCREF(rec); }
         int is_span = PyObject_TypeCheck(rec, (PyTypeObject *)readable_span_type);
         if (!is_span)
             r = encode_record(encoder, rec, pid, out, tids, names, cats, only, tail);
         Py_DECREF(rec);
-        if (r < 0) goto end;
         if (r > 0) {
             PyObject *res = PyObject_CallMethodObjArgs(encoder, s_encode_item, item, argv[3], out, NULL);
-            if (res == NULL) goto end;
-            Py_DECREF(res);
+            if (res == NULL) r = -1;
+            else Py_DECREF(res);
         }
+        Py_DECREF(item);
+        if (r < 0) goto end;
     }
     result = Py_None;
     Py_INCREF(result);

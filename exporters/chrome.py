@@ -117,8 +117,9 @@ class ChromeEncoder:
         self._tids: dict[tuple[int, int, str], int] = {}
         self._names: dict[str, bytes] = {}
         self._cats: dict[Any, bytes] = {}
-        #: the compiled loop (``accelerate`` and built), or None: the same loop in Python
-        self.accel = _ACCEL if accelerate else None
+        #: the compiled loop (``accelerate`` and built), or None: the same loop in Python (and
+        #: always for subclasses: the compiled loop does not call overridden methods)
+        self.accel = _ACCEL if accelerate and type(self) is ChromeEncoder else None
 
     def process_label(self, pid: int | None = None) -> str:
         """The process name: AReaL's (as its trace converter writes it) plus the host."""

@@ -13,7 +13,7 @@
 #include <Python.h>
 #include <structmember.h>
 #include <pythread.h>
-#include <time.h>
+#include <limits.h>
 
 typedef struct {
     PyObject_HEAD
@@ -33,7 +33,6 @@ static PyObject *heappop, *heappush;
 static PyObject *get_running_loop, *current_task;
 static PyObject *globals;          /* recorder's module dict: ``now_ns`` is read from it */
 static PyObject *call_on_start, *past_wake, *internal_error;
-static PyObject *time_ns;          /* time.time_ns: the default clock */
 static PyObject *empty_tuple;
 
 static PyObject *s_now_ns, *s_on_start, *s_buffer, *s_cap, *s_wake_at, *s_dropped, *s_overflow,
@@ -50,12 +49,10 @@ now(void)
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "recorder.now_ns is gone");
         return NULL;
     }
-    if (clock == time_ns) { /* the default clock: what time.time_ns() reads, without the call */
-        struct timespec ts;
-        if (clock_gettime(CLOCK_REALTIME, &ts) == 0)
-            return PyLong_FromLongLong((long long)ts.tv_sec * 1000000000LL + ts.tv_nsec);
-    }
-    return PyObject_CallNoArgs(clock);
+    Py_INCREF(clock); /* another thread may replace it (set_clock) while it runs */
+    PyObject *t = PyObject_CallNoArgs(clock);
+    Py_DECREF(clock);
+    return t;
 }
 
 /* Context(ctx): a copy of the current OTel context (what calling the class does: dict's new
@@ -90,6 +87,18 @@ running_task(void)
     return task;
 }
 
+/* a < b for two lanes: exact ints (rltrace makes every lane), whose comparison runs no Python
+ * code, so the heap's borrowed items stay valid while it sifts */
+static int
+lane_lt(PyObject *a, PyObject *b)
+{
+    if (!PyLong_CheckExact(a) || !PyLong_CheckExact(b)) {
+        PyErr_SetString(PyExc_TypeError, "rltrace lane heap holds something other than an int");
+        return -1;
+    }
+    return PyObject_RichCompareBool(a, b, Py_LT);
+}
+
 /* heapq.heappop / heappush on a list (the lanes' free heaps; the Python path uses heapq on
  * the same lists: both keep the heap invariant, so both always take the lowest free lane) */
 static PyObject *
@@ -112,13 +121,11 @@ heap_pop(PyObject *heap)
         Py_ssize_t child = 2 * pos + 1;
         if (child >= n) break;
         if (child + 1 < n) {
-            int lt = PyObject_RichCompareBool(PyList_GET_ITEM(heap, child + 1),
-                                              PyList_GET_ITEM(heap, child), Py_LT);
+            int lt = lane_lt(PyList_GET_ITEM(heap, child + 1), PyList_GET_ITEM(heap, child));
             if (lt < 0) { Py_DECREF(top); return NULL; }
             if (lt) child++;
         }
-        int lt = PyObject_RichCompareBool(PyList_GET_ITEM(heap, child),
-                                          PyList_GET_ITEM(heap, pos), Py_LT);
+        int lt = lane_lt(PyList_GET_ITEM(heap, child), PyList_GET_ITEM(heap, pos));
         if (lt < 0) { Py_DECREF(top); return NULL; }
         if (!lt) break;
         PyObject *tmp = PyList_GET_ITEM(heap, pos);
@@ -136,8 +143,7 @@ heap_push(PyObject *heap, PyObject *item)
     Py_ssize_t pos = PyList_GET_SIZE(heap) - 1;
     while (pos > 0) {
         Py_ssize_t parent = (pos - 1) / 2;
-        int lt = PyObject_RichCompareBool(PyList_GET_ITEM(heap, pos),
-                                          PyList_GET_ITEM(heap, parent), Py_LT);
+        int lt = lane_lt(PyList_GET_ITEM(heap, pos), PyList_GET_ITEM(heap, parent));
         if (lt < 0) return -1;
         if (!lt) break;
         PyObject *tmp = PyList_GET_ITEM(heap, pos);
@@ -153,7 +159,7 @@ static PyObject *
 acquire_lane(PyObject *thread)
 {
     PyObject *pool = PyDict_GetItemWithError(lanes, thread); /* borrowed */
-    if (pool == NULL) {
+    if (pool == NULL || pool == Py_None) {
         if (PyErr_Occurred()) return NULL;
         PyObject *free = PyList_New(0);
         if (free == NULL) return NULL;
@@ -192,7 +198,7 @@ release_lane(PyObject *thread, PyObject *lane)
     PyObject *free = PySequence_GetItem(pool, 0);
     if (free == NULL) return -1;
     int rc = 0;
-    if (PyList_CheckExact(free)) {
+    if (PyList_CheckExact(free) && PyLong_CheckExact(lane)) {
         rc = heap_push(free, lane);
     } else {
         PyObject *argv[2] = {free, lane};
@@ -254,9 +260,15 @@ push(PyObject *item, int keep)
         || !(wake_o = state_get(off_wake_at, s_wake_at)))
         goto end;
     Py_ssize_t n = PyObject_Length(buf);
-    long long cap = PyLong_AsLongLong(cap_o), wake_at = PyLong_AsLongLong(wake_o);
+    int of_cap = 0, of_wake = 0;
+    long long cap = PyLong_AsLongLongAndOverflow(cap_o, &of_cap);
+    long long wake_at = PyLong_AsLongLongAndOverflow(wake_o, &of_wake);
     if (n < 0 || ((cap == -1 || wake_at == -1) && PyErr_Occurred())) goto end;
-    if (n < cap || (keep && n < 2 * cap)) {
+    /* beyond 64 bits: as Python compares them (n is never that large) */
+    if (of_cap) cap = of_cap > 0 ? LLONG_MAX : LLONG_MIN;
+    if (of_wake) wake_at = of_wake > 0 ? LLONG_MAX : LLONG_MIN;
+    int below_twice = cap > LLONG_MAX / 2 || (cap > 0 && n < 2 * cap);
+    if (n < cap || (keep && below_twice)) {
         PyObject *r = PyObject_CallMethodOneArg(buf, s_append, item);
         if (r == NULL) goto end;
         Py_DECREF(r);
@@ -301,12 +313,17 @@ static int
 report(PyObject *where)
 {
     if (!PyErr_ExceptionMatches(PyExc_Exception)) return -1;
+#if PY_VERSION_HEX >= 0x030C0000
+    PyObject *value = PyErr_GetRaisedException();
+#else
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
     PyErr_NormalizeException(&type, &value, &tb);
     if (tb != NULL && value != NULL) PyException_SetTraceback(value, tb);
+    Py_XDECREF(type); Py_XDECREF(tb);
+#endif
     PyObject *r = PyObject_CallFunctionObjArgs(internal_error, where, value ? value : Py_None, NULL);
-    Py_XDECREF(type); Py_XDECREF(value); Py_XDECREF(tb);
+    Py_XDECREF(value);
     if (r == NULL) return -1;
     Py_DECREF(r);
     return 0;
@@ -377,7 +394,9 @@ core_enter(ScopeCore *self, PyObject *unused)
             Py_INCREF(Py_True); SET(owns_lane, Py_True);
         }
     } else {
+        Py_INCREF(parent); /* ours while its get_span_context() runs */
         PyObject *psc = PyObject_CallMethodNoArgs(parent, s_get_span_context);
+        Py_DECREF(parent); /* ctx, which we hold, still holds it */
         if (psc == NULL) goto error;
         PyObject *valid_o = PyObject_GetAttr(psc, s_is_valid);
         Py_DECREF(psc);
@@ -394,7 +413,11 @@ core_enter(ScopeCore *self, PyObject *unused)
     SET(thread, thread); thread = NULL;
     SET(task, task); task = NULL;
     fresh = context_copy(ctx);
-    if (fresh == NULL || !PyDict_Check(fresh)) goto error;
+    if (fresh == NULL) goto error;
+    if (!PyDict_Check(fresh)) {
+        PyErr_SetString(PyExc_TypeError, "Context(...) did not make a dict");
+        goto error;
+    }
     if (PyDict_SetItem(fresh, span_key, (PyObject *)self) < 0) goto error;
     if (!(token = PyContextVar_Set(cv, fresh))) goto error;
     SET(token, token); token = NULL;
@@ -500,52 +523,56 @@ core_start_under(ScopeCore *self, PyObject *const *argv, Py_ssize_t argc)
     int share = PyObject_IsTrue(argv[1]);
     if (share < 0) return NULL;
     Py_INCREF(parent); SET(parent, parent);
-    PyObject *thread = thread_ident();
+    PyObject *thread = thread_ident(); /* our reference, kept to the end */
     if (thread == NULL) return NULL;
-    SET(thread, thread);
+    Py_INCREF(thread); SET(thread, thread);
     PyObject *task = running_task();
-    if (task == NULL) return NULL;
-    SET(task, task);
+    if (task == NULL) { Py_DECREF(thread); return NULL; }
+    SET(task, task); /* compared by identity only, below */
     int same = 0;
     if (share && parent != Py_None) {
         PyObject *pt = PyObject_GetAttr(parent, s_thread);
-        if (pt == NULL) return NULL;
+        if (pt == NULL) goto fail;
         same = PyObject_RichCompareBool(pt, thread, Py_EQ);
         Py_DECREF(pt);
-        if (same < 0) return NULL;
+        if (same < 0) goto fail;
         if (same) {
             PyObject *ptask = PyObject_GetAttr(parent, s_task);
-            if (ptask == NULL) return NULL;
+            if (ptask == NULL) goto fail;
             same = ptask == task;
             Py_DECREF(ptask);
         }
     }
     if (same) {
         PyObject *lane = PyObject_GetAttr(parent, s_lane);
-        if (lane == NULL) return NULL;
+        if (lane == NULL) goto fail;
         SET(lane, lane);
         Py_INCREF(Py_False); SET(owns_lane, Py_False);
     } else {
         PyObject *lane = acquire_lane(thread);
-        if (lane == NULL) return NULL;
+        if (lane == NULL) goto fail;
         SET(lane, lane);
         Py_INCREF(Py_True); SET(owns_lane, Py_True);
     }
     PyObject *start = now();
-    if (start == NULL) return NULL;
+    if (start == NULL) goto fail;
     SET(start_ns, start);
     PyObject *on = state_get(off_on_start, s_on_start);
-    if (on == NULL) return NULL;
+    if (on == NULL) goto fail;
     int none = on == Py_None;
     Py_DECREF(on);
     if (!none) {
         PyObject *ctx = NULL;
-        if (PyContextVar_Get(cv, NULL, &ctx) < 0) return NULL;
+        if (PyContextVar_Get(cv, NULL, &ctx) < 0) goto fail;
         int r = maybe_on_start((PyObject *)self, ctx);
         Py_XDECREF(ctx);
-        if (r < 0) return NULL;
+        if (r < 0) goto fail;
     }
+    Py_DECREF(thread);
     Py_RETURN_NONE;
+fail:
+    Py_DECREF(thread);
+    return NULL;
 }
 
 static PyObject *
@@ -740,6 +767,19 @@ factory_repr(ScopeFactory *self)
     return r;
 }
 
+/* pickled as the function it stands for: by name (``__module__`` and ``__qualname__``, which
+ * functools.update_wrapper copied) */
+static PyObject *
+factory_reduce(ScopeFactory *self, PyObject *unused)
+{
+    return PyObject_GetAttrString((PyObject *)self, "__qualname__");
+}
+
+static PyMethodDef factory_methods[] = {
+    {"__reduce__", (PyCFunction)factory_reduce, METH_NOARGS, "Pickled by reference."},
+    {NULL, NULL, 0, NULL},
+};
+
 static PyGetSetDef factory_getset[] = {
     {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
     {NULL, NULL, NULL, NULL, NULL},
@@ -756,32 +796,255 @@ static PyTypeObject ScopeFactoryType = {
     .tp_vectorcall_offset = offsetof(ScopeFactory, vectorcall),
     .tp_dictoffset = offsetof(ScopeFactory, dict),
     .tp_getset = factory_getset,
+    .tp_methods = factory_methods,
     .tp_repr = (reprfunc)factory_repr,
     .tp_dealloc = (destructor)factory_dealloc,
     .tp_traverse = (traverseproc)factory_traverse,
     .tp_clear = (inquiry)factory_clear,
 };
 
+/* ---- session_record: session_metrics.build_record, compiled ----------------------------- */
+
+static PyObject *builtin_phases;   /* frozenset of the built-in phase names */
+static PyObject *counter_prefix;   /* "rl.session.counter." */
+static PyObject *k_status, *k_task, *k_session, *k_reason, *k_step, *v_pending, *f_1e9, *f_zero,
+    *s_start_ts, *s_end_ts, *s_turn, *s_interrupted, *r_task_id, *r_session_id, *r_rank, *r_role,
+    *r_status, *r_reason, *r_submit_ts, *r_finalized_ts, *r_total_s, *r_generate_s, *r_reward_s,
+    *r_toolcall_s, *r_phases, *r_counters, *r_trace_id, *r_turns, *r_step, *r_phase_counts,
+    *p_generate, *p_reward, *p_toolcall, *suffix_s, *fmt_032x, *s_sort, *kw_key;
+static PyObject *exec_key;         /* operator.itemgetter(0, 1): executions sort by their times */
+
+static int
+put(PyObject *d, PyObject *k, PyObject *v) /* steals v */
+{
+    if (v == NULL) return -1;
+    int r = PyDict_SetItem(d, k, v);
+    Py_DECREF(v);
+    return r;
+}
+
+/* attrs.get(key, default) on a dict (a new reference) */
+static PyObject *
+dget(PyObject *attrs, PyObject *key, PyObject *dflt)
+{
+    PyObject *v = PyDict_GetItemWithError(attrs, key);
+    if (v == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        v = dflt;
+    }
+    Py_INCREF(v);
+    return v;
+}
+
+static PyObject *
+div_1e9(PyObject *x)
+{
+    return PyNumber_TrueDivide(x, f_1e9);
+}
+
+/* session_record(attrs, start, end, trace_id, phases, rank, role, custom, counters_possible):
+ * the record build_record makes, or None when the inputs are off its common path (not
+ * dicts and lists) so the caller builds it in Python. */
+static PyObject *
+session_record(PyObject *self, PyObject *const *argv, Py_ssize_t argc)
+{
+    if (argc != 9) {
+        PyErr_SetString(PyExc_TypeError, "session_record takes 9 arguments");
+        return NULL;
+    }
+    PyObject *attrs = argv[0], *start = argv[1], *end = argv[2], *trace_id = argv[3],
+        *phases = argv[4], *rank = argv[5], *role = argv[6], *custom = argv[7];
+    if (k_step == NULL || !PyDict_CheckExact(attrs) || !PyDict_CheckExact(phases)
+        || !PyTuple_CheckExact(custom))
+        Py_RETURN_NONE;
+    int counters_possible = PyObject_IsTrue(argv[8]);
+    if (counters_possible < 0) return NULL;
+    PyObject *status = NULL, *totals = NULL, *out_phases = NULL, *counts = NULL, *turns = NULL,
+        *record = NULL, *result = NULL, *total = NULL, *items = NULL;
+    Py_ssize_t pos = 0;
+    PyObject *p, *execs;
+    if (!(status = dget(attrs, k_status, v_pending))) goto end;
+    if (!(totals = PyDict_New()) || !(out_phases = PyDict_New()) || !(counts = PyDict_New()))
+        goto end;
+    turns = PyLong_FromLong(-1);
+    if (turns == NULL) goto end;
+    while (PyDict_Next(phases, &pos, &p, &execs)) {
+        /* the phases and their lists are the processor's own, never touched by other code */
+        if (!PyList_CheckExact(execs)) { result = Py_None; Py_INCREF(result); goto end; }
+        Py_ssize_t n = PyList_GET_SIZE(execs);
+        if (n > 1) {  /* execs.sort(key=exec_key) */
+            PyObject *sargs[2] = {execs, exec_key};
+            PyObject *r = PyObject_VectorcallMethod(s_sort, sargs, 1, kw_key);
+            if (r == NULL) goto end;
+            Py_DECREF(r);
+        }
+        total = PyLong_FromLong(0);
+        items = PyList_New(0);
+        if (total == NULL || items == NULL) goto end;
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(execs); i++) {
+            PyObject *ex = PyList_GET_ITEM(execs, i);
+            if (!PyTuple_Check(ex) || PyTuple_GET_SIZE(ex) != 4) {
+                result = Py_None; Py_INCREF(result); goto end;
+            }
+            PyObject *s = PyTuple_GET_ITEM(ex, 0), *e = PyTuple_GET_ITEM(ex, 1),
+                *turn = PyTuple_GET_ITEM(ex, 2), *interrupted = PyTuple_GET_ITEM(ex, 3);
+            PyObject *d = PyNumber_Subtract(e, s);
+            if (d == NULL) goto end;
+            Py_SETREF(total, PyNumber_Add(total, d));
+            Py_DECREF(d);
+            if (total == NULL) goto end;
+            PyObject *item = PyDict_New();
+            if (item == NULL) goto end;
+            if (put(item, s_start_ts, div_1e9(s)) < 0 || put(item, s_end_ts, div_1e9(e)) < 0) {
+                Py_DECREF(item);
+                goto end;
+            }
+            if (turn != Py_None) {
+                int gt;
+                if (PyDict_SetItem(item, s_turn, turn) < 0
+                    || (gt = PyObject_RichCompareBool(turn, turns, Py_GT)) < 0) {
+                    Py_DECREF(item);
+                    goto end;
+                }
+                if (gt) { Py_INCREF(turn); Py_SETREF(turns, turn); }
+            }
+            int intr = PyObject_IsTrue(interrupted);
+            if (intr < 0 || (intr && PyDict_SetItem(item, s_interrupted, Py_True) < 0)) {
+                Py_DECREF(item);
+                goto end;
+            }
+            int r = PyList_Append(items, item);
+            Py_DECREF(item);
+            if (r < 0) goto end;
+        }
+        if (put(totals, p, div_1e9(total)) < 0) goto end;
+        Py_CLEAR(total);
+        int r = PyDict_SetItem(out_phases, p, items);
+        Py_CLEAR(items);
+        if (r < 0 || put(counts, p, PyLong_FromSsize_t(PyList_GET_SIZE(execs))) < 0) goto end;
+    }
+    PyObject *sid = PyDict_GetItemWithError(attrs, k_session);
+    if (sid == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, k_session);
+        goto end;
+    }
+    if (!(record = PyDict_New())) goto end;
+    PyObject *diff = PyNumber_Subtract(end, start);
+    if (diff == NULL) goto end;
+    PyObject *total_s = div_1e9(diff);
+    Py_DECREF(diff);
+    if (put(record, r_task_id, dget(attrs, k_task, Py_None)) < 0
+        || PyDict_SetItem(record, r_session_id, sid) < 0
+        || PyDict_SetItem(record, r_rank, rank) < 0
+        || (role != Py_None && PyDict_SetItem(record, r_role, role) < 0)
+        || PyDict_SetItem(record, r_status, status) < 0
+        || put(record, r_reason, dget(attrs, k_reason, Py_None)) < 0
+        || put(record, r_submit_ts, div_1e9(start)) < 0
+        || put(record, r_finalized_ts, div_1e9(end)) < 0
+        || put(record, r_total_s, total_s) < 0
+        || put(record, r_generate_s, dget(totals, p_generate, f_zero)) < 0
+        || put(record, r_reward_s, dget(totals, p_reward, f_zero)) < 0
+        || put(record, r_toolcall_s, dget(totals, p_toolcall, f_zero)) < 0
+        || PyDict_SetItem(record, r_phases, out_phases) < 0)
+        goto end;
+    if (counters_possible) {
+        PyObject *counters = PyDict_New(), *k, *v;
+        if (counters == NULL) goto end;
+        Py_ssize_t cpos = 0, plen = PyUnicode_GET_LENGTH(counter_prefix);
+        while (PyDict_Next(attrs, &cpos, &k, &v)) {
+            if (!PyUnicode_Check(k)) { Py_DECREF(counters); result = Py_None; Py_INCREF(result); goto end; }
+            Py_ssize_t m = PyUnicode_Tailmatch(k, counter_prefix, 0, plen, -1);
+            if (m < 0) { Py_DECREF(counters); goto end; }
+            if (m) {
+                PyObject *name = PyUnicode_Substring(k, plen, PyUnicode_GET_LENGTH(k));
+                if (name == NULL || put(counters, name, (Py_INCREF(v), v)) < 0) {
+                    Py_XDECREF(name);
+                    Py_DECREF(counters);
+                    goto end;
+                }
+                Py_DECREF(name);
+            }
+        }
+        int r = PyDict_GET_SIZE(counters) ? PyDict_SetItem(record, r_counters, counters) : 0;
+        Py_DECREF(counters);
+        if (r < 0) goto end;
+    }
+    if (put(record, r_trace_id, PyObject_Format(trace_id, fmt_032x)) < 0
+        || put(record, r_turns, PyNumber_Add(turns, one)) < 0
+        || put(record, r_step, dget(attrs, k_step, Py_None)) < 0)
+        goto end;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(custom); i++) { /* registered phases */
+        PyObject *c = PyTuple_GET_ITEM(custom, i);
+        PyObject *key = PyNumber_Add(c, suffix_s);
+        if (key == NULL) goto end;
+        int r = put(record, key, dget(totals, c, f_zero));
+        Py_DECREF(key);
+        if (r < 0) goto end;
+    }
+    pos = 0;
+    PyObject *phase_s;
+    while (PyDict_Next(totals, &pos, &p, &phase_s)) { /* and any other phase seen */
+        int builtin = PySet_Contains(builtin_phases, p);
+        if (builtin < 0) goto end;
+        if (builtin) continue;
+        PyObject *key = PyNumber_Add(p, suffix_s);
+        if (key == NULL) goto end;
+        int r = PyDict_SetItem(record, key, phase_s);
+        Py_DECREF(key);
+        if (r < 0) goto end;
+    }
+    if (PyDict_SetItem(record, r_phase_counts, counts) < 0) goto end;
+    result = record;
+    record = NULL;
+end:
+    Py_XDECREF(status); Py_XDECREF(totals); Py_XDECREF(out_phases); Py_XDECREF(counts);
+    Py_XDECREF(turns); Py_XDECREF(record); Py_XDECREF(total); Py_XDECREF(items);
+    return result;
+}
+
+static PyObject *
+configure_sessions(PyObject *self, PyObject *const *argv, Py_ssize_t argc)
+{
+    if (argc != 8 || !PyAnySet_Check(argv[0]) || !PyCallable_Check(argv[7])) {
+        PyErr_SetString(PyExc_TypeError, "configure_sessions(builtin_phase_names, counter_prefix, "
+                        "status_key, task_key, session_key, reason_key, step_key, exec_key)");
+        return NULL;
+    }
+    for (int i = 1; i < 7; i++) {
+        if (!PyUnicode_Check(argv[i])) {
+            PyErr_SetString(PyExc_TypeError, "configure_sessions: names must be str");
+            return NULL;
+        }
+    }
+    PyObject **slots[8] = {&builtin_phases, &counter_prefix, &k_status, &k_task, &k_session,
+                           &k_reason, &k_step, &exec_key};
+    for (int i = 0; i < 8; i++) {
+        Py_INCREF(argv[i]);
+        Py_XSETREF(*slots[i], argv[i]);
+    }
+    Py_RETURN_NONE;
+}
+
 static PyObject *
 configure(PyObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"contextvar", "span_key", "context_type", "state", "lanes", "heappop",
                              "heappush", "get_running_loop", "current_task", "globals",
-                             "call_on_start", "past_wake", "internal_error", "time_ns", NULL};
-    PyObject *a[14];
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OOOO!OOOOO!OOOO:configure", kwlist,
+                             "call_on_start", "past_wake", "internal_error", NULL};
+    PyObject *a[13];
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OOOO!OOOOO!OOO:configure", kwlist,
                                      &PyContextVar_Type, &a[0], &a[1], &a[2], &a[3],
                                      &PyDict_Type, &a[4], &a[5], &a[6], &a[7], &a[8],
-                                     &PyDict_Type, &a[9], &a[10], &a[11], &a[12], &a[13]))
+                                     &PyDict_Type, &a[9], &a[10], &a[11], &a[12]))
         return NULL;
     if (!PyType_Check(a[2])) {
         PyErr_SetString(PyExc_TypeError, "configure: context_type must be a class");
         return NULL;
     }
-    PyObject **slots[14] = {&cv, &span_key, &context_type, &state, &lanes, &heappop, &heappush,
+    PyObject **slots[13] = {&cv, &span_key, &context_type, &state, &lanes, &heappop, &heappush,
                             &get_running_loop, &current_task, &globals, &call_on_start,
-                            &past_wake, &internal_error, &time_ns};
-    for (int i = 0; i < 14; i++) {
+                            &past_wake, &internal_error};
+    for (int i = 0; i < 13; i++) {
         Py_INCREF(a[i]);
         Py_XSETREF(*slots[i], a[i]);
     }
@@ -792,6 +1055,11 @@ configure(PyObject *self, PyObject *args, PyObject *kwds)
 }
 
 static PyMethodDef module_methods[] = {
+    {"configure_sessions", (PyCFunction)(void (*)(void))configure_sessions, METH_FASTCALL,
+     "Hand over the built-in phase names and the counter prefix (rltrace.session_metrics)."},
+    {"session_record", (PyCFunction)(void (*)(void))session_record, METH_FASTCALL,
+     "session_record(attrs, start, end, trace_id, phases, rank, role, custom, counters_possible):"
+     " session_metrics.build_record's dict, or None off its common path."},
     {"configure", (PyCFunction)(void (*)(void))configure, METH_VARARGS | METH_KEYWORDS,
      "Hand over what the hot path uses (rltrace.recorder calls it once, at import)."},
     {NULL, NULL, 0, NULL},
@@ -818,18 +1086,24 @@ PyInit__scope_accel(void)
     INTERN(s_enabled, "enabled"); INTERN(s_device, "device");
     if (!(zero = PyLong_FromLong(0)) || !(one = PyLong_FromLong(1))) return NULL;
     if (!(empty_tuple = PyTuple_New(0))) return NULL;
+    INTERN(v_pending, "pending"); INTERN(s_start_ts, "start_ts");
+    INTERN(s_end_ts, "end_ts"); INTERN(s_turn, "turn"); INTERN(s_interrupted, "interrupted");
+    INTERN(r_task_id, "task_id"); INTERN(r_session_id, "session_id"); INTERN(r_rank, "rank");
+    INTERN(r_role, "role"); INTERN(r_status, "status"); INTERN(r_reason, "reason");
+    INTERN(r_submit_ts, "submit_ts"); INTERN(r_finalized_ts, "finalized_ts");
+    INTERN(r_total_s, "total_s"); INTERN(r_generate_s, "generate_s");
+    INTERN(r_reward_s, "reward_s"); INTERN(r_toolcall_s, "toolcall_s"); INTERN(r_phases, "phases");
+    INTERN(r_counters, "counters"); INTERN(r_trace_id, "trace_id"); INTERN(r_turns, "turns");
+    INTERN(r_step, "step"); INTERN(r_phase_counts, "phase_counts"); INTERN(p_generate, "generate");
+    INTERN(p_reward, "reward"); INTERN(p_toolcall, "toolcall"); INTERN(suffix_s, "_s");
+    INTERN(fmt_032x, "032x"); INTERN(s_sort, "sort");
+    if (!(kw_key = Py_BuildValue("(s)", "key"))) return NULL;
+    if (!(f_1e9 = PyFloat_FromDouble(1e9)) || !(f_zero = PyFloat_FromDouble(0.0))) return NULL;
     if (PyType_Ready(&ScopeCoreType) < 0 || PyType_Ready(&ScopeFactoryType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
-    Py_INCREF(&ScopeCoreType);
-    if (PyModule_AddObject(m, "ScopeCore", (PyObject *)&ScopeCoreType) < 0) {
-        Py_DECREF(&ScopeCoreType);
-        Py_DECREF(m);
-        return NULL;
-    }
-    Py_INCREF(&ScopeFactoryType);
-    if (PyModule_AddObject(m, "ScopeFactory", (PyObject *)&ScopeFactoryType) < 0) {
-        Py_DECREF(&ScopeFactoryType);
+    if (PyModule_AddObjectRef(m, "ScopeCore", (PyObject *)&ScopeCoreType) < 0
+        || PyModule_AddObjectRef(m, "ScopeFactory", (PyObject *)&ScopeFactoryType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -401,7 +401,7 @@ def _load_accel() -> Any:
         contextvar=CONTEXT_VAR, span_key=_SPAN_KEY, context_type=Context, state=STATE,
         lanes=_LANES, heappop=heappop, heappush=heappush, get_running_loop=_get_running_loop,
         current_task=_current_task, globals=globals(), call_on_start=_call_on_start,
-        past_wake=_past_wake, internal_error=internal_error, time_ns=time.time_ns)
+        past_wake=_past_wake, internal_error=internal_error)
     return _scope_accel
 
 

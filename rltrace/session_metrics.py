@@ -17,11 +17,13 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from operator import itemgetter
 from typing import Any
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 
+from . import recorder
 from .phases import BUILTIN, custom_phase_names
 from .semconv import (
     ATTR_INTERRUPTED,
@@ -40,6 +42,81 @@ _BUILTIN_SET = frozenset(p.name for p in BUILTIN)
 COUNTER_PREFIX = "rl.session.counter."
 _COUNTER_LEN = len(COUNTER_PREFIX)
 _DONE_GEN = 4_096
+_EXEC_TIMES = itemgetter(0, 1)  # a phase execution's (start, end)
+
+
+def build_record(attrs: Mapping[str, Any], start: int, end: int, trace_id: int,
+                 phases: dict[str, list[tuple[int, int, Any, bool]]], rank: int, role: str | None,
+                 custom: tuple[str, ...], counters_possible: bool = True) -> dict[str, Any]:
+    """One session's record (AReaL's fields in AReaL's order, then rltrace's): its span's
+    attributes and times, and its phase executions ``(start, end, turn, interrupted)`` by
+    phase.  ``rltrace._scope_accel.session_record`` builds the same dict, compiled."""
+    status = attrs.get(ATTR_STATUS, "pending")
+    totals: dict[str, float] = {}
+    out_phases: dict[str, list[dict[str, Any]]] = {}
+    counts: dict[str, int] = {}
+    turns = -1
+    for p, execs in phases.items():
+        if len(execs) > 1:  # by times only: a turn may be None beside an int
+            execs.sort(key=_EXEC_TIMES)
+        total = 0
+        items = []
+        for s, e, turn, interrupted in execs:
+            total += e - s
+            item: dict[str, Any] = {"start_ts": s / 1e9, "end_ts": e / 1e9}
+            if turn is not None:
+                item["turn"] = turn
+                if turn > turns:
+                    turns = turn
+            if interrupted:
+                item["interrupted"] = True
+            items.append(item)
+        totals[p] = total / 1e9
+        out_phases[p] = items
+        counts[p] = len(execs)
+    record: dict[str, Any] = {
+        "task_id": attrs.get(ATTR_TASK),
+        "session_id": attrs[ATTR_SESSION],
+        "rank": rank,
+        **({"role": role} if role is not None else {}),
+        "status": status,
+        "reason": attrs.get(ATTR_REASON),
+        "submit_ts": start / 1e9,
+        "finalized_ts": end / 1e9,
+        "total_s": (end - start) / 1e9,
+        "generate_s": totals.get("generate", 0.0),
+        "reward_s": totals.get("reward", 0.0),
+        "toolcall_s": totals.get("toolcall", 0.0),
+        "phases": out_phases,
+    }
+    counters = {k[_COUNTER_LEN:]: v for k, v in attrs.items()
+                if k.startswith(COUNTER_PREFIX)} if counters_possible else None
+    if counters:  # AReaL's ``counters`` (``trace_session_event("increment_counter", ...)``)
+        record["counters"] = counters
+    record["trace_id"] = f"{trace_id:032x}"
+    record["turns"] = turns + 1
+    record["step"] = attrs.get(ATTR_STEP)
+    for p in custom:
+        record[p + "_s"] = totals.get(p, 0.0)
+    for p, phase_s in totals.items():
+        if p not in _BUILTIN_SET:
+            record[p + "_s"] = phase_s
+    record["phase_counts"] = counts
+    return record
+
+
+def _load_build(accel: Any = None) -> Any:
+    """The compiled :func:`build_record` (``rltrace._scope_accel.session_record``) of ``accel``
+    (default: the one in use), or None."""
+    accel = accel or recorder.SCOPE_ACCEL
+    if accel is None:
+        return None
+    accel.configure_sessions(_BUILTIN_SET, COUNTER_PREFIX, ATTR_STATUS, ATTR_TASK, ATTR_SESSION,
+                             ATTR_REASON, ATTR_STEP, _EXEC_TIMES)
+    return accel.session_record
+
+
+_BUILD = _load_build()
 
 
 class SessionMetricsProcessor(SpanProcessor):
@@ -162,57 +239,12 @@ class SessionMetricsProcessor(SpanProcessor):
     def _record(self, attrs: Mapping[str, Any], start: int, end: int, trace_id: int,
                 phases: dict[str, list[tuple[int, int, Any, bool]]],
                 counters_possible: bool = True) -> dict[str, Any]:
-        status = attrs.get(ATTR_STATUS, "pending")
-        totals: dict[str, float] = {}
-        out_phases: dict[str, list[dict[str, Any]]] = {}
-        counts: dict[str, int] = {}
-        turns = -1
-        for p, execs in phases.items():
-            if len(execs) > 1:
-                execs.sort()
-            total = 0
-            items = []
-            for s, e, turn, interrupted in execs:
-                total += e - s
-                item: dict[str, Any] = {"start_ts": s / 1e9, "end_ts": e / 1e9}
-                if turn is not None:
-                    item["turn"] = turn
-                    if turn > turns:
-                        turns = turn
-                if interrupted:
-                    item["interrupted"] = True
-                items.append(item)
-            totals[p] = total / 1e9
-            out_phases[p] = items
-            counts[p] = len(execs)
-        record: dict[str, Any] = {
-            "task_id": attrs.get(ATTR_TASK),
-            "session_id": attrs[ATTR_SESSION],
-            "rank": self.rank,
-            **({"role": self.role} if self.role is not None else {}),
-            "status": status,
-            "reason": attrs.get(ATTR_REASON),
-            "submit_ts": start / 1e9,
-            "finalized_ts": end / 1e9,
-            "total_s": (end - start) / 1e9,
-            "generate_s": totals.get("generate", 0.0),
-            "reward_s": totals.get("reward", 0.0),
-            "toolcall_s": totals.get("toolcall", 0.0),
-            "phases": out_phases,
-        }
-        counters = {k[_COUNTER_LEN:]: v for k, v in attrs.items()
-                    if k.startswith(COUNTER_PREFIX)} if counters_possible else None
-        if counters:  # AReaL's ``counters`` (``trace_session_event("increment_counter", ...)``)
-            record["counters"] = counters
-        record["trace_id"] = f"{trace_id:032x}"
-        record["turns"] = turns + 1
-        record["step"] = attrs.get(ATTR_STEP)
-        for p in custom_phase_names():
-            record[p + "_s"] = totals.get(p, 0.0)
-        for p, phase_s in totals.items():
-            if p not in _BUILTIN_SET:
-                record[p + "_s"] = phase_s
-        record["phase_counts"] = counts
+        args = (attrs, start, end, trace_id, phases, self.rank, self.role, custom_phase_names(),
+                counters_possible)
+        record = None if _BUILD is None else _BUILD(*args)
+        if record is None:  # not compiled, or off its common path
+            record = build_record(*args)
+        status = record["status"]
         if self._aggregates is not None:
             self._aggregates.record(status, record["total_s"], phases)
         elif self._metrics is not None:

@@ -174,7 +174,7 @@ class RemoteTaskScope(TaskScope):
 
 def caller_task() -> tuple[Any, SpanContext] | None:
     """The caller's task in another process, from the OTel context (see ``CALLER_TASK_KEY``)."""
-    found = otel_context.get_value(CALLER_TASK_KEY)
+    found = _ctx_get().get(CALLER_TASK_KEY)  # otel_context.get_value, without its layers
     return found if type(found) is tuple else None
 
 

@@ -112,16 +112,23 @@ def scope_arg_step() -> int | None:
     no scope is open (e.g. a rollout executor thread, where the report assigns the step from the
     trace instead).
     """
+    ctx = _ctx_get()
+    node: Any = ctx.get(SPAN_KEY)
     epoch = None
-    for args in enclosing_scope_args():
-        v = args.get("global_step")
-        if type(v) is int:
-            return v
-        v = args.get("epoch_step")
-        if epoch is None and type(v) is int:
-            epoch = v
+    for _ in range(_MAX_DEPTH):  # enclosing_scope_args(), inline: tasks and sessions ask
+        if not isinstance(node, Scope):
+            break
+        args = node.args
+        if type(args) is dict:
+            v = args.get("global_step")
+            if type(v) is int:
+                return v
+            v = args.get("epoch_step")
+            if epoch is None and type(v) is int:
+                epoch = v
+        node = getattr(node, "parent", None)
     if epoch is None:  # in a remote call (rltrace.ray): the caller's step
-        v = otel_context.get_value(CALLER_STEP_KEY)
+        v = ctx.get(CALLER_STEP_KEY)
         if type(v) is int:
             return v
     return epoch

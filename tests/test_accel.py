@@ -35,6 +35,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from rltrace.exporters import chrome
 from rltrace.exporters.chrome import ChromeEncoder
+from rltrace.exporters.values import refresh_thread_names
 
 import rltrace
 from rltrace import recorder
@@ -145,12 +146,14 @@ def test_real_records_of_every_kind_encode_to_the_same_bytes(tmp_path: Path) -> 
                 rltrace.trace_session_event("mark_finalized", session_id=sid, status=status)
 
             def other_thread() -> None:
+                refresh_thread_names()  # its name is noted while it runs ("" for one of them)
                 with rltrace.trace_scope("in.thread"):
                     pass
 
-            t = threading.Thread(target=other_thread, name="side")
-            t.start()
-            t.join()
+            for name in ("side", ""):  # a thread named "": its track is thread-<ident>
+                t = threading.Thread(target=other_thread, name=name)
+                t.start()
+                t.join()
         rltrace.shutdown()
     finally:
         rltrace.remove_record_processor(proc)
@@ -203,7 +206,8 @@ def _scope(draw: Any, threads: list[int]) -> Scope:
     rec.lane = draw(st.integers(0, 3))
     rec.parent = None
     rec.start_ns = draw(_times)
-    rec.end_ns = rec.start_ns + draw(st.integers(-2000, 10**9))
+    rec.end_ns = draw(st.one_of(st.integers(-2000, 10**9).map(lambda d: rec.start_ns + d),
+                                st.sampled_from([-(2**63) + 5, -1, 2**63 + 7])))
     return rec
 
 
@@ -338,3 +342,69 @@ def test_a_whole_run_writes_the_same_files_with_and_without_the_accelerators(
     assert session_text.count("\n") == 30
     assert on_start.count("start ") == spans
     assert '"name":"under.foreign"' in chrome_text
+
+
+_phase_names = st.sampled_from(["generate", "reward", "toolcall", "judge", "total", "x"])
+_execs = st.lists(st.tuples(st.integers(0, 2**62), st.integers(0, 2**62),
+                            st.one_of(st.none(), st.integers(-2, 5)), st.booleans()),
+                  min_size=1, max_size=4)
+_attr_values = st.one_of(st.none(), st.integers(), st.text(max_size=5), st.floats(allow_nan=False))
+
+
+@needs_accel
+@settings(max_examples=200, deadline=None)
+@given(
+    attrs=st.fixed_dictionaries(
+        {"rl.session.id": _attr_values},
+        optional={"rl.task.id": _attr_values, "rl.session.status": st.sampled_from(["accepted", "failed"]),
+                  "rl.session.reason": _attr_values, "rl.step": _attr_values,
+                  "rl.session.counter.tokens": st.integers(), "rl.session.counter.": st.floats(),
+                  "other": st.integers()}),
+    start=st.integers(0, 2**62), length=st.integers(-5, 10**12), trace_id=st.integers(1, 2**128 - 1),
+    phases=st.dictionaries(_phase_names, _execs, max_size=4), rank=st.integers(0, 7),
+    role=st.sampled_from([None, "rollout"]), custom=st.lists(_phase_names, max_size=2, unique=True),
+    counters_possible=st.booleans(),
+)
+def test_the_compiled_session_record_is_the_python_one(
+    attrs: dict[str, Any], start: int, length: int, trace_id: int,
+    phases: dict[str, list[Any]], rank: int, role: str | None, custom: list[str],
+    counters_possible: bool,
+) -> None:
+    import copy
+
+    from rltrace import session_metrics
+
+    build = session_metrics._load_build(_built("rltrace._scope_accel"))  # even where switched off
+    args = (attrs, start, start + length, trace_id, phases, rank, role, tuple(custom),
+            counters_possible)
+    want = session_metrics.build_record(*copy.deepcopy(args))
+    got = build(*copy.deepcopy(args))
+    assert got is not None
+    assert repr(got) == repr(want)  # the same keys in the same order, the same values
+    assert got == want
+
+
+def test_trace_scope_pickles_by_reference_compiled_or_not() -> None:
+    """Ray and multiprocessing pickle functions that use ``trace_scope``: by reference."""
+    import pickle
+
+    for fn in (rltrace.trace_scope, rltrace.atrace_scope):
+        assert pickle.loads(pickle.dumps(fn)) is fn
+
+
+def test_a_queue_bound_beyond_64_bits_queues_and_writes_everything(tmp_path: Path) -> None:
+    """``max_queue_size`` is any positive int: compiled, the bound is compared as Python does."""
+    rltrace.configure(fileroot=str(tmp_path), flush_at_exit=False, max_queue_size=2**64,
+                      session_tracer={"enabled": True})
+    for _ in range(20):
+        with rltrace.trace_scope("s"):
+            sid = rltrace.register_session()
+            with rltrace.trace_session_phase("generate", session_id=sid):
+                pass
+            rltrace.trace_session_event("mark_finalized", session_id=sid, status="accepted")
+    rltrace.flush()
+    diag = rltrace.diagnostics()
+    assert diag["dropped"] == 0 and diag["errors"] == 0
+    assert diag["sessions"]["written"] == 20
+    (trace,) = tmp_path.rglob("traces-r0.jsonl")
+    assert trace.read_text().count('"name":"s"') == 20

@@ -228,6 +228,26 @@ def test_session_metrics_reach_an_otel_metric_reader_by_status(tmp_path: Path) -
 # ---- SessionMetricsProcessor outside rltrace ----------------------------------------------------------
 
 
+def test_executions_at_the_same_instant_with_and_without_a_turn_make_one_record(tmp_path: Path) -> None:
+    """Spans of another framework may carry no ``rl.turn`` and equal times (a coarse clock): the
+    executions are ordered by their times only, never by comparing a turn of None with an int."""
+    path = tmp_path / "sessions.jsonl"
+    proc = rltrace.SessionMetricsProcessor(SessionRecordWriter(path, 1), rank=0)
+    provider = TracerProvider()
+    provider.add_span_processor(proc)
+    tracer = provider.get_tracer("my-rl-framework")
+    session = tracer.start_span("rl.session", start_time=T0, attributes={"rl.session.id": "s-1"})
+    ctx = trace.set_span_in_context(session)
+    for turn in (None, 0, None):
+        attrs = {"rl.session.id": "s-1", "rl.phase": "reward", **({} if turn is None else {"rl.turn": turn})}
+        tracer.start_span("reward", context=ctx, start_time=T0, attributes=attrs).end(end_time=T0)
+    session.end(end_time=T0)
+    [rec] = read_jsonl(path)
+    provider.shutdown()
+    assert [e.get("turn") for e in rec["phases"]["reward"]] == [None, 0, None]  # as they ended
+    assert rec["phase_counts"] == {"reward": 3} and rec["turns"] == 1
+
+
 def test_processor_builds_a_record_from_plain_otel_sdk_spans(tmp_path: Path) -> None:
     path = tmp_path / "sessions.jsonl"
     proc = rltrace.SessionMetricsProcessor(SessionRecordWriter(path, 1), rank=4)
