@@ -33,11 +33,15 @@ static PyObject *heappop, *heappush;
 static PyObject *get_running_loop, *current_task;
 static PyObject *globals;          /* recorder's module dict: ``now_ns`` is read from it */
 static PyObject *call_on_start, *past_wake, *internal_error;
+static PyObject *span_context_type; /* opentelemetry.trace.SpanContext */
+static PyObject *sampled_flags;     /* recorder._SAMPLED */
+static PyObject *span_context_py;   /* _PyScopeCore.get_span_context: the rest of the cases */
 static PyObject *empty_tuple;
 
 static PyObject *s_now_ns, *s_on_start, *s_buffer, *s_cap, *s_wake_at, *s_dropped, *s_overflow,
     *s_kept, *s_thread, *s_task, *s_lane, *s_set_error, *s_restore_parent, *s_get_span_context,
-    *s_is_valid, *s_enter_where, *s_exit_where, *s_append, *s_enabled, *s_device, *zero, *one;
+    *s_is_valid, *s_enter_where, *s_exit_where, *s_append, *s_enabled, *s_device, *zero, *one,
+    *s_sampling, *s_rand_bits, *s_id_lock, *s_acquire, *s_release, *n128, *n64;
 
 #define SET(field, value) do { PyObject *_v = (value); Py_XSETREF(self->field, _v); } while (0)
 
@@ -213,7 +217,7 @@ release_lane(PyObject *thread, PyObject *lane)
 /* recorder.STATE's fields, read through their slots (RecorderState has __slots__): the
  * offsets are taken from its member descriptors at configure(); -1 reads via getattr */
 static Py_ssize_t off_buffer = -1, off_cap = -1, off_wake_at = -1, off_on_start = -1,
-    off_enabled = -1, off_device = -1;
+    off_enabled = -1, off_device = -1, off_sampling = -1;
 
 static Py_ssize_t
 slot_offset(PyObject *obj, const char *name)
@@ -606,6 +610,110 @@ core_finish(ScopeCore *self, PyObject *args, PyObject *kwds)
     Py_RETURN_NONE;
 }
 
+/* rand_bits(bits) or 1: recorder.rand_bits, read at each call (testing.deterministic and
+ * set_id_source replace it) */
+static PyObject *
+draw(PyObject *bits)
+{
+    PyObject *fn = PyDict_GetItemWithError(globals, s_rand_bits); /* borrowed */
+    if (fn == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "recorder.rand_bits is gone");
+        return NULL;
+    }
+    Py_INCREF(fn);
+    PyObject *v = PyObject_CallOneArg(fn, bits);
+    Py_DECREF(fn);
+    if (v == NULL) return NULL;
+    int t = PyObject_IsTrue(v);
+    if (t < 0) { Py_DECREF(v); return NULL; }
+    if (!t) { Py_DECREF(v); Py_INCREF(one); return one; }
+    return v;
+}
+
+/* _PyScopeCore.get_span_context for the common cases (no head sampler; no parent, or an
+ * rltrace parent): the parent's trace id and flags, new ids drawn under recorder._ID_LOCK, as
+ * the Python method does; everything else is handed to that method */
+static PyObject *
+core_get_span_context(ScopeCore *self, PyObject *unused)
+{
+    if (self->sc != NULL) { Py_INCREF(self->sc); return self->sc; }
+    PyObject *sampling = state_get(off_sampling, s_sampling);
+    if (sampling == NULL) return NULL;
+    int plain = sampling == Py_None;
+    Py_DECREF(sampling);
+    PyObject *parent = self->parent; /* NULL: never started (as ``hasattr`` in Python) */
+    int root = parent == NULL || parent == Py_None;
+    if (!plain || (!root && !PyObject_TypeCheck(parent, &ScopeCoreType)))
+        return PyObject_CallOneArg(span_context_py, (PyObject *)self);
+    PyObject *trace_id, *flags, *span_id = NULL, *sc = NULL, *r;
+    if (root) {
+        trace_id = zero; flags = sampled_flags;
+        Py_INCREF(trace_id); Py_INCREF(flags);
+    } else {
+        Py_INCREF(parent); /* Python code below may replace self.parent */
+        PyObject *psc = PyObject_CallMethodNoArgs(parent, s_get_span_context);
+        Py_DECREF(parent);
+        if (psc == NULL) return NULL;
+        if (!PyTuple_Check(psc) || PyTuple_GET_SIZE(psc) < 4) {
+            Py_DECREF(psc);
+            PyErr_SetString(PyExc_TypeError, "an rltrace record's get_span_context() returned "
+                            "something other than a SpanContext");
+            return NULL;
+        }
+        trace_id = PyTuple_GET_ITEM(psc, 0); flags = PyTuple_GET_ITEM(psc, 3);
+        Py_INCREF(trace_id); Py_INCREF(flags);
+        Py_DECREF(psc);
+    }
+    /* recorder._ID_LOCK, read at each call (a forked child gets a new one) */
+    PyObject *lock = PyDict_GetItemWithError(globals, s_id_lock);
+    if (lock == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "recorder._ID_LOCK is gone");
+        goto done;
+    }
+    Py_INCREF(lock);
+    if (!(r = PyObject_CallMethodNoArgs(lock, s_acquire))) { Py_DECREF(lock); goto done; }
+    Py_DECREF(r);
+    if (self->sc != NULL) { /* drawn meanwhile, by another thread */
+        sc = self->sc;
+        Py_INCREF(sc);
+    } else {
+        int has = PyObject_IsTrue(trace_id);
+        if (has == 0) Py_SETREF(trace_id, draw(n128));
+        if (has >= 0 && trace_id != NULL && (span_id = draw(n64)) != NULL) {
+            PyObject *argv[4] = {trace_id, span_id, Py_False, flags};
+            sc = PyObject_Vectorcall(span_context_type, argv, 4, NULL);
+            if (sc != NULL) {
+                Py_INCREF(sc);
+                Py_XSETREF(self->sc, sc);
+            }
+        }
+    }
+    /* release the lock, keeping an error raised above */
+#if PY_VERSION_HEX >= 0x030C0000
+    PyObject *err = PyErr_GetRaisedException();
+#else
+    PyObject *et, *ev, *etb;
+    PyErr_Fetch(&et, &ev, &etb);
+#endif
+    r = PyObject_CallMethodNoArgs(lock, s_release);
+    Py_DECREF(lock);
+    if (r == NULL) Py_CLEAR(sc);
+    else Py_DECREF(r);
+#if PY_VERSION_HEX >= 0x030C0000
+    if (err != NULL) { Py_XDECREF(PyErr_GetRaisedException()); PyErr_SetRaisedException(err); }
+#else
+    if (et != NULL) {
+        PyObject *t2, *v2, *tb2;
+        PyErr_Fetch(&t2, &v2, &tb2);
+        Py_XDECREF(t2); Py_XDECREF(v2); Py_XDECREF(tb2);
+        PyErr_Restore(et, ev, etb);
+    }
+#endif
+done:
+    Py_XDECREF(trace_id); Py_XDECREF(flags); Py_XDECREF(span_id);
+    return sc;
+}
+
 static int
 core_traverse(ScopeCore *self, visitproc visit, void *arg)
 {
@@ -637,7 +745,10 @@ core_dealloc(ScopeCore *self)
 #define MEMBER(pyname, field) {pyname, T_OBJECT_EX, offsetof(ScopeCore, field), 0, NULL}
 
 static PyMemberDef core_members[] = {
-    MEMBER("_sc", sc), MEMBER("_token", token), MEMBER("args", args),
+    /* ``_sc`` reads None while unset: ``getattr(rec, "_sc", None)`` raises nothing (the ids are
+     * asked for once per record on the OTLP and session paths) */
+    {"_sc", T_OBJECT, offsetof(ScopeCore, sc), 0, NULL},
+    MEMBER("_token", token), MEMBER("args", args),
     MEMBER("category", category), MEMBER("end_ns", end_ns), MEMBER("extra", extra),
     MEMBER("lane", lane), MEMBER("name", name), MEMBER("owns_lane", owns_lane),
     MEMBER("parent", parent), MEMBER("start_ns", start_ns), MEMBER("task", task),
@@ -646,6 +757,8 @@ static PyMemberDef core_members[] = {
 
 static PyMethodDef core_methods[] = {
     {"__enter__", (PyCFunction)core_enter, METH_NOARGS, "Open the scope (see Scope)."},
+    {"get_span_context", (PyCFunction)core_get_span_context, METH_NOARGS,
+     "The record's SpanContext: its ids are drawn the first time anything asks."},
     {"__exit__", (PyCFunction)(void (*)(void))core_exit, METH_FASTCALL, "Close the scope."},
     {"_start_under", (PyCFunction)(void (*)(void))core_start_under, METH_FASTCALL,
      "Start without entering the context, under ``parent`` (see Scope.begin_detached)."},
@@ -1030,27 +1143,32 @@ configure(PyObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"contextvar", "span_key", "context_type", "state", "lanes", "heappop",
                              "heappush", "get_running_loop", "current_task", "globals",
-                             "call_on_start", "past_wake", "internal_error", NULL};
-    PyObject *a[13];
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OOOO!OOOOO!OOO:configure", kwlist,
+                             "call_on_start", "past_wake", "internal_error", "span_context_type",
+                             "sampled", "span_context_py", NULL};
+    PyObject *a[16];
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OOOO!OOOOO!OOOOOO:configure", kwlist,
                                      &PyContextVar_Type, &a[0], &a[1], &a[2], &a[3],
                                      &PyDict_Type, &a[4], &a[5], &a[6], &a[7], &a[8],
-                                     &PyDict_Type, &a[9], &a[10], &a[11], &a[12]))
+                                     &PyDict_Type, &a[9], &a[10], &a[11], &a[12], &a[13], &a[14],
+                                     &a[15]))
         return NULL;
-    if (!PyType_Check(a[2])) {
-        PyErr_SetString(PyExc_TypeError, "configure: context_type must be a class");
+    if (!PyType_Check(a[2]) || !PyType_Check(a[13])) {
+        PyErr_SetString(PyExc_TypeError, "configure: context_type and span_context_type must be "
+                        "classes");
         return NULL;
     }
-    PyObject **slots[13] = {&cv, &span_key, &context_type, &state, &lanes, &heappop, &heappush,
+    PyObject **slots[16] = {&cv, &span_key, &context_type, &state, &lanes, &heappop, &heappush,
                             &get_running_loop, &current_task, &globals, &call_on_start,
-                            &past_wake, &internal_error};
-    for (int i = 0; i < 13; i++) {
+                            &past_wake, &internal_error, &span_context_type, &sampled_flags,
+                            &span_context_py};
+    for (int i = 0; i < 16; i++) {
         Py_INCREF(a[i]);
         Py_XSETREF(*slots[i], a[i]);
     }
     off_buffer = slot_offset(state, "buffer"); off_cap = slot_offset(state, "cap");
     off_wake_at = slot_offset(state, "wake_at"); off_on_start = slot_offset(state, "on_start");
     off_enabled = slot_offset(state, "enabled"); off_device = slot_offset(state, "device");
+    off_sampling = slot_offset(state, "sampling");
     Py_RETURN_NONE;
 }
 
@@ -1083,7 +1201,9 @@ PyInit__scope_accel(void)
     INTERN(s_restore_parent, "_restore_parent"); INTERN(s_get_span_context, "get_span_context");
     INTERN(s_is_valid, "is_valid"); INTERN(s_enter_where, "trace_scope enter");
     INTERN(s_exit_where, "trace_scope exit"); INTERN(s_append, "append");
-    INTERN(s_enabled, "enabled"); INTERN(s_device, "device");
+    INTERN(s_enabled, "enabled"); INTERN(s_device, "device"); INTERN(s_sampling, "sampling");
+    INTERN(s_rand_bits, "rand_bits"); INTERN(s_id_lock, "_ID_LOCK"); INTERN(s_acquire, "acquire"); INTERN(s_release, "release");
+    if (!(n128 = PyLong_FromLong(128)) || !(n64 = PyLong_FromLong(64))) return NULL;
     if (!(zero = PyLong_FromLong(0)) || !(one = PyLong_FromLong(1))) return NULL;
     if (!(empty_tuple = PyTuple_New(0))) return NULL;
     INTERN(v_pending, "pending"); INTERN(s_start_ts, "start_ts");

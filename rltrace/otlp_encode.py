@@ -31,7 +31,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanContext, TraceFlags
 
 from .materialize import SpanBuilder, bound, span_attributes
-from .recorder import Scope
+from .recorder import RecordBase, Scope
 
 _HAS_IS_REMOTE = SpanFlags.SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK
 _IS_REMOTE = SpanFlags.SPAN_FLAGS_CONTEXT_IS_REMOTE_MASK
@@ -88,7 +88,7 @@ class RecordEncoder:
         foreign: list[ReadableSpan] = []
         slow: list[ReadableSpan] = []
         for item in items:
-            if not isinstance(item, Scope):
+            if not isinstance(item, RecordBase):
                 foreign.append(item)
                 continue
             if not self._fast(item, add):

@@ -52,7 +52,7 @@ from .phases import PhaseRegistry
 from .processors import BoundedBatchProcessor, QueuedExportProcessor
 from .provider import DelegatingTracerProvider
 from .ranks import detect_rank
-from .recorder import SPAN_API, STATE, Scope, _noop, internal_error
+from .recorder import SPAN_API, STATE, RecordBase, _noop, internal_error
 from .sampling import HeadSampling, TaskTailSampler, head_sampler
 from .session_metrics import SessionMetricsProcessor
 from .summary import ScopeSummary, counters_snapshot
@@ -418,7 +418,7 @@ class Pipeline:
             try:
                 for rp in record_procs:
                     rp.on_record(rec)
-                on_end(build(rec) if isinstance(rec, Scope) else rec)
+                on_end(build(rec) if isinstance(rec, RecordBase) else rec)
             except Exception as exc:
                 self.errors += 1
                 internal_error("span export", exc)

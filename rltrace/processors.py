@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from .otel_compat import EncodedBatch, instrumentation_suppressed
-from .recorder import Scope
+from .recorder import RecordBase
 
 logger = logging.getLogger("rltrace")
 
@@ -139,7 +139,7 @@ class BoundedBatchProcessor(SpanProcessor):
         self._init_runtime()
 
     def _init_runtime(self) -> None:
-        self._queue: deque[ReadableSpan] = deque()
+        self._queue: deque[Any] = deque()  # ReadableSpans, or records
         self._wake = threading.Event()
         self._idle = threading.Event()
         self._idle.set()
@@ -160,7 +160,7 @@ class BoundedBatchProcessor(SpanProcessor):
     def on_end(self, span: Any) -> None:
         """Queue a span: a ``ReadableSpan``, or an rltrace record (:attr:`takes_records`)."""
         rec = getattr(span, "rltrace_record", span)
-        if isinstance(rec, Scope):
+        if isinstance(rec, RecordBase):
             if not rec.get_span_context().trace_flags.sampled:
                 self.unsampled += 1  # its trace was not sampled (rltrace.sampling): not sent
                 return
@@ -174,7 +174,36 @@ class BoundedBatchProcessor(SpanProcessor):
             self.dropped += 1
             return
         q.append(span)
-        if len(q) >= self.max_export_batch_size:
+        if len(q) >= self.max_export_batch_size and not self._wake.is_set():
+            self._wake.set()  # once: the sender clears it, then empties the queue
+
+    def on_end_batch(self, records: list[Any]) -> None:
+        """:meth:`on_end` for each of the pipeline's ``records`` (one export cycle at once):
+        unsampled records are counted, the rest queued up to ``max_queue_size``, the sender
+        woken once."""
+        if self.encoder is None:  # records become ReadableSpans: one at a time, as on_end
+            for rec in records:
+                self.on_end(rec)
+            return
+        q = self._queue
+        room = 0 if self._stop else self.max_queue_size - len(q)
+        keep = q.append
+        unsampled = 0
+        for rec in records:
+            if not isinstance(rec, RecordBase):
+                self.on_end(rec)  # not a record of rltrace's: as it comes
+                continue
+            # ``get_span_context().trace_flags.sampled`` without its two properties: the
+            # flags are the SpanContext tuple's fourth field, bit 0 the sampled flag
+            if not rec.get_span_context()[3] & 1:
+                unsampled += 1
+            elif room > 0:
+                keep(rec)
+                room -= 1
+            else:
+                self.dropped += 1
+        self.unsampled += unsampled
+        if len(q) >= self.max_export_batch_size and not self._wake.is_set():
             self._wake.set()
 
     def _run(self) -> None:
@@ -213,7 +242,7 @@ class BoundedBatchProcessor(SpanProcessor):
         builder = self._builder
         if builder is None:
             return batch
-        return [builder.build(s) if isinstance(s, Scope) else s for s in batch]
+        return [builder.build(s) if isinstance(s, RecordBase) else s for s in batch]
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         deadline = time.monotonic() + timeout_millis / 1000

@@ -386,6 +386,36 @@ class _PyScopeCore:
         if not hold:
             push(self, keep or self.kept)
 
+    # -- the record's ids (``get_span_context`` of opentelemetry.trace.Span) ---------------
+    def get_span_context(self) -> SpanContext:
+        """The record's ``SpanContext``: its ids are drawn the first time anything asks (a
+        child, another instrumentation, the exporter), under its parent's trace."""
+        sc: SpanContext | None = getattr(self, "_sc", None)
+        if sc is not None:
+            return sc
+        parent = self.parent if hasattr(self, "parent") else None
+        # sampled or not is decided once per trace, by its root (rltrace.sampling); spans under
+        # an rltrace parent inherit its flags, spans under a foreign span follow the sampler
+        sampling = STATE.sampling
+        if parent is None:
+            trace_id = 0
+            flags = _SAMPLED
+        elif isinstance(parent, RecordBase):  # its SpanContext's fields 0 and 3, no properties
+            psc = parent.get_span_context()
+            trace_id = psc[0]
+            flags = psc[3]
+        else:
+            psc = parent.get_span_context()
+            trace_id = psc.trace_id
+            flags = psc.trace_flags if psc.trace_flags.sampled else _UNSAMPLED
+        with _ID_LOCK:  # ids are drawn once, whichever thread asks first
+            sc = getattr(self, "_sc", None)
+            if sc is None:
+                trace_id = trace_id or rand_bits(128) or 1
+                if sampling is not None and not isinstance(parent, RecordBase):
+                    flags = sampling.flags(self, trace_id, parent)
+                sc = self._sc = SpanContext(trace_id, rand_bits(64) or 1, False, flags)
+        return sc
 
 
 def _load_accel() -> Any:
@@ -401,7 +431,8 @@ def _load_accel() -> Any:
         contextvar=CONTEXT_VAR, span_key=_SPAN_KEY, context_type=Context, state=STATE,
         lanes=_LANES, heappop=heappop, heappush=heappush, get_running_loop=_get_running_loop,
         current_task=_current_task, globals=globals(), call_on_start=_call_on_start,
-        past_wake=_past_wake, internal_error=internal_error)
+        past_wake=_past_wake, internal_error=internal_error, span_context_type=SpanContext,
+        sampled=_SAMPLED, span_context_py=_PyScopeCore.get_span_context)
     return _scope_accel
 
 
@@ -450,7 +481,7 @@ class Scope(_Core, Span):
         """
         if from_context:
             parent = _ctx_get().get(_SPAN_KEY)
-        if parent is not None and not isinstance(parent, Scope):
+        if parent is not None and not isinstance(parent, RecordBase):
             if not parent.get_span_context().is_valid:
                 parent = None
             share_lane = False
@@ -500,32 +531,6 @@ class Scope(_Core, Span):
         return extra
 
     # -- opentelemetry.trace.Span ---------------------------------------------------------
-    def get_span_context(self) -> SpanContext:
-        sc: SpanContext | None = getattr(self, "_sc", None)
-        if sc is not None:
-            return sc
-        parent = self.parent if hasattr(self, "parent") else None
-        # sampled or not is decided once per trace, by its root (rltrace.sampling); spans under
-        # an rltrace parent inherit its flags, spans under a foreign span follow the sampler
-        sampling = STATE.sampling
-        if parent is None:
-            psc = None
-            trace_id = 0
-            flags = _SAMPLED
-        else:
-            psc = parent.get_span_context()
-            trace_id = psc.trace_id
-            flags = psc.trace_flags if isinstance(parent, Scope) or psc.trace_flags.sampled \
-                else _UNSAMPLED
-        with _ID_LOCK:  # ids are drawn once, whichever thread asks first
-            sc = getattr(self, "_sc", None)
-            if sc is None:
-                trace_id = trace_id or rand_bits(128) or 1
-                if sampling is not None and not isinstance(parent, Scope):
-                    flags = sampling.flags(self, trace_id, parent)
-                sc = self._sc = SpanContext(trace_id, rand_bits(64) or 1, False, flags)
-        return sc
-
     def is_recording(self) -> bool:
         return self.end_ns == 0
 
@@ -587,6 +592,15 @@ class Scope(_Core, Span):
 
     def __repr__(self) -> str:
         return f"<rltrace scope {self.name!r}>"
+
+
+#: the class every rltrace record derives from.  ``Scope`` adds OTel's ``Span``, an ABC, so
+#: ``isinstance(x, Scope)`` runs ``ABCMeta.__instancecheck__``; ``isinstance(x, RecordBase)`` is
+#: a plain type check with the same answer (nothing derives from the core but ``Scope``)
+if TYPE_CHECKING:
+    RecordBase = Scope
+else:
+    RecordBase = _Core
 
 
 class SpanApiStats:
@@ -673,7 +687,7 @@ def detach(token: Any) -> None:
 def current_scope() -> Scope | None:
     """The innermost open rltrace scope in this context, if any."""
     span = _ctx_get().get(_SPAN_KEY)
-    return span if isinstance(span, Scope) else None
+    return span if isinstance(span, RecordBase) else None
 
 
 def current_span() -> Any:
@@ -685,7 +699,7 @@ def record_instant(name: str, category: Any, args: dict[str, Any] | None) -> Non
     """Attach an instant to the current span, or queue it as a zero-length span if none."""
     ts = now_ns()
     span = _ctx_get().get(_SPAN_KEY)
-    if isinstance(span, Scope) and span.end_ns == 0:
+    if isinstance(span, RecordBase) and span.end_ns == 0:
         span._event(name, ts, args, category)
         return
     if span is not None and span.is_recording():

@@ -41,6 +41,7 @@ from collections.abc import Callable
 from typing import Any
 
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.sdk.trace import SpanProcessor
 from opentelemetry.sdk.trace.sampling import (
     ALWAYS_OFF,
@@ -55,7 +56,7 @@ from opentelemetry.trace import SpanKind, TraceFlags
 from .config import SAMPLING_MODES, ConfigError, SamplingConfig
 from .recorder import _SAMPLED as SAMPLED
 from .recorder import _UNSAMPLED as UNSAMPLED
-from .recorder import Scope
+from .recorder import RecordBase, Scope
 
 logger = logging.getLogger("rltrace")
 MODES = SAMPLING_MODES
@@ -135,8 +136,13 @@ class HeadSampling:
         self.unsampled = 0
 
     def flags(self, rec: Scope, trace_id: int, parent: Any) -> TraceFlags:
-        """The flags of ``rec``'s new context: a root (``parent`` None) or under a foreign span."""
-        ctx = None if parent is None else trace.set_span_in_context(
+        """The flags of ``rec``'s new context: a root (``parent`` None) or under a foreign span.
+
+        A root's sampler is given an empty context, not None: with None, OTel's samplers read
+        the current context, where ``rec`` itself may be the current span (its ids are drawn
+        when a child or a processor first asks, inside its ``with``), so ``ParentBased`` would
+        ask ``rec`` for the context being decided."""
+        ctx = Context() if parent is None else trace.set_span_in_context(
             trace.NonRecordingSpan(parent.get_span_context()))
         try:
             result = self.sampler.should_sample(ctx, trace_id, rec.name, SpanKind.INTERNAL)
@@ -158,7 +164,7 @@ def _root(rec: Scope) -> Scope:
     node = rec
     for _ in range(256):
         parent = getattr(node, "parent", None)
-        if not isinstance(parent, Scope):
+        if not isinstance(parent, RecordBase):
             return node
         node = parent
     return node
@@ -204,7 +210,7 @@ class TaskTailSampler(SpanProcessor):
 
     def on_end(self, span: Any) -> None:
         rec = getattr(span, "rltrace_record", span)
-        if not isinstance(rec, Scope):
+        if not isinstance(rec, RecordBase):
             self.target.on_end(span)  # a foreign span: the SDK's sampler decided already
             return
         root = _root(rec)

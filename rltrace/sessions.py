@@ -39,6 +39,7 @@ from .checks import check_mapping, check_optional_int, did_you_mean, type_error
 from .otel_compat import SPAN_KEY as _SPAN_KEY
 from .phases import PHASES, PhaseRegistry, PhaseSpec
 from .recorder import (
+    RecordBase,
     Scope,
     _ctx_get,
     _ctx_reset,
@@ -959,7 +960,7 @@ class SessionRegistry:
         from .recorder import current_scope
 
         target = span if span is not None else current_scope()
-        if target is None or not isinstance(target, Scope):
+        if target is None or not isinstance(target, RecordBase):
             self.count_misuse("link_outside_scope", "link_consumed called outside any rltrace "
                                                     "scope; call it inside the step's trace_scope")
             return 0

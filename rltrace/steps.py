@@ -16,7 +16,7 @@ from opentelemetry import context as otel_context
 from opentelemetry.trace import Span
 
 from .otel_compat import SPAN_KEY
-from .recorder import NOOP, STATE, Scope, TracedScope, _ctx_get
+from .recorder import NOOP, STATE, RecordBase, Scope, TracedScope, _ctx_get
 from .semconv import ATTR_STEP
 
 __all__ = ["current_step", "scope_arg_step", "step", "step_of"]
@@ -80,7 +80,7 @@ def step_of(rec: Scope) -> int | None:
     for _ in range(_MAX_DEPTH):
         if node is None:
             return None
-        if not isinstance(node, Scope):  # another instrumentation's span (Ray's remote call)
+        if not isinstance(node, RecordBase):  # another instrumentation's span (Ray's remote call)
             attrs = getattr(node, "attributes", None)
             step = attrs.get(ATTR_STEP) if attrs is not None else None
             return step if type(step) is int else None
@@ -95,7 +95,7 @@ def enclosing_scope_args() -> Iterator[dict[str, Any]]:
     """The ``args`` of the open rltrace scopes in this context, innermost first."""
     node: Any = _ctx_get().get(SPAN_KEY)
     for _ in range(_MAX_DEPTH):
-        if not isinstance(node, Scope):
+        if not isinstance(node, RecordBase):
             return
         args = node.args
         if type(args) is dict:
@@ -116,7 +116,7 @@ def scope_arg_step() -> int | None:
     node: Any = ctx.get(SPAN_KEY)
     epoch = None
     for _ in range(_MAX_DEPTH):  # enclosing_scope_args(), inline: tasks and sessions ask
-        if not isinstance(node, Scope):
+        if not isinstance(node, RecordBase):
             break
         args = node.args
         if type(args) is dict:

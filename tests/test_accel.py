@@ -245,7 +245,7 @@ def _plain_json(v: Any) -> bool:
 
 
 _WORKLOAD = r"""
-import asyncio, contextvars, sys, threading
+import asyncio, contextvars, random, sys, threading
 import rltrace
 from opentelemetry import trace
 from opentelemetry.sdk.trace import SpanProcessor
@@ -254,7 +254,10 @@ from rltrace.testing import deterministic
 
 class OnStart(SpanProcessor):
     def on_start(self, span, parent_context=None):
-        print("start", span.name, span.get_span_context().trace_id)
+        sc = span.get_span_context()
+        parent = trace.get_current_span(parent_context).get_span_context()
+        print("start", span.name, sc.trace_id, sc.span_id, int(sc.trace_flags), sc.is_valid,
+              parent.span_id)
 
 with deterministic():
     rltrace.configure(fileroot=sys.argv[1], flush_at_exit=False, session_tracer={"enabled": True})
@@ -307,6 +310,22 @@ with deterministic():
     diag = rltrace.diagnostics()
     print("accelerated", diag["ChromeTraceExporter"]["accelerated"], diag["accelerated"])
     rltrace.shutdown()
+
+# head sampling on: records under a sampler draw their ids through the Python method (seeded
+# random ids: the ratio keeps some traces and drops others; OnStart is still registered)
+with deterministic(ids=random.Random(7).getrandbits):
+    rltrace.configure(fileroot=sys.argv[1] + "-sampled", flush_at_exit=False,
+                      session_tracer={"enabled": True}, sampling={"mode": "ratio", "ratio": 0.5})
+    for i in range(20):
+        with rltrace.trace_scope("sampled.step"):
+            sid = rltrace.register_session()
+            with rltrace.trace_session_phase("generate", session_id=sid):
+                pass
+            rltrace.trace_session_event("mark_finalized", session_id=sid, status="accepted")
+    with trace.use_span(NonRecordingSpan(remote)):
+        with rltrace.trace_scope("sampled.under.foreign"):
+            pass
+    rltrace.shutdown()
 """
 
 
@@ -340,7 +359,9 @@ def test_a_whole_run_writes_the_same_files_with_and_without_the_accelerators(
     spans = 30 * 6 + 1 + 1 + 4 * 2 + 2 + 1 + 1  # step/task/session/phases/inner, fails, gather, ...
     assert chrome_text.count('"ph":"X"') == spans
     assert session_text.count("\n") == 30
-    assert on_start.count("start ") == spans
+    assert on_start.count("start ") == spans + 20 * 4 + 1
+    flags = {line.split()[4] for line in on_start.splitlines() if line.startswith("start sampled")}
+    assert flags == {"0", "1"}  # both decisions taken, the same ones compiled and not
     assert '"name":"under.foreign"' in chrome_text
 
 

@@ -42,6 +42,8 @@ def test_a_small_comparison_runs_every_contender_and_writes_the_readme_table(tmp
     assert sessions["rltrace"]["records_on_disk"] == 120  # every session record was written
     assert spans["rltrace"]["dropped"] == 0 and spans["rltrace_otlp"]["dropped"] == 0
     assert spans["rltrace_otlp"]["otlp_lost"] == 0 and spans["rltrace_otlp"]["otlp_exported"] >= 400
+    # the receiver counts what reached it: all 400 spans, in each repeat
+    assert spans["rltrace_otlp"]["received"] == spans["rltrace_otlp"]["spans_sent"] == 400
     for r in (spans["floor"], spans["otel"], spans["rltrace"], sessions["rltrace"]):
         assert len(r["total_ns_runs"]) == 2 and r["total_ns"] > 0 and r["process_cpu_ns"] > 0
     assert doc["ratios"]["span_total_vs_otel"]["otel"]["median"] == 1.0
@@ -57,4 +59,5 @@ def test_a_small_comparison_runs_every_contender_and_writes_the_readme_table(tmp
     assert "| **rltrace** (Chrome file + sessions on) |" in text
     rl = spans["rltrace"]["total_ns"] / 1000
     assert f"{rl:.2f} µs" in text  # the figure in the table is the one in the JSON
+    assert "| **rltrace**, OTLP/gRPC on too | " in text and "all delivered" in text
     assert f"{mem['bytes_per_held_record']} bytes per queued record" in text

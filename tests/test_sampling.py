@@ -123,6 +123,48 @@ def test_ratio_mode_keeps_whole_traces_by_trace_id_and_the_local_files_keep_all(
     assert diag["otlp"]["unsampled"] == (N_TASKS - len(want)) * SPANS_PER_TASK + 2 * (1 - step_trace_kept)
 
 
+def test_ratio_mode_decides_roots_with_children_by_their_trace_id(tmp_path: Path) -> None:
+    """A root scope's ids are drawn when its first child (or a processor) asks, inside its
+    ``with``: the ratio still decides by the trace id, and the children follow the root."""
+    from opentelemetry.sdk.trace import SpanProcessor
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    started: list[tuple[str, Any]] = []
+
+    class OnStart(SpanProcessor):
+        def on_start(self, span: Any, parent_context: Any = None) -> None:
+            started.append((span.name, span.get_span_context()))
+
+    mem = InMemorySpanExporter()
+    procs = [OnStart(), SimpleSpanProcessor(mem)]
+    rltrace.configure(fileroot=str(tmp_path), flush_at_exit=False,
+                      sampling={"mode": "ratio", "ratio": 0.5})
+    for proc in procs:
+        rltrace.add_span_processor(proc)
+    try:
+        for i in range(40):
+            with rltrace.trace_scope("train_step", args={"i": i}):
+                with rltrace.trace_scope("forward"):
+                    pass
+        diag = rltrace.diagnostics()
+        rltrace.shutdown()
+    finally:
+        for proc in procs:
+            pipeline.TRACING.remove_span_processor(proc)
+    roots = {sc.trace_id: sc for name, sc in started if name == "train_step"}
+    assert len(roots) == 40 and len(started) == 80  # on_start sees every span
+    want = {t for t in roots if _ratio_keeps(f"{t:032x}", 0.5)}
+    assert 0 < len(want) < 40
+    assert {t for t, sc in roots.items() if sc.trace_flags.sampled} == want
+    for _, sc in started:  # a child follows its root
+        assert sc.trace_flags.sampled == (sc.trace_id in want)
+    ended = mem.get_finished_spans()  # processors' on_end: the sampled traces, whole
+    assert Counter(s.context.trace_id for s in ended) == {t: 2 for t in want}
+    assert diag["sampling"]["traces_sampled"] == len(want)
+    assert diag["sampling"]["traces_unsampled"] == 40 - len(want)
+
+
 def test_the_standard_env_variables_choose_the_sampler(tmp_path: Path, receiver: OTLPReceiver,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_off")
