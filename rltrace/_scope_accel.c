@@ -636,7 +636,7 @@ draw(PyObject *bits)
 static PyObject *
 core_get_span_context(ScopeCore *self, PyObject *unused)
 {
-    if (self->sc != NULL) { Py_INCREF(self->sc); return self->sc; }
+    if (self->sc != NULL && self->sc != Py_None) { Py_INCREF(self->sc); return self->sc; }
     PyObject *sampling = state_get(off_sampling, s_sampling);
     if (sampling == NULL) return NULL;
     int plain = sampling == Py_None;
@@ -673,7 +673,7 @@ core_get_span_context(ScopeCore *self, PyObject *unused)
     Py_INCREF(lock);
     if (!(r = PyObject_CallMethodNoArgs(lock, s_acquire))) { Py_DECREF(lock); goto done; }
     Py_DECREF(r);
-    if (self->sc != NULL) { /* drawn meanwhile, by another thread */
+    if (self->sc != NULL && self->sc != Py_None) { /* drawn meanwhile, by another thread */
         sc = self->sc;
         Py_INCREF(sc);
     } else {

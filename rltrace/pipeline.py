@@ -398,7 +398,10 @@ class Pipeline:
             for q in self._record_sinks:  # the whole cycle at once (queued exporters take it)
                 take = getattr(q, "on_end_batch", None)
                 if take is not None:
-                    take(taken)
+                    try:
+                        take(taken, self._sink_error)  # a record that fails is counted there
+                    except Exception as exc:  # the sink itself failed: the next one goes on
+                        self._sink_error(exc)
                     continue
                 for rec in taken:
                     try:
@@ -423,6 +426,11 @@ class Pipeline:
                 self.errors += 1
                 internal_error("span export", exc)
         self._drain()
+
+    def _sink_error(self, exc: Exception) -> None:
+        """A record a sink could not take (as ``on_end`` raising for it)."""
+        self.errors += 1
+        internal_error("span export", exc)
 
     def _drain(self) -> None:
         if self.tail_sampler is not None:

@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from opentelemetry.context import Context
@@ -46,9 +47,10 @@ class QueuedExportProcessor(SpanProcessor):
         if not self._closed:
             self._queue.append(span)
 
-    def on_end_batch(self, spans: list[Any]) -> None:
+    def on_end_batch(self, spans: list[Any],
+                     on_error: Callable[[Exception], None] | None = None) -> None:
         """:meth:`on_end` for each of ``spans`` (the pipeline's export cycle hands them over
-        at once)."""
+        at once; queueing them cannot fail, so ``on_error`` is never called)."""
         if not self._closed:
             self._queue.extend(spans)
 
@@ -177,34 +179,59 @@ class BoundedBatchProcessor(SpanProcessor):
         if len(q) >= self.max_export_batch_size and not self._wake.is_set():
             self._wake.set()  # once: the sender clears it, then empties the queue
 
-    def on_end_batch(self, records: list[Any]) -> None:
+    def on_end_batch(self, records: list[Any],
+                     on_error: Callable[[Exception], None] | None = None) -> None:
         """:meth:`on_end` for each of the pipeline's ``records`` (one export cycle at once):
         unsampled records are counted, the rest queued up to ``max_queue_size``, the sender
-        woken once."""
+        woken as the queue reaches a batch.  A record that raises is handed to ``on_error``
+        (the pipeline counts it) and the others go on, as with one ``on_end`` each."""
+        q = self._queue
         if self.encoder is None:  # records become ReadableSpans: one at a time, as on_end
             for rec in records:
-                self.on_end(rec)
+                try:
+                    self.on_end(rec)
+                except Exception as exc:
+                    if on_error is None:
+                        raise
+                    on_error(exc)
             return
-        q = self._queue
-        room = 0 if self._stop else self.max_queue_size - len(q)
+        limit, batch, wake = self.max_queue_size, self.max_export_batch_size, self._wake
+        room = 0 if self._stop else limit - len(q)
+        due = batch - len(q)  # records until the sender has a batch to send
         keep = q.append
         unsampled = 0
-        for rec in records:
-            if not isinstance(rec, RecordBase):
-                self.on_end(rec)  # not a record of rltrace's: as it comes
-                continue
-            # ``get_span_context().trace_flags.sampled`` without its two properties: the
-            # flags are the SpanContext tuple's fourth field, bit 0 the sampled flag
-            if not rec.get_span_context()[3] & 1:
-                unsampled += 1
-            elif room > 0:
-                keep(rec)
-                room -= 1
-            else:
-                self.dropped += 1
-        self.unsampled += unsampled
-        if len(q) >= self.max_export_batch_size and not self._wake.is_set():
-            self._wake.set()
+        if due <= 0 and not wake.is_set():
+            wake.set()
+        try:
+            for rec in records:
+                try:
+                    if not isinstance(rec, RecordBase):
+                        self.on_end(rec)  # not a record of rltrace's: as it comes
+                        room = 0 if self._stop else limit - len(q)
+                        continue
+                    # ``get_span_context().trace_flags.sampled`` without its two properties: the
+                    # flags are the SpanContext tuple's fourth field, bit 0 the sampled flag
+                    if not rec.get_span_context()[3] & 1:
+                        unsampled += 1
+                        continue
+                    if room <= 0:  # the sender may have taken some meanwhile
+                        room = 0 if self._stop else limit - len(q)
+                        if room <= 0:
+                            self.dropped += 1
+                            continue
+                    keep(rec)
+                    room -= 1
+                    due -= 1
+                    if due == 0 and not wake.is_set():
+                        wake.set()  # a batch is ready: the sender starts on it while we go on
+                except Exception as exc:
+                    if on_error is None:
+                        raise
+                    on_error(exc)
+        finally:
+            self.unsampled += unsampled
+        if len(q) >= batch and not wake.is_set():
+            wake.set()
 
     def _run(self) -> None:
         while not self._stop:

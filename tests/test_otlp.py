@@ -261,6 +261,40 @@ def test_flush_with_wait_returns_once_the_spans_reached_the_backend(
         rltrace.shutdown()
 
 
+def test_a_span_whose_ids_cannot_be_drawn_is_counted_and_the_others_are_sent(
+    tmp_path: Path, receiver: OTLPReceiver
+) -> None:
+    """The export cycle hands its records to the OTLP sender at once: one that raises (here its
+    id source, as a user's IdGenerator might) is counted in ``errors`` and the rest of the
+    cycle still reaches the backend and the Chrome file."""
+    from rltrace import recorder
+
+    draws = iter(range(1, 10_000))
+
+    def ids(bits: int) -> int:
+        n = next(draws)
+        if n == 5:  # the third span's trace id
+            raise RuntimeError("id source failed")
+        return n
+
+    _configure(tmp_path, receiver, "grpc", flush_interval_s=3600)
+    old = recorder.rand_bits
+    recorder.set_id_source(ids)
+    try:
+        for i in range(6):
+            with rltrace.trace_scope(f"s{i}"):
+                pass
+        rltrace.flush(wait_s=10.0)
+        diag = rltrace.diagnostics()
+    finally:
+        recorder.set_id_source(old)
+        rltrace.shutdown()
+    assert diag["errors"] == 1
+    assert sorted(s.name for s in receiver.spans()) == ["s0", "s1", "s3", "s4", "s5"]
+    chrome = next(tmp_path.rglob("traces-r3.jsonl")).read_text()
+    assert all(f'"name":"s{i}"' in chrome for i in range(6))
+
+
 WORKER = """
 import sys, rltrace
 rltrace.configure(fileroot=sys.argv[1], experiment_name="multi", flush_at_exit=False,
