@@ -19,6 +19,7 @@ are encoded by the SDK's encoder and sent in the same request.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable
 from typing import Any
 
@@ -30,13 +31,33 @@ from opentelemetry.proto.trace.v1.trace_pb2 import SpanFlags, Status
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanContext, TraceFlags
 
+from rltrace.exporters.values import category_name, thread_name
+
 from .materialize import SpanBuilder, bound, span_attributes
 from .recorder import RecordBase, Scope
+from .semconv import ATTR_CATEGORY, ATTR_LANE, ATTR_STEP, ATTR_THREAD_ID, ATTR_THREAD_NAME
+from .steps import step_of
 
 _HAS_IS_REMOTE = SpanFlags.SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK
 _IS_REMOTE = SpanFlags.SPAN_FLAGS_CONTEXT_IS_REMOTE_MASK
 _INTERNAL = PBSpan.SpanKind.SPAN_KIND_INTERNAL
 _CACHE_MAX = 16_384  # serialized fragments kept (a bounded cache: cleared when full)
+# Span fields 7 and 8 (fixed64 times, tags 0x39 and 0x41) and 16 (fixed32 flags, tag 133 as
+# the varint 0x85 0x01, little-endian 0x0185), packed in one call
+_TIMES_FLAGS = struct.Struct("<BQBQHI")
+_FLAGS_TAG = 0x0185
+_LOCAL_PARENT = int(_HAS_IS_REMOTE)
+_REMOTE_PARENT = int(_HAS_IS_REMOTE | _IS_REMOTE)
+
+
+def _varint(n: int) -> bytes:
+    """``n`` as a protobuf varint."""
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
 
 
 def _any(value: Any) -> AnyValue:
@@ -75,6 +96,9 @@ class RecordEncoder:
         self._envelope = envelope.SerializeToString()
         self._heads: dict[str, bytes] = {}
         self._kv: dict[tuple[str, type, Any], bytes] = {}
+        #: a plain scope's first four attributes, serialized, by its category (type and
+        #: value), thread, thread name and lane
+        self._prefixes: dict[tuple[type, Any, int, str, int], bytes] = {}
         #: spans encoded on the fast path / through the SDK's encoder (diagnostics)
         self.fast = 0
         self.slow = 0
@@ -83,33 +107,51 @@ class RecordEncoder:
         """One request holding every item: rltrace records and foreign ``ReadableSpan``s."""
         req = ExportTraceServiceRequest()
         req.MergeFromString(self._envelope)
-        spans = req.resource_spans[0].scope_spans[0].spans
-        add = spans.add
+        scope_spans = req.resource_spans[0].scope_spans[0]
+        blobs: list[bytes] = []  # the fast path's spans, as ScopeSpans.spans fields
+        keep = blobs.append
         foreign: list[ReadableSpan] = []
         slow: list[ReadableSpan] = []
         for item in items:
             if not isinstance(item, RecordBase):
                 foreign.append(item)
                 continue
-            if not self._fast(item, add):
+            span = self._fast(item)
+            if span is None:
                 slow.append(self.builder.build(item))
+                continue
+            n = len(span)  # the field's length prefix (a varint)
+            keep((b"\x12" + bytes((n,)) if n < 0x80 else b"\x12" + _varint(n)) + span)
+        if blobs:  # one parse for the lot: merging a ScopeSpans appends its spans
+            scope_spans.MergeFromString(b"".join(blobs))
+            self.fast += len(blobs)
         if slow:
             self.slow += len(slow)
             for rs in encode_spans(slow).resource_spans:  # same resource and scope: one list
                 for ss in rs.scope_spans:
-                    spans.extend(ss.spans)
+                    scope_spans.spans.extend(ss.spans)
         if foreign:
             req.resource_spans.extend(encode_spans(foreign).resource_spans)
         return req
 
-    def _fast(self, rec: Scope, add: Any) -> bool:
-        """Append the record's ``Span`` with ``add``; False when the SDK path must encode it."""
+    def _fast(self, rec: Scope) -> bytes | None:
+        """The record's serialized ``Span``; None when the SDK path must encode it.
+
+        Built from wire-format pieces: the cached name/kind/status head, the ids, times and
+        flags (fields 1, 2, 4, 7, 8, 16), the cached attribute fragments (field 9) and the
+        trace state (field 3); the parser takes fields in any order."""
         extra = rec.extra
         if extra is not None and (len(extra) > 2 or not extra.keys() <= {"attrs", "instant"}):
-            return False  # events, links, error, status: rare, and the SDK path has them
-        attrs = span_attributes(rec)
-        if len(attrs) > self._max_attrs or self._value_len is not None:
-            return False  # the SDK's limits apply (oldest dropped, values truncated, counted)
+            return None  # events, links, error, status: rare, and the SDK path has them
+        if self._value_len is not None:
+            return None  # the SDK's limits apply (values truncated, counted)
+        attr_bytes = self._plain_attrs(rec) if extra is None and not rec.args \
+            and not rec.slot_attrs else None
+        if attr_bytes is None:
+            attrs = span_attributes(rec)
+            if len(attrs) > self._max_attrs:
+                return None  # the SDK's limits apply (oldest dropped, counted)
+            attr_bytes = self._attrs_bytes(attrs)
         name = rec.name
         head = self._heads.get(name)
         if head is None:
@@ -117,8 +159,30 @@ class RecordEncoder:
             if len(self._heads) >= _CACHE_MAX:
                 self._heads.clear()
             self._heads[name] = head
-        parts = [head]
+        # SpanContext fields by index: 0 trace_id, 1 span_id, 2 is_remote, 4 trace_state
+        sc = rec.get_span_context()
+        parent = rec.parent
+        if parent is not None:
+            psc = parent.get_span_context()
+            parts = [head, b"\x0a\x10", sc[0].to_bytes(16, "big"), b"\x12\x08",
+                     sc[1].to_bytes(8, "big"), b"\x22\x08", psc[1].to_bytes(8, "big"),
+                     _TIMES_FLAGS.pack(0x39, rec.start_ns, 0x41, rec.end_ns, _FLAGS_TAG,
+                                       _REMOTE_PARENT if psc[2] else _LOCAL_PARENT)]
+        else:
+            parts = [head, b"\x0a\x10", sc[0].to_bytes(16, "big"), b"\x12\x08",
+                     sc[1].to_bytes(8, "big"),
+                     _TIMES_FLAGS.pack(0x39, rec.start_ns, 0x41, rec.end_ns, _FLAGS_TAG,
+                                       _LOCAL_PARENT)]
+        parts.append(attr_bytes)
+        if sc[4]:
+            parts.append(PBSpan(trace_state=",".join(f"{k}={v}" for k, v in sc[4].items()))
+                         .SerializeToString())
+        return b"".join(parts)
+
+    def _attrs_bytes(self, attrs: dict[str, Any]) -> bytes:
+        """``attrs`` as serialized ``Span.attributes`` fields (each key/value cached)."""
         kv_cache = self._kv
+        parts = []
         for key, value in attrs.items():
             t = type(value)
             if t is tuple or t is list:  # sequences: not cached ((True,) == (1,))
@@ -133,21 +197,29 @@ class RecordEncoder:
                     kv_cache.clear()
                 kv_cache[ck] = frag
             parts.append(frag)
-        span = add()
-        span.MergeFromString(b"".join(parts))
-        sc = rec.get_span_context()
-        span.trace_id = sc.trace_id.to_bytes(16, "big")
-        span.span_id = sc.span_id.to_bytes(8, "big")
-        span.start_time_unix_nano = rec.start_ns
-        span.end_time_unix_nano = rec.end_ns
-        parent = rec.parent
-        if parent is not None:
-            psc = parent.get_span_context()
-            span.parent_span_id = psc.span_id.to_bytes(8, "big")
-            span.flags = _HAS_IS_REMOTE | _IS_REMOTE if psc.is_remote else _HAS_IS_REMOTE
-        else:
-            span.flags = _HAS_IS_REMOTE
-        if sc.trace_state:
-            span.trace_state = ",".join(f"{k}={v}" for k, v in sc.trace_state.items())
-        self.fast += 1
-        return True
+        return b"".join(parts)
+
+    def _plain_attrs(self, rec: Scope) -> bytes | None:
+        """A plain scope's attributes (no args, attributes, events or instant): what
+        :func:`span_attributes` gives it, serialized, from a cache of its first four (category,
+        thread id and name, lane) and the step it inherits; None where that cannot apply."""
+        if self._max_attrs < 5:
+            return None
+        thread, category = rec.thread, rec.category
+        # the category's type too: True == 1 as dict keys, but their names differ
+        key = (type(category), category, thread, thread_name(thread), rec.lane)
+        try:
+            prefix = self._prefixes.get(key)
+        except TypeError:  # an unhashable category: the general path
+            return None
+        if prefix is None:
+            prefix = self._attrs_bytes({ATTR_CATEGORY: category_name(category),
+                                        ATTR_THREAD_ID: thread, ATTR_THREAD_NAME: key[3],
+                                        ATTR_LANE: key[4]})
+            if len(self._prefixes) >= _CACHE_MAX:
+                self._prefixes.clear()
+            self._prefixes[key] = prefix
+        step = step_of(rec)
+        if step is None:
+            return prefix
+        return prefix + self._attrs_bytes({ATTR_STEP: step})

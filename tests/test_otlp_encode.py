@@ -95,6 +95,35 @@ def test_plain_scopes_args_and_attributes_encode_as_the_sdk_does(records: None) 
     assert enc.fast == len(recs) and enc.slow == 0  # all on the fast path
 
 
+def test_plain_scopes_of_any_category_thread_and_lane_encode_as_the_sdk_does(records: None) -> None:
+    """Plain scopes take a cached prefix of their first four attributes: categories that are
+    equal as dict keys but named differently (``True``/``1``/``1.0``, ``Category.IO``/"io"),
+    an unhashable one, other threads, nested lanes and an inherited step all encode as the
+    SDK encodes them."""
+    import threading
+
+    cats: list[Any] = [None, "io", rltrace.Category.IO, 1, True, 1.0, "1", ["x"]]
+
+    def body() -> None:
+        for cat in cats:
+            with rltrace.trace_scope("plain", category=cat):
+                with rltrace.trace_scope("nested", category=cat):
+                    pass
+
+    body()
+    t = threading.Thread(target=body, name="other")
+    t.start()
+    t.join()
+    with rltrace.trace_scope("stepped", args={"global_step": 9}):
+        body()  # every plain scope below inherits rl.step = 9
+    recs, p = _take()
+    enc = _assert_same(recs, p)
+    assert enc.fast == len(recs) == 3 * 2 * len(cats) + 1 and enc.slow == 0
+    got = {(s.name, kv.value.string_value) for s in _by_id(enc.request(recs)).values()
+           for kv in s.attributes if kv.key == "rl.category"}
+    assert {c for n, c in got if n == "plain"} == {"misc", "io", "1", "True", "1.0", "['x']"}
+
+
 def test_sessions_tasks_and_phases_encode_as_the_sdk_does(records: None) -> None:
     with rltrace.step(5):
         task = rltrace.register_task()
