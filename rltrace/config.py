@@ -72,6 +72,10 @@ class OTLPConfig:
     certificate_file: str | None = None
     #: spans waiting to be sent; beyond it they are counted as dropped (never blocks training)
     max_queue_size: int = 65_536
+    #: spans per export request (the SDK's ``BatchSpanProcessor`` sends 512: the sender thread
+    #: then waits for the GIL once per 512 spans, and a burst overflows its queue); a request
+    #: over 3 MiB is sent in halves, under the 4 MiB gRPC receivers accept
+    max_export_batch_size: int = 2_048
     #: also export the session metrics over OTLP (off as well when OTEL_METRICS_EXPORTER=none;
     #: some trace-only backends, e.g. Phoenix, refuse metrics)
     metrics: bool = True
@@ -523,6 +527,8 @@ def _check_values(cfg: TracerConfig) -> None:
     need(cfg.max_queue_size >= 1, "max_queue_size", f"must be >= 1, got {cfg.max_queue_size}")
     need(cfg.otlp.max_queue_size >= 1, "otlp.max_queue_size",
          f"must be >= 1, got {cfg.otlp.max_queue_size}")
+    need(cfg.otlp.max_export_batch_size >= 1, "otlp.max_export_batch_size",
+         f"must be >= 1, got {cfg.otlp.max_export_batch_size}")
     need(cfg.flush_interval_s > 0, "flush_interval_s", f"must be > 0, got {cfg.flush_interval_s}")
     need(cfg.live_interval_s >= 0, "live_interval_s",
          f"must be >= 0 (0 turns the live state off), got {cfg.live_interval_s}")

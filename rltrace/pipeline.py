@@ -186,6 +186,7 @@ class Pipeline:
         if otlp is not None:
             self.otlp = BoundedBatchProcessor(
                 otlp, max_queue_size=cfg.otlp.max_queue_size,
+                max_export_batch_size=cfg.otlp.max_export_batch_size,
                 shutdown_timeout_s=cfg.otlp.timeout_s if cfg.otlp.timeout_s is not None else 5.0,
                 encoder=RecordEncoder(self.builder),
             )

@@ -26,6 +26,10 @@ from .recorder import RecordBase
 
 logger = logging.getLogger("rltrace")
 
+#: an encoded OTLP request larger than this is sent in halves: the OTel Collector's gRPC
+#: receiver (and gRPC servers generally) refuse messages over 4 MiB by default
+MAX_REQUEST_BYTES = 3 << 20
+
 
 class QueuedExportProcessor(SpanProcessor):
     """Collects ended spans; :meth:`drain` exports everything collected so far in one batch."""
@@ -247,20 +251,29 @@ class BoundedBatchProcessor(SpanProcessor):
                 n = min(len(q), self.max_export_batch_size)
                 batch = [q.popleft() for _ in range(n)]
                 self._inflight = n
-                try:
-                    with instrumentation_suppressed():  # an instrumented HTTP client stays quiet
-                        ok = self.exporter.export(self._prepare(batch)) is SpanExportResult.SUCCESS
-                except Exception as exc:
-                    logger.debug("rltrace: %s export raised %r", self.name, exc)
-                    ok = False
-                self.last_ok = ok
+                with instrumentation_suppressed():  # an instrumented HTTP client stays quiet
+                    sent = self._send(batch)
+                self.last_ok = sent == n
                 if self._inflight:  # not already written off by a timed-out shutdown
                     self._inflight = 0
-                    if ok:
-                        self.exported += n
-                    else:
-                        self.failed += n
+                    self.exported += sent
+                    self.failed += n - sent
             self._idle.set()
+
+    def _send(self, batch: list[Any]) -> int:
+        """Export ``batch``; returns how many of its spans the exporter accepted.  An encoded
+        request over :data:`MAX_REQUEST_BYTES` goes in halves."""
+        try:
+            prepared = self._prepare(batch)
+            if (len(batch) > 1 and type(prepared) is EncodedBatch
+                    and prepared.request.ByteSize() > MAX_REQUEST_BYTES):
+                half = len(batch) // 2
+                return self._send(batch[:half]) + self._send(batch[half:])
+            ok = self.exporter.export(prepared) is SpanExportResult.SUCCESS
+        except Exception as exc:
+            logger.debug("rltrace: %s export raised %r", self.name, exc)
+            ok = False
+        return len(batch) if ok else 0
 
     def _prepare(self, batch: list[Any]) -> Any:
         """What the exporter is given: an encoded request, or ``ReadableSpan``s."""

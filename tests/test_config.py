@@ -296,7 +296,8 @@ def test_unknown_rltrace_env_var_is_ignored_with_a_warning_naming_the_fix(
      ({"rank": -1}, "rank"),
      ({"experiment_name": "a/b"}, "experiment_name"),
      ({"trial_name": ""}, "trial_name"),
-     ({"otlp__protocol": "carrier-pigeon"}, "otlp.protocol")],
+     ({"otlp__protocol": "carrier-pigeon"}, "otlp.protocol"),
+     ({"otlp__max_export_batch_size": 0}, "otlp.max_export_batch_size")],
     ids=lambda v: v if isinstance(v, str) else next(iter(v)),
 )
 def test_bad_value_is_rejected_naming_the_key(tmp_path: Path, overrides: dict[str, Any], key: str) -> None:

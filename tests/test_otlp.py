@@ -295,6 +295,27 @@ def test_a_span_whose_ids_cannot_be_drawn_is_counted_and_the_others_are_sent(
     assert all(f'"name":"s{i}"' in chrome for i in range(6))
 
 
+def test_a_batch_over_the_grpc_message_limit_is_sent_in_halves(
+    tmp_path: Path, receiver: OTLPReceiver
+) -> None:
+    """A batch of big spans (80 x 64 kB args, as values are cut: over gRPC's 4 MiB message
+    limit, which the receiver enforces as the OTel Collector does) is sent as several
+    requests, all accepted."""
+    _configure(tmp_path, receiver, "grpc", flush_interval_s=3600)
+    try:
+        for i in range(80):
+            with rltrace.trace_scope(f"big{i}", args={"blob": "x" * 100_000}):
+                pass
+        rltrace.flush(wait_s=20.0)
+        otlp = rltrace.diagnostics()["otlp"]
+    finally:
+        rltrace.shutdown()
+    assert (otlp["exported"], otlp["failed"], otlp["dropped"]) == (80, 0, 0)
+    assert sorted(s.name for s in receiver.spans()) == sorted(f"big{i}" for i in range(80))
+    traces = [r for r in receiver.requests if r.signal == "traces"]
+    assert len(traces) >= 2 and all(r.outcome == "accepted" for r in traces)
+
+
 WORKER = """
 import sys, rltrace
 rltrace.configure(fileroot=sys.argv[1], experiment_name="multi", flush_at_exit=False,
