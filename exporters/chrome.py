@@ -38,7 +38,14 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace.status import StatusCode
 
 from .files import LineFile
-from .values import category_name, dumps_line, json_default, thread_name, thread_names
+from .values import (
+    category_name,
+    dumps_line,
+    json_default,
+    pure_python,
+    thread_name,
+    thread_names,
+)
 
 logger = logging.getLogger("rltrace")
 
@@ -49,15 +56,13 @@ _THREAD_ID = "thread.id"
 _THREAD_NAME = "thread.name"
 _HIDDEN = frozenset({_LANE, _CATEGORY, _INSTANT, _THREAD_ID, _THREAD_NAME})
 _OPT = orjson.OPT_NON_STR_KEYS
-#: set to 1 to run the pure-Python encoder even where the compiled one is built
-PURE_PYTHON_ENV = "RLTRACE_PURE_PYTHON"
 
 
 def load_accel(honour_env: bool = True) -> Any:
     """The compiled per-record loop (``_chrome_accel``, built when the package is installed with
     a C compiler at hand), or None: not built, or ``RLTRACE_PURE_PYTHON=1`` (unless not
     ``honour_env``: the tests compare the two loops in one process)."""
-    if honour_env and os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0"):
+    if honour_env and pure_python():
         return None
     try:
         from . import _chrome_accel  # type: ignore[attr-defined]
@@ -73,8 +78,7 @@ _ACCEL: Any = load_accel()
 ACCELERATED = _ACCEL is not None
 
 
-def _dumps(obj: Any) -> bytes:
-    return dumps_line(obj)
+_dumps = dumps_line
 
 
 def chrome_args(attributes: Any) -> dict[str, Any]:

@@ -51,7 +51,11 @@ _REMOTE_PARENT = int(_HAS_IS_REMOTE | _IS_REMOTE)
 
 
 def _varint(n: int) -> bytes:
-    """``n`` as a protobuf varint."""
+    """``n`` as a protobuf varint (one or two bytes for a span's length, mostly)."""
+    if n < 0x80:
+        return bytes((n,))
+    if n < 0x4000:
+        return bytes(((n & 0x7F) | 0x80, n >> 7))
     out = bytearray()
     while n >= 0x80:
         out.append((n & 0x7F) | 0x80)
@@ -120,8 +124,7 @@ class RecordEncoder:
             if span is None:
                 slow.append(self.builder.build(item))
                 continue
-            n = len(span)  # the field's length prefix (a varint)
-            keep((b"\x12" + bytes((n,)) if n < 0x80 else b"\x12" + _varint(n)) + span)
+            keep(b"\x12" + _varint(len(span)) + span)  # field 2, length-prefixed
         if blobs:  # one parse for the lot: merging a ScopeSpans appends its spans
             scope_spans.MergeFromString(b"".join(blobs))
             self.fast += len(blobs)
@@ -161,19 +164,17 @@ class RecordEncoder:
             self._heads[name] = head
         # SpanContext fields by index: 0 trace_id, 1 span_id, 2 is_remote, 4 trace_state
         sc = rec.get_span_context()
+        parts = [head, b"\x0a\x10", sc[0].to_bytes(16, "big"), b"\x12\x08",
+                 sc[1].to_bytes(8, "big")]
+        flags = _LOCAL_PARENT
         parent = rec.parent
         if parent is not None:
             psc = parent.get_span_context()
-            parts = [head, b"\x0a\x10", sc[0].to_bytes(16, "big"), b"\x12\x08",
-                     sc[1].to_bytes(8, "big"), b"\x22\x08", psc[1].to_bytes(8, "big"),
-                     _TIMES_FLAGS.pack(0x39, rec.start_ns, 0x41, rec.end_ns, _FLAGS_TAG,
-                                       _REMOTE_PARENT if psc[2] else _LOCAL_PARENT)]
-        else:
-            parts = [head, b"\x0a\x10", sc[0].to_bytes(16, "big"), b"\x12\x08",
-                     sc[1].to_bytes(8, "big"),
-                     _TIMES_FLAGS.pack(0x39, rec.start_ns, 0x41, rec.end_ns, _FLAGS_TAG,
-                                       _LOCAL_PARENT)]
-        parts.append(attr_bytes)
+            parts += (b"\x22\x08", psc[1].to_bytes(8, "big"))
+            if psc[2]:
+                flags = _REMOTE_PARENT
+        parts += (_TIMES_FLAGS.pack(0x39, rec.start_ns, 0x41, rec.end_ns, _FLAGS_TAG, flags),
+                  attr_bytes)
         if sc[4]:
             parts.append(PBSpan(trace_state=",".join(f"{k}={v}" for k, v in sc[4].items()))
                          .SerializeToString())

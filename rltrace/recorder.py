@@ -32,6 +32,8 @@ from opentelemetry.trace import (
 )
 from opentelemetry.trace.status import Status, StatusCode
 
+from rltrace.exporters.values import pure_python
+
 from .otel_compat import CONTEXT_VAR, ctx_get, ctx_reset, ctx_set
 from .otel_compat import SPAN_KEY as _SPAN_KEY
 from .semconv import ATTR_STEP
@@ -46,9 +48,6 @@ _rng = random.Random()  # our own generator: a user's random.seed() must not mak
 rand_bits = _rng.getrandbits
 os.register_at_fork(after_in_child=lambda: _rng.seed())
 
-
-#: set to 1 to run the pure-Python hot path even where the compiled one is built
-PURE_PYTHON_ENV = "RLTRACE_PURE_PYTHON"
 
 DEFAULT_CLOCK = now_ns
 DEFAULT_ID_SOURCE = rand_bits
@@ -421,7 +420,7 @@ class _PyScopeCore:
 def _load_accel() -> Any:
     """The compiled hot path (``rltrace._scope_accel``, configured), or None: not built,
     another OTel runtime context than the contextvar one, or ``RLTRACE_PURE_PYTHON=1``."""
-    if os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0") or CONTEXT_VAR is None:
+    if pure_python() or CONTEXT_VAR is None:
         return None
     try:
         from . import _scope_accel  # type: ignore[attr-defined]

@@ -35,13 +35,13 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from rltrace.exporters import chrome
 from rltrace.exporters.chrome import ChromeEncoder
-from rltrace.exporters.values import refresh_thread_names
+from rltrace.exporters.values import PURE_PYTHON_ENV, pure_python, refresh_thread_names
 
 import rltrace
 from rltrace import recorder
 from rltrace.recorder import Scope
 
-PURE = os.environ.get(chrome.PURE_PYTHON_ENV, "") not in ("", "0")
+PURE = pure_python()
 
 
 def _compiler() -> str | None:
@@ -340,7 +340,7 @@ def test_a_whole_run_writes_the_same_files_with_and_without_the_accelerators(
     for pure in ("0", "1"):
         root = tmp_path / f"pure{pure}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("RLTRACE_")}
-        env[chrome.PURE_PYTHON_ENV] = pure
+        env[PURE_PYTHON_ENV] = pure
         out = subprocess.run([sys.executable, "-c", _WORKLOAD, str(root)], env=env, cwd=tmp_path,
                              capture_output=True, text=True, timeout=120, check=True)
         on = pure == "0"
