@@ -29,6 +29,10 @@ them, so an upgrade that changes them is caught in CI, not in a user's training 
   is wrapped to append rltrace's session metrics, and the reader's preferred temporality and
   histogram aggregation (``_instrument_class_temporality``/``_aggregation``) are read so the
   points are what the SDK would have produced.  Without them rltrace records through the SDK.
+- ``span_context_fields``: ``SpanContext`` is a tuple ``(trace_id, span_id, is_remote,
+  trace_flags, trace_state, is_valid)`` whose ``__new__`` only fills defaults and computes
+  ``is_valid``; rltrace's records build theirs as that tuple directly (the ids it draws are
+  valid) when a probe shows the layout is still that one, else through ``SpanContext(...)``.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
+from opentelemetry.trace import DEFAULT_TRACE_STATE, SpanContext, TraceFlags
 from opentelemetry.trace.propagation import _SPAN_KEY
 
 SPAN_KEY = _SPAN_KEY
@@ -59,6 +64,39 @@ else:  # another runtime context (OTEL_PYTHON_CONTEXT): the public API
     ctx_get, ctx_set, ctx_reset = otel_context.get_current, otel_context.attach, otel_context.detach
     FAST_CONTEXT = False
     CONTEXT_VAR = None
+
+
+def _probe_span_context_layout() -> Any:
+    """OTel's default ``TraceState`` when ``SpanContext`` is still the tuple described above
+    (a probe builds one both ways and compares every field), else None."""
+    try:
+        flags = TraceFlags(TraceFlags.SAMPLED)
+        made = SpanContext(3, 5, False, flags)
+        ours = tuple.__new__(SpanContext, (3, 5, False, flags, DEFAULT_TRACE_STATE, True))
+        same = (made == ours and type(made) is type(ours) and ours.trace_id == 3
+                and ours.span_id == 5 and ours.is_remote is False and ours.trace_flags is flags
+                and ours.trace_state is made.trace_state and ours.is_valid is True)
+        return DEFAULT_TRACE_STATE if same else None
+    except Exception:  # pragma: no cover - another layout: SpanContext(...) is used
+        return None
+
+
+#: the ``trace_state`` of a ``SpanContext`` built as its tuple, or None: build it by calling
+#: ``SpanContext(trace_id, span_id, False, flags)`` (a layout the probe did not recognise)
+SPAN_CONTEXT_TRACE_STATE: Any = _probe_span_context_layout()
+_TRACE_ID_MAX = (1 << 128) - 1
+_SPAN_ID_MAX = (1 << 64) - 1
+_tuple_new = tuple.__new__
+
+
+def new_span_context(trace_id: int, span_id: int, flags: Any) -> SpanContext:
+    """``SpanContext(trace_id, span_id, False, flags)``, built as its tuple when the layout
+    allows and the ids are valid (what ``__new__`` would compute), else through ``__new__``."""
+    state = SPAN_CONTEXT_TRACE_STATE
+    if state is not None and flags is not None and 0 < trace_id <= _TRACE_ID_MAX \
+            and 0 < span_id <= _SPAN_ID_MAX:
+        return _tuple_new(SpanContext, (trace_id, span_id, False, flags, state, True))
+    return SpanContext(trace_id, span_id, False, flags)
 
 
 @contextlib.contextmanager

@@ -65,8 +65,10 @@ class PhaseRegistry:
 
     def __init__(self, builtin: tuple[PhaseSpec, ...] = BUILTIN) -> None:
         self._lock = threading.Lock()
-        self._phases: dict[str, PhaseSpec] = {p.name: p for p in builtin}
-        self._builtin = frozenset(self._phases)
+        #: the registered phases by name (replaced on each registration, never changed in
+        #: place: a reader without the lock sees one whole state)
+        self.specs: dict[str, PhaseSpec] = {p.name: p for p in builtin}
+        self._builtin = frozenset(self.specs)
         self._custom: tuple[str, ...] = ()
 
     def register(
@@ -86,23 +88,23 @@ class PhaseRegistry:
             )
         spec = PhaseSpec(name, category, starts_turn, genai_operation)
         with self._lock:
-            old = self._phases.get(name)
+            old = self.specs.get(name)
             if old is not None and old != spec:
                 raise ValueError(
                     f"rltrace.register_phase: phase {name!r} is already registered as {old}; "
                     f"a phase can be registered once (same arguments are fine)"
                 )
-            self._set({**self._phases, name: spec})
+            self._set({**self.specs, name: spec})
         return spec
 
     def _set(self, phases: dict[str, PhaseSpec]) -> None:
         """Under the lock: the registered phases, and the custom names derived from them."""
-        self._phases = phases
+        self.specs = phases
         self._custom = tuple(n for n in phases if n not in self._builtin)
 
     def get(self, name: str) -> PhaseSpec:
         """The spec of a registered phase; :class:`UnknownPhaseError` naming the fix otherwise."""
-        spec = self._phases.get(name) if type(name) is str else None
+        spec = self.specs.get(name) if type(name) is str else None
         if spec is None:
             if callable(name):
                 raise TypeError(
@@ -113,17 +115,17 @@ class PhaseRegistry:
             if type(name) is not str:
                 raise TypeError(f"rltrace: the session phase must be a str, got "
                                 f"{type(name).__name__} {name!r}; pass e.g. 'generate'")
-            hint = did_you_mean(name, self._phases)
+            hint = did_you_mean(name, self.specs)
             raise UnknownPhaseError(
                 f"unknown session phase {name!r}{hint}: "
                 + ("" if hint else f"register it first with rltrace.register_phase({name!r}) ")
-                + f"(registered: {', '.join(self._phases)})"
+                + f"(registered: {', '.join(self.specs)})"
             )
         return spec
 
     def names(self) -> list[str]:
         """Registered phase names, built-ins first, in registration order."""
-        return list(self._phases)
+        return list(self.specs)
 
     def custom_names(self) -> tuple[str, ...]:
         """Registered phase names other than the built-ins, in registration order."""
@@ -132,7 +134,7 @@ class PhaseRegistry:
     def snapshot(self) -> dict[str, PhaseSpec]:
         """What is registered now, for :meth:`restore`."""
         with self._lock:
-            return dict(self._phases)
+            return dict(self.specs)
 
     def restore(self, state: dict[str, PhaseSpec]) -> None:
         """Put back what :meth:`snapshot` returned (phases registered since are forgotten)."""

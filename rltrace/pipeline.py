@@ -73,6 +73,9 @@ HELP_AT = 16384
 CYCLE_MAX = 2048
 #: how long :meth:`Pipeline.help` waits for a running cycle before backing off
 HELP_WAIT_S = 0.1
+#: the export cycle's per-record loop compiled (``rltrace._scope_accel``), or None
+_RUN_PROCESSORS = None if recorder.SCOPE_ACCEL is None else \
+    recorder.SCOPE_ACCEL.run_record_processors
 
 
 class Pipeline:
@@ -382,20 +385,22 @@ class Pipeline:
         todo = len(buf) if batch is None else min(batch, len(buf))
         if self._direct:
             taken: list[Any] = []
-            keep = taken.append
-            for _ in range(todo):
-                try:
-                    rec = popleft()
-                except IndexError:
-                    break
-                try:
-                    for rp in record_procs:
-                        rp.on_record(rec)
-                except Exception as exc:
-                    self.errors += 1
-                    internal_error("span export", exc)
-                    continue
-                keep(rec)
+            if _RUN_PROCESSORS is not None:  # the loop below, compiled
+                _RUN_PROCESSORS(popleft, todo, record_procs, taken, self._sink_error)
+            else:
+                keep = taken.append
+                for _ in range(todo):
+                    try:
+                        rec = popleft()
+                    except IndexError:
+                        break
+                    try:
+                        for rp in record_procs:
+                            rp.on_record(rec)
+                    except Exception as exc:  # counted; the record is not exported
+                        self._sink_error(exc)
+                        continue
+                    keep(rec)
             for q in self._record_sinks:  # the whole cycle at once (queued exporters take it)
                 take = getattr(q, "on_end_batch", None)
                 if take is not None:

@@ -15,6 +15,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from itertools import islice
 from typing import Any
 
 from opentelemetry.context import Context
@@ -64,7 +65,7 @@ class QueuedExportProcessor(SpanProcessor):
             q = self._queue
             while q:
                 n = min(len(q), self.max_batch)
-                batch = [q.popleft() for _ in range(n)]
+                batch = list(islice(iter(q.popleft, None), n))  # n pops, in C (only here)
                 try:
                     result = self.exporter.export(batch)
                 except Exception as exc:  # an exporter must never take tracing down
@@ -249,7 +250,7 @@ class BoundedBatchProcessor(SpanProcessor):
             while q and not (deadline is not None and time.monotonic() > deadline):
                 self._idle.clear()
                 n = min(len(q), self.max_export_batch_size)
-                batch = [q.popleft() for _ in range(n)]
+                batch = list(islice(iter(q.popleft, None), n))  # n pops, in C (only here)
                 self._inflight = n
                 with instrumentation_suppressed():  # an instrumented HTTP client stays quiet
                     sent = self._send(batch)

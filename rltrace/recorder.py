@@ -34,7 +34,14 @@ from opentelemetry.trace.status import Status, StatusCode
 
 from rltrace.exporters.values import pure_python
 
-from .otel_compat import CONTEXT_VAR, ctx_get, ctx_reset, ctx_set
+from .otel_compat import (
+    CONTEXT_VAR,
+    SPAN_CONTEXT_TRACE_STATE,
+    ctx_get,
+    ctx_reset,
+    ctx_set,
+    new_span_context,
+)
 from .otel_compat import SPAN_KEY as _SPAN_KEY
 from .semconv import ATTR_STEP
 
@@ -413,7 +420,7 @@ class _PyScopeCore:
                 trace_id = trace_id or rand_bits(128) or 1
                 if sampling is not None and not isinstance(parent, RecordBase):
                     flags = sampling.flags(self, trace_id, parent)
-                sc = self._sc = SpanContext(trace_id, rand_bits(64) or 1, False, flags)
+                sc = self._sc = new_span_context(trace_id, rand_bits(64) or 1, flags)
         return sc
 
 
@@ -431,7 +438,8 @@ def _load_accel() -> Any:
         lanes=_LANES, heappop=heappop, heappush=heappush, get_running_loop=_get_running_loop,
         current_task=_current_task, globals=globals(), call_on_start=_call_on_start,
         past_wake=_past_wake, internal_error=internal_error, span_context_type=SpanContext,
-        sampled=_SAMPLED, span_context_py=_PyScopeCore.get_span_context)
+        sampled=_SAMPLED, span_context_py=_PyScopeCore.get_span_context,
+        trace_state=SPAN_CONTEXT_TRACE_STATE)
     return _scope_accel
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from operator import itemgetter
+from types import MethodType
 from typing import Any
 
 from opentelemetry.context import Context
@@ -25,6 +26,7 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 
 from . import recorder
 from .phases import BUILTIN, custom_phase_names
+from .recorder import RecordBase
 from .semconv import (
     ATTR_INTERRUPTED,
     ATTR_PHASE,
@@ -43,6 +45,7 @@ COUNTER_PREFIX = "rl.session.counter."
 _COUNTER_LEN = len(COUNTER_PREFIX)
 _DONE_GEN = 4_096
 _EXEC_TIMES = itemgetter(0, 1)  # a phase execution's (start, end)
+_NO_PHASES: dict[str, list[tuple[int, int, Any, bool]]] = {}  # read only, never stored into
 
 
 def build_record(attrs: Mapping[str, Any], start: int, end: int, trace_id: int,
@@ -119,6 +122,20 @@ def _load_build(accel: Any = None) -> Any:
 _BUILD = _load_build()
 
 
+def _load_observe(accel: Any = None) -> Any:
+    """The compiled ``on_record`` (``rltrace._scope_accel.observe_record``, called with the
+    processor and the record) of ``accel`` (default: the one in use), or None."""
+    accel = accel or recorder.SCOPE_ACCEL
+    if accel is None:
+        return None
+    accel.configure_observe(SESSION_SPAN, ATTR_PHASE, ATTR_TURN, ATTR_INTERRUPTED,
+                            SessionMetricsProcessor.on_record)
+    # a session record's end (``_session_ended``), compiled for this class (not subclasses)
+    accel.configure_session_ended(SessionMetricsProcessor, build_record, custom_phase_names,
+                                  _NO_PHASES, _DONE_GEN)
+    return accel.observe_record
+
+
 class SessionMetricsProcessor(SpanProcessor):
     """Builds one record per finished session; writes it and records OTel metrics."""
 
@@ -142,6 +159,11 @@ class SessionMetricsProcessor(SpanProcessor):
         self._done: list[set[Any]] = [set(), set()]
         self._acc: OrderedDict[Any, dict[str, list[tuple[int, int, Any, bool]]]] = OrderedDict()
         self.listeners: list[Callable[[dict[str, Any]], None]] = []
+        #: phase name -> (its ``rl.session.<phase>_s`` attribute, its record field)
+        self._phase_keys: dict[str, tuple[str, str]] = {}
+        if _OBSERVE is not None and type(self).on_record is SessionMetricsProcessor.on_record:
+            # compiled: the same steps without a Python frame per record
+            self.on_record = MethodType(_OBSERVE, self)  # type: ignore[method-assign]
         #: :class:`rltrace.metrics_agg.SessionAggregates`: the metrics aggregated in place for
         #: the pipeline's readers (``meter`` records through the SDK one measurement at a time)
         self._aggregates = aggregates
@@ -180,12 +202,16 @@ class SessionMetricsProcessor(SpanProcessor):
 
     # -- rltrace records ---------------------------------------------------------------------
     def on_record(self, rec: Any) -> None:
-        """Fast path for rltrace's recorded scopes (no ``ReadableSpan`` needed)."""
+        """Fast path for rltrace's recorded scopes (no ``ReadableSpan`` needed;
+        ``_scope_accel.observe_record`` mirrors it, compiled, and replaces it per instance)."""
         if rec.extra is None and not rec.slot_attrs:
             return  # a plain scope without attributes: the common case
         attrs = rec.record_attrs()
         if attrs and ATTR_SESSION in attrs:
-            self._observe(rec.name, attrs, rec.start_ns, rec.end_ns, rec, attrs)
+            if rec.name == SESSION_SPAN:
+                self._session_ended(attrs, rec.start_ns, rec.end_ns, rec, attrs)
+            else:
+                self._phase_ended(attrs, rec.start_ns, rec.end_ns)
 
     def reset_after_fork(self) -> None:
         """In a forked child: the parent's partial sessions are the parent's."""
@@ -198,61 +224,87 @@ class SessionMetricsProcessor(SpanProcessor):
 
     def _observe(self, name: str, attrs: Mapping[str, Any], start: int, end: int,
                  span: Any, writable: dict[str, Any] | None) -> None:
-        sid = attrs[ATTR_SESSION]
         if name == SESSION_SPAN:
-            trace_id = span.get_span_context().trace_id  # drawn only for session spans
-            # an rltrace record keeps user-set attributes (counters among them) in ``extra``
-            record = self._record(attrs, start, end, trace_id, self._acc.pop(sid, {}),
-                                  writable is None or span.extra is not None)
-            if writable is not None:
-                writable["rl.session.total_s"] = record["total_s"]
-                writable["rl.session.turns"] = record["turns"]
-                for p in record["phase_counts"]:
-                    writable[f"rl.session.{p}_s"] = record[f"{p}_s"]
-            self.sessions += 1
-            if writable is not None:  # an rltrace record: its session ids are never reused
-                done = self._done[0]
-                done.add(sid)
-                if len(done) >= _DONE_GEN:
-                    self._done = [set(), done]
-            if self.writer is not None:
-                self.writer.add(record)
-            for listener in self.listeners:
-                listener(record)
-            return
-        phase = attrs.get(ATTR_PHASE)
-        if phase is not None:
-            acc = self._acc
-            phases = acc.get(sid)
-            if phases is None:
-                if sid in self._done[0] or sid in self._done[1]:
-                    self.late_phases += 1
-                    return
-                phases = acc[sid] = {}
-                if len(acc) > self.max_open:
-                    acc.popitem(last=False)
-                    self.orphaned += 1
-            phases.setdefault(phase, []).append(
-                (start, end, attrs.get(ATTR_TURN), bool(attrs.get(ATTR_INTERRUPTED, False)))
-            )
+            self._session_ended(attrs, start, end, span, writable)
+        else:
+            self._phase_ended(attrs, start, end)
 
-    def _record(self, attrs: Mapping[str, Any], start: int, end: int, trace_id: int,
-                phases: dict[str, list[tuple[int, int, Any, bool]]],
-                counters_possible: bool = True) -> dict[str, Any]:
-        args = (attrs, start, end, trace_id, phases, self.rank, self.role, custom_phase_names(),
-                counters_possible)
+    def _session_ended(self, attrs: Mapping[str, Any], start: int, end: int, span: Any,
+                       writable: dict[str, Any] | None) -> None:
+        """A session's span ended: its record, from the phases held for it, written and
+        aggregated (and its figures added to ``writable``: an rltrace record's attributes).
+        ``_scope_accel.observe_record`` runs it compiled for rltrace's records."""
+        sid = attrs[ATTR_SESSION]
+        phases = self._acc.pop(sid, _NO_PHASES)
+        # the trace id: an rltrace session's is its task's (no ids of its own are drawn for
+        # it); an rltrace record keeps user-set attributes (counters among them) in ``extra``
+        parent = span.parent if writable is not None else None
+        ids = parent if isinstance(parent, RecordBase) else span
+        args = (attrs, start, end, ids.get_span_context()[0], phases, self.rank, self.role,
+                custom_phase_names(), writable is None or span.extra is not None)
         record = None if _BUILD is None else _BUILD(*args)
         if record is None:  # not compiled, or off its common path
             record = build_record(*args)
-        status = record["status"]
         if self._aggregates is not None:
-            self._aggregates.record(status, record["total_s"], phases)
+            self._aggregates.record(record["status"], record["total_s"], phases)
         elif self._metrics is not None:
-            h_session, h_phase, c_sessions = self._metrics
-            labels = {ATTR_STATUS: status}
-            h_session.record(record["total_s"], labels)
-            c_sessions.add(1, labels)
-            for p, execs in phases.items():
-                for s, e, _, _ in execs:
-                    h_phase.record((e - s) / 1e9, {ATTR_PHASE: p, ATTR_STATUS: status})
-        return record
+            self._record_metrics(record, phases)
+        if writable is not None:
+            writable["rl.session.total_s"] = record["total_s"]
+            writable["rl.session.turns"] = record["turns"]
+            keys = self._phase_keys
+            for p in record["phase_counts"]:
+                k = keys.get(p)
+                if k is None:
+                    k = keys[p] = (f"rl.session.{p}_s", f"{p}_s")
+                writable[k[0]] = record[k[1]]
+            # an rltrace record: its session ids are never reused
+            done = self._done[0]
+            done.add(sid)
+            if len(done) >= _DONE_GEN:
+                self._done = [set(), done]
+        self.sessions += 1
+        if self.writer is not None:
+            self.writer.add(record)
+        for listener in self.listeners:
+            listener(record)
+
+    def _phase_ended(self, attrs: Mapping[str, Any], start: int, end: int) -> None:
+        """A phase execution's span ended: held until its session's span ends."""
+        phase = attrs.get(ATTR_PHASE)
+        if phase is None:
+            return
+        sid = attrs[ATTR_SESSION]
+        acc = self._acc
+        phases = acc.get(sid)
+        if phases is None:
+            if sid in self._done[0] or sid in self._done[1]:
+                self.late_phases += 1
+                return
+            phases = acc[sid] = {}
+            if len(acc) > self.max_open:
+                self._evict_oldest()
+        execs = phases.get(phase)
+        if execs is None:
+            execs = phases[phase] = []
+        execs.append((start, end, attrs.get(ATTR_TURN), bool(attrs.get(ATTR_INTERRUPTED, False))))
+
+    def _evict_oldest(self) -> None:
+        """More sessions held than ``max_open``: the oldest goes, counted as orphaned."""
+        self._acc.popitem(last=False)
+        self.orphaned += 1
+
+    def _record_metrics(self, record: dict[str, Any],
+                        phases: dict[str, list[tuple[int, int, Any, bool]]]) -> None:
+        """The session's figures through the SDK's instruments, one measurement at a time."""
+        h_session, h_phase, c_sessions = self._metrics  # type: ignore[misc]
+        status = record["status"]
+        labels = {ATTR_STATUS: status}
+        h_session.record(record["total_s"], labels)
+        c_sessions.add(1, labels)
+        for p, execs in phases.items():
+            for s, e, _, _ in execs:
+                h_phase.record((e - s) / 1e9, {ATTR_PHASE: p, ATTR_STATUS: status})
+
+
+_OBSERVE = _load_observe()

@@ -25,7 +25,7 @@ import os
 import threading
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry.context import Context
@@ -60,7 +60,7 @@ from .semconv import (
     SESSION_SPAN,
     TASK_SPAN,
 )
-from .steps import _STEP_CV, scope_arg_step
+from .steps import _STEP_CV, CALLER_STEP_KEY, scope_arg_step
 from .tally import FINALIZED, REGISTERED
 
 __all__ = [
@@ -93,11 +93,17 @@ _GENAI_KEYS = {
     "tool_name": "gen_ai.tool.name",
 }
 
+_GENAI_OPERATION = "gen_ai.operation.name"
+_GENAI_CONVERSATION = "gen_ai.conversation.id"
+
 _TASK_CV: ContextVar[Any] = ContextVar("rltrace_task_id", default=None)
 _SESSION_CV: ContextVar[Any] = ContextVar("rltrace_session_id", default=None)
 #: OTel context key: the caller's task in another process, ``(task_id, SpanContext)`` of its
 #: ``rl.task`` span (propagation puts it there: ``rltrace.ray`` across ``.remote()`` calls)
 CALLER_TASK_KEY = otel_context.create_key("rltrace-caller-task")
+
+
+_SCHEDULER = "scheduler"  # the category of task and session spans
 
 
 class TaskScope(Scope):
@@ -107,9 +113,11 @@ class TaskScope(Scope):
     kept = True
     __slots__ = ("_attrs", "open", "spread", "step", "task_id")
 
-    def __init__(self, task_id: Any) -> None:
+    def __init__(self, task_id: Any, step: Any) -> None:
+        """A started task; ``step`` is its caller's (see ``SessionRegistry._task_locked``).
+        ``_scope_accel.new_task`` makes the same record, compiled."""
         self.name = TASK_SPAN
-        self.category = "scheduler"
+        self.category = _SCHEDULER
         self.args = None
         self.end_ns = 0
         self.extra = None
@@ -118,17 +126,19 @@ class TaskScope(Scope):
         self.open: set[Any] | None = set()  # ids of its open sessions; None once it ended
         #: its context went to another process (``rltrace.ray``), whose sessions join it there
         self.spread = False
-        step = _STEP_CV.get()
-        self.step = scope_arg_step() if step is None else step  # AReaL style: args.global_step
+        self.step = step
         self._start_under(None, False)
 
-    def record_attrs(self) -> dict[str, Any]:
+    def _attrs_py(self) -> dict[str, Any]:
+        """``record_attrs`` (``_scope_accel.ScopeCore.task_attrs`` mirrors it, compiled)."""
         if self._attrs is not None:
             return self._attrs
         attrs: dict[str, Any] = {ATTR_TASK: self.task_id}
         if self.step is not None:
             attrs[ATTR_STEP] = self.step
         return _with_user_attrs(self, attrs)
+
+    record_attrs = _attrs_py
 
     def own_step(self) -> Any:
         return self.step
@@ -189,9 +199,12 @@ class SessionScope(Scope):
     status: str
     reason: str | None
 
-    def __init__(self, session_id: Any, task: TaskScope) -> None:
+    def __init__(self, session_id: Any, task: TaskScope, step: Any) -> None:
+        """A started session of ``task``; ``step`` is its caller's (see
+        ``SessionRegistry.register_session``).  ``_scope_accel.new_session`` makes the same
+        record, compiled."""
         self.name = SESSION_SPAN
-        self.category = "scheduler"
+        self.category = _SCHEDULER
         self.args = None
         self.end_ns = 0
         self.extra = None
@@ -201,13 +214,11 @@ class SessionScope(Scope):
         self.turn = -1
         self.open_phases: list[PhaseScope] = []
         # ``status`` and ``reason`` are set when it is finalized (the only way it ends)
-        step = _STEP_CV.get()
-        if step is None:  # the task's, else AReaL style: the enclosing scope's args.global_step
-            step = task.step if task.step is not None else scope_arg_step()
         self.step = step
         self._start_under(task, False)
 
-    def record_attrs(self) -> dict[str, Any]:
+    def _attrs_py(self) -> dict[str, Any]:
+        """``record_attrs`` (``_scope_accel.ScopeCore.session_attrs`` mirrors it, compiled)."""
         if self._attrs is not None:
             return self._attrs
         attrs = _with_user_attrs(self, {ATTR_TASK: self.task_rec.task_id,
@@ -221,6 +232,8 @@ class SessionScope(Scope):
         if self.step is not None:
             attrs.setdefault(ATTR_STEP, self.step)
         return attrs
+
+    record_attrs = _attrs_py
 
     def own_step(self) -> Any:
         return self.step
@@ -302,6 +315,7 @@ class PhaseScope(Scope):
     def __init__(self, spec: PhaseSpec, start_payload: dict[str, Any] | None,
                  end_payload: dict[str, Any] | None, turn: int | None, session_id: Any,
                  reg: SessionRegistry) -> None:
+        """``_scope_accel.new_phase`` makes the same record, compiled."""
         self.name = spec.name
         self.category = spec.category
         self.args = None
@@ -332,24 +346,28 @@ class PhaseScope(Scope):
             self.end_payload = {}
         self.end_payload.update(payload)
 
-    def record_attrs(self) -> dict[str, Any]:
-        if self._attrs is not None:
-            return self._attrs
+    def _attrs_py(self) -> dict[str, Any]:
+        """``record_attrs`` (``_scope_accel.ScopeCore.phase_attrs`` mirrors it, compiled)."""
+        attrs = self._attrs
+        if attrs is not None:
+            return attrs
         spec = self.spec
         sess = self.parent
         sid = self.session_id
-        attrs: dict[str, Any] = {
-            ATTR_PHASE: spec.name, ATTR_TURN: self.turn, ATTR_SESSION: sid,
-            ATTR_TASK: sess.task_rec.task_id if isinstance(sess, SessionScope) else None,
-        }
+        # its session (a plain type check first: ``isinstance`` goes through Span's ABCMeta)
+        task_id = sess.task_rec.task_id if type(sess) is SessionScope or \
+            isinstance(sess, SessionScope) else None
+        attrs = {ATTR_PHASE: spec.name, ATTR_TURN: self.turn, ATTR_SESSION: sid, ATTR_TASK: task_id}
         if spec.genai_operation is not None:
-            attrs["gen_ai.operation.name"] = spec.genai_operation
-            attrs["gen_ai.conversation.id"] = str(sid)
+            attrs[_GENAI_OPERATION] = spec.genai_operation
+            attrs[_GENAI_CONVERSATION] = str(sid)
         if self.start_payload:
             _payload_attrs(attrs, "rl.start.", self.start_payload, spec)
         if self.end_payload:
             _payload_attrs(attrs, "rl.end.", self.end_payload, spec)
         return _with_user_attrs(self, attrs)
+
+    record_attrs = _attrs_py
 
     def _start(self, session: SessionScope, share_lane: bool) -> None:
         turn = self.turn
@@ -394,7 +412,8 @@ class PhaseScope(Scope):
             self.set_attribute(ATTR_INTERRUPTED, True)
         self.finish(end, exc)
 
-    def __enter__(self) -> PhaseScope:
+    def _enter(self) -> PhaseScope:
+        """``__enter__`` (``_scope_accel.ScopeCore.phase_enter`` mirrors it, compiled)."""
         if self.parent is not None:  # started before: a handle used in ``with``, or reused
             self._token = None
             if self.end_ns:
@@ -422,7 +441,8 @@ class PhaseScope(Scope):
                 self._token = _ctx_set(ctx)
         return self
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+    def _exit(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        """``__exit__`` (``_scope_accel.ScopeCore.phase_exit`` mirrors it, compiled)."""
         sess = self.parent
         if sess is not None:
             end = recorder.now_ns()
@@ -447,6 +467,9 @@ class PhaseScope(Scope):
                 self.set_attribute(ATTR_INTERRUPTED, True)
             self.finish(end, exc)
 
+    __enter__ = _enter
+    __exit__ = _exit
+
     async def __aenter__(self) -> PhaseScope:
         return self.__enter__()
 
@@ -458,6 +481,8 @@ class SyncedPhaseScope(PhaseScope):
     """A phase execution that waits for the GPU/TPU at both ends (``device_sync=``)."""
 
     __slots__ = ("_sync_wait", "device_sync")
+    __enter__ = PhaseScope._enter  # the device waits are the Python methods' (never compiled)
+    __exit__ = PhaseScope._exit
 
     def __init__(self, spec: PhaseSpec, start_payload: dict[str, Any] | None,
                  end_payload: dict[str, Any] | None, turn: int | None, session_id: Any,
@@ -593,7 +618,8 @@ class SessionRegistry:
             task_id = next(self._task_ids)
         if self.enabled:
             with self.lock:
-                self._task_locked(task_id)
+                if self.tasks.get(task_id) is None:
+                    self._task_locked(task_id)
         return task_id
 
     def _task_locked(self, task_id: Any) -> TaskScope:
@@ -605,7 +631,9 @@ class SessionRegistry:
             if caller is not None and caller[0] == task_id:
                 task = self.tasks[task_id] = RemoteTaskScope(task_id, caller[1])
             else:
-                task = self.tasks[task_id] = TaskScope(task_id)
+                step = _STEP_CV.get()  # else AReaL style: the enclosing scope's args.global_step
+                task = self.tasks[task_id] = _RECORDS.task(
+                    task_id, scope_arg_step() if step is None else step)
             _remember(self.recent_tasks, task_id, task)
         return task
 
@@ -636,11 +664,16 @@ class SessionRegistry:
                 if caller is not None:
                     task_id = caller[0]
         with self.lock:
-            task = self._task_locked(next(self._task_ids) if task_id is None else task_id)
+            task = self.tasks.get(task_id) if task_id is not None else None
+            if task is None:
+                task = self._task_locked(next(self._task_ids) if task_id is None else task_id)
             task.open.add(session_id)  # type: ignore[union-attr]  # open while registered
             if task.__class__ is RemoteTaskScope:
                 task.parts += 1
-            self.sessions[session_id] = SessionScope(session_id, task)
+            step = _STEP_CV.get()
+            if step is None:  # the task's, else AReaL style: the enclosing scope's global_step
+                step = task.step if task.step is not None else scope_arg_step()
+            self.sessions[session_id] = _RECORDS.session(session_id, task, step)
             _remember(self.recent_sessions, session_id, task)
             tally = self.tally
             if tally is not None:
@@ -680,7 +713,9 @@ class SessionRegistry:
         :class:`~rltrace.phases.UnknownPhaseError` for an unregistered phase.  ``device_sync``
         waits for the GPU/TPU at both ends (see :mod:`rltrace.device`).
         """
-        spec = self.phases.get(phase)
+        spec = self.phases.specs.get(phase) if type(phase) is str else None
+        if spec is None:  # raises, naming the fix
+            spec = self.phases.get(phase)
         if (start_payload is not None and type(start_payload) is not dict) or \
                 (end_payload is not None and type(end_payload) is not dict) or \
                 (turn is not None and type(turn) is not int):
@@ -691,7 +726,7 @@ class SessionRegistry:
         end = dict(end_payload) if end_payload else None
         if device_sync:
             return SyncedPhaseScope(spec, start, end, turn, session_id, self, device_sync)
-        return PhaseScope(spec, start, end, turn, session_id, self)
+        return _RECORDS.phase(spec, start, end, turn, session_id, self)
 
     def atrace_session_phase(
         self, phase: str, start_payload: dict[str, Any] | None = None,
@@ -999,6 +1034,49 @@ class SessionRegistry:
         return len(open_)
 
 
+class _RecordMakers:
+    """How the registry makes its records: the classes, or ``rltrace._scope_accel``'s compiled
+    constructors (the same fields without an ``__init__`` frame)."""
+
+    __slots__ = ("phase", "session", "task")
+
+    def __init__(self) -> None:
+        self.task: Callable[[Any, Any], TaskScope] = TaskScope
+        self.session: Callable[[Any, TaskScope, Any], SessionScope] = SessionScope
+        self.phase: Callable[..., PhaseScope] = PhaseScope
+
+
+_RECORDS = _RecordMakers()
+
+
+def _compile_session_api(accel: Any) -> None:
+    """Hand the session API's common path to ``accel`` (``rltrace._scope_accel``; None: the
+    Python code runs): the records' constructors and ``record_attrs``, a phase's
+    ``__enter__``/``__exit__``; the module functions below take its ``RegistryCall``s."""
+    if accel is None:
+        return
+    accel.configure_phases(
+        phase_type=PhaseScope, session_type=SessionScope, registry_type=SessionRegistry,
+        task_type=TaskScope, session_cv=_SESSION_CV, enter=PhaseScope._enter,
+        exit=PhaseScope._exit, attrs=PhaseScope._attrs_py, interrupted=ATTR_INTERRUPTED,
+        keys=(ATTR_PHASE, ATTR_TURN, ATTR_SESSION, ATTR_TASK, _GENAI_OPERATION,
+              _GENAI_CONVERSATION, ATTR_STATUS, ATTR_REASON, ATTR_STEP, "pending"),
+        task_span=TASK_SPAN, session_span=SESSION_SPAN, scheduler=_SCHEDULER,
+        task_attrs=TaskScope._attrs_py, session_attrs=SessionScope._attrs_py)
+    _RECORDS.task, _RECORDS.session, _RECORDS.phase = accel.new_task, accel.new_session, \
+        accel.new_phase
+    accel.configure_events(_FINAL_SET, _NO_PHASES, FINALIZED)
+    accel.configure_registry(_STEP_CV, _TASK_CV, CALLER_TASK_KEY, CALLER_STEP_KEY, scope_arg_step,
+                             RemoteTaskScope, REGISTERED, _RECENT_GEN)
+    PhaseScope.__enter__ = accel.ScopeCore.phase_enter
+    PhaseScope.__exit__ = accel.ScopeCore.phase_exit
+    PhaseScope.record_attrs = accel.ScopeCore.phase_attrs
+    TaskScope.record_attrs = accel.ScopeCore.task_attrs
+    SessionScope.record_attrs = accel.ScopeCore.session_attrs
+
+
+_compile_session_api(recorder.SCOPE_ACCEL)
+
 #: the process's session registry (``configure`` switches it on); the module functions below
 #: are its bound methods
 REGISTRY = SessionRegistry()
@@ -1009,6 +1087,24 @@ trace_session_phase = REGISTRY.trace_session_phase
 atrace_session_phase = REGISTRY.atrace_session_phase
 trace_session = REGISTRY.trace_session
 trace_session_event = REGISTRY.trace_session_event
+if recorder.SCOPE_ACCEL is not None and not TYPE_CHECKING:
+    # the same methods, their common calls compiled: ``trace_session_event``'s
+    # ``mark_finalized`` of a known session with session_id=, status= and a str reason or none;
+    # every other call, and the name, docstring and signature, are the method's
+    trace_session_event = functools.update_wrapper(
+        recorder.SCOPE_ACCEL.RegistryCall(REGISTRY.trace_session_event, REGISTRY, "event"),
+        REGISTRY.trace_session_event)
+    # ``trace_session_phase``'s (a registered phase, dict or no payloads, no device sync);
+    # ``register_task``/``register_session``'s (a task not the caller's in another process)
+    trace_session_phase = functools.update_wrapper(
+        recorder.SCOPE_ACCEL.RegistryCall(REGISTRY.trace_session_phase, REGISTRY, "phase"),
+        REGISTRY.trace_session_phase)
+    register_task = functools.update_wrapper(
+        recorder.SCOPE_ACCEL.RegistryCall(REGISTRY.register_task, REGISTRY, "task"),
+        REGISTRY.register_task)
+    register_session = functools.update_wrapper(
+        recorder.SCOPE_ACCEL.RegistryCall(REGISTRY.register_session, REGISTRY, "session"),
+        REGISTRY.register_session)
 finalize_session = REGISTRY.finalize_session
 finalize_task = REGISTRY.finalize_task
 session_context = REGISTRY.session_context

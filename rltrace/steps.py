@@ -114,6 +114,9 @@ def scope_arg_step() -> int | None:
     """
     ctx = _ctx_get()
     node: Any = ctx.get(SPAN_KEY)
+    if node is None:  # no scope open (a rollout thread): only a remote caller's step
+        v = ctx.get(CALLER_STEP_KEY)
+        return v if type(v) is int else None
     epoch = None
     for _ in range(_MAX_DEPTH):  # enclosing_scope_args(), inline: tasks and sessions ask
         if not isinstance(node, RecordBase):

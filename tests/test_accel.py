@@ -381,7 +381,7 @@ _attr_values = st.one_of(st.none(), st.integers(), st.text(max_size=5), st.float
                   "rl.session.reason": _attr_values, "rl.step": _attr_values,
                   "rl.session.counter.tokens": st.integers(), "rl.session.counter.": st.floats(),
                   "other": st.integers()}),
-    start=st.integers(0, 2**62), length=st.integers(-5, 10**12), trace_id=st.integers(1, 2**128 - 1),
+    start=st.integers(0, 2**64), length=st.integers(-5, 10**12), trace_id=st.integers(1, 2**129),
     phases=st.dictionaries(_phase_names, _execs, max_size=4), rank=st.integers(0, 7),
     role=st.sampled_from([None, "rollout"]), custom=st.lists(_phase_names, max_size=2, unique=True),
     counters_possible=st.booleans(),
@@ -429,3 +429,474 @@ def test_a_queue_bound_beyond_64_bits_queues_and_writes_everything(tmp_path: Pat
     assert diag["sessions"]["written"] == 20
     (trace,) = tmp_path.rglob("traces-r0.jsonl")
     assert trace.read_text().count('"name":"s"') == 20
+
+
+def _phase_scenarios(reg: Any) -> list[Any]:
+    """Every way a ``with trace_session_phase(...)`` goes, on registry ``reg``; what each left:
+    the phase records' fields, the session's turn and open phases, the OTel current span inside,
+    the misuse counts (the caller compares two runs: compiled and Python)."""
+    import contextvars
+
+    from opentelemetry import trace
+
+    from rltrace.sessions import _SESSION_CV
+
+    seen: list[Any] = []
+    tp = reg.trace_session_phase
+    task = reg.register_task()
+    sid = reg.register_session(task)
+    sess = reg.sessions[sid]
+    with tp("generate", session_id=sid) as g:  # the common path
+        seen.append(("current", trace.get_current_span() is g))
+    with tp("reward", {"score": 1}, session_id=sid):
+        pass
+    with tp("toolcall", session_id=sid) as t:
+        seen.append(("open-attrs", dict(t.record_attrs()), t._attrs))  # not kept while open
+        t.set_attribute("user", 1)
+    seen.append(("unstarted-attrs", tp("generate", session_id=sid).record_attrs()))
+    with tp("generate", turn=5, session_id=sid):  # an explicit turn moves the session's on
+        pass
+    with tp("generate", session_id=sid):
+        pass
+    token = _SESSION_CV.set(sid)  # the session from context
+    try:
+        with tp("toolcall"):
+            pass
+    finally:
+        _SESSION_CV.reset(token)
+    with tp("generate", session_id="nope"):  # unknown session: counted, not recorded
+        seen.append(("current-unknown", trace.get_current_span() is not None))
+    with tp("reward"):  # no session at all
+        pass
+    with pytest.raises(KeyError), tp("reward", session_id=sid):  # an error: interrupted
+        raise KeyError("x")
+    reused = tp("reward", session_id=sid)
+    with reused:
+        pass
+    with reused:  # entered again after it ended: counted
+        pass
+    handle = reg.trace_session_event("mark_generate_start", session_id=sid)
+    with handle:  # a started handle used in ``with``: closed at the exit
+        pass
+    ctx = contextvars.copy_context()
+    other = tp("reward", session_id=sid)
+    ctx.run(other.__enter__)
+    other.__exit__(None, None, None)  # exited in another context: still closed once
+    seen.append(("current-after", trace.get_current_span() is trace.INVALID_SPAN))
+    with tp("generate", session_id=sid):  # finalized inside: closed by the finalize, once
+        reg.trace_session_event("mark_finalized", session_id=sid, status="rejected")
+    with tp("reward", session_id=sid):  # after the finalize: unknown
+        pass
+    reg.enabled = False
+    with tp("generate", session_id=sid) as off:
+        seen.append(("off", off.parent is None))
+    seen.append(("session", sess.turn, list(sess.open_phases)))
+    seen.append(("misuse", dict(reg.misuse)))
+    return seen
+
+
+def _phase_fields(rec: Any) -> Any:
+    attrs = rec.record_attrs()
+    return (type(rec).__name__, rec.name, list(attrs.items()), rec.record_attrs() is attrs,
+            getattr(rec, "turn", None),
+            getattr(rec, "session_id", None), rec.end_ns > 0, rec.start_ns > 0,
+            sorted(((rec.extra or {}).get("attrs") or {}).items()),
+            (rec.extra or {}).get("error", (None,))[0], getattr(rec, "_token", "unset"),
+            type(rec.parent).__name__)
+
+
+@needs_accel
+@pytest.mark.skipif(PURE, reason="RLTRACE_PURE_PYTHON=1: the records are not compiled ones, so "
+                                 "the compiled phase methods cannot run on them")
+def test_compiled_phase_enter_and_exit_do_what_the_python_methods_do(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``PhaseScope.__enter__``/``__exit__``/``record_attrs`` run compiled
+    (``ScopeCore.phase_enter``/``phase_exit``/``phase_attrs``); the same scenarios through them
+    and through the Python methods leave the same records and attributes, turns, context and
+    misuse counts."""
+    from rltrace.phases import PhaseRegistry
+    from rltrace.sessions import PhaseScope, SessionRegistry, SyncedPhaseScope
+
+    core = _built("rltrace._scope_accel").ScopeCore
+    assert PhaseScope.__enter__ is core.phase_enter and PhaseScope.__exit__ is core.phase_exit
+    assert PhaseScope.record_attrs is core.phase_attrs
+    assert SyncedPhaseScope.__enter__ is PhaseScope._enter  # device waits: the Python methods
+
+    def run() -> tuple[list[Any], list[Any]]:
+        buf = recorder.STATE.buffer
+        buf.clear()
+        reg = SessionRegistry(phases=PhaseRegistry())
+        reg.enabled = True
+        seen = _phase_scenarios(reg)
+        records = [_phase_fields(r) for r in buf]
+        buf.clear()
+        return seen, records
+
+    compiled = run()
+    monkeypatch.setattr(PhaseScope, "__enter__", PhaseScope._enter)
+    monkeypatch.setattr(PhaseScope, "__exit__", PhaseScope._exit)
+    monkeypatch.setattr(PhaseScope, "record_attrs", PhaseScope._attrs_py)
+    python = run()
+    assert compiled == python
+    seen, records = compiled
+    names = [r[1] for r in records]
+    assert names.count("generate") == 5 and names.count("reward") == 4  # the scenarios ran
+    assert [r[2][:4] for r in records[:1]] == [[("rl.phase", "generate"), ("rl.turn", 0),
+                                                 ("rl.session.id", 0), ("rl.task.id", 0)]]
+    assert ("misuse", {"unknown_session": 2, "no_session": 1, "phase_reused": 1}) in seen
+
+
+@needs_accel
+@pytest.mark.skipif(PURE, reason="RLTRACE_PURE_PYTHON=1: the records are not compiled ones, so "
+                                 "the compiled on_record hands them all to the Python method")
+def test_the_compiled_on_record_holds_and_writes_what_the_python_one_does(tmp_path: Path) -> None:
+    """``SessionMetricsProcessor.on_record`` runs compiled (``_scope_accel.observe_record``,
+    installed per instance); fed the same records in the same awkward order (a phase after its
+    session, more open sessions than ``max_open``, payloads, user attributes, an interrupted
+    phase, plain scopes), the compiled and the Python processor hold and write the same."""
+    from rltrace.session_metrics import SessionMetricsProcessor
+
+    rltrace.configure(fileroot=str(tmp_path), flush_at_exit=False, session_tracer={"enabled": True})
+    state = recorder.STATE
+    wake, help_at = state.wake_at, state.help_at
+    state.wake_at = state.help_at = 1 << 60  # the records stay queued: this test feeds them
+    try:
+        state.buffer.clear()
+        sids = []
+        for i in range(6):
+            with rltrace.trace_scope("step", args={"global_step": i}):
+                sid = rltrace.register_session()
+                sids.append(sid)
+                with rltrace.trace_session_phase("generate", {"model": "m"} if i == 1 else None,
+                                                 session_id=sid) as g:
+                    if i == 2:
+                        g.set_attribute("user", i)
+                with pytest.raises(ValueError), rltrace.trace_session_phase("reward",
+                                                                           session_id=sid):
+                    if i == 3:
+                        raise ValueError("x")
+                    raise ValueError("y")
+                if i != 4:
+                    with rltrace.trace_session_phase("toolcall", session_id=sid):
+                        pass
+                rltrace.trace_session_event("mark_finalized", session_id=sid,
+                                            status="accepted" if i % 2 else "rejected")
+        records = list(state.buffer)
+        state.buffer.clear()
+    finally:
+        state.wake_at, state.help_at = wake, help_at
+    # a phase of session 0 fed again after its session (late); the spans of sessions 3-5
+    # withheld, so their phases outnumber ``max_open`` and the oldest is evicted
+    late = next(r for r in records if getattr(r, "session_id", None) == sids[0]
+                and r.name == "generate")
+    withheld = [r for r in records if r.name == "rl.session" and r.session_id in sids[3:]]
+    feed = [r for r in records if r not in withheld] + [late]
+
+    from rltrace.exporters.sessions import SessionRecordWriter
+
+    def run(compiled: bool) -> Any:
+        got: list[Any] = []
+        path = tmp_path / f"sessions-{compiled}.jsonl"
+        proc = SessionMetricsProcessor(SessionRecordWriter(path, flush_threshold=2), max_open=2)
+        proc.listeners.append(got.append)
+        if not compiled:
+            del proc.on_record  # the class's Python method
+        assert (proc.__dict__.get("on_record") is not None) == compiled
+        for rec in feed:
+            proc.on_record(rec)
+        proc.force_flush()
+        figures = []  # what the session spans got (their own attribute dicts), then taken off
+        for rec in feed:
+            if rec.name == "rl.session":
+                attrs = rec.record_attrs()
+                figures.append(sorted(attrs.items(), key=repr))
+                for k in [k for k in attrs if k.endswith(("_s", ".turns"))]:
+                    del attrs[k]
+        return (got, dict(proc._acc), proc.late_phases, proc.orphaned, proc.sessions,
+                [sorted(d) for d in proc._done], figures, path.read_bytes())
+
+    compiled, python = run(True), run(False)
+    assert repr(compiled) == repr(python)
+    got, held, late_n, orphaned, sessions, _, figures, lines = compiled
+    assert lines.count(b"\n") == 3 and all(("rl.session.turns", 1) in f for f in figures)
+    assert sessions == 3 and late_n == 1 and orphaned == 1
+    assert sorted(held) == sids[4:]  # session 3's phases were the oldest held
+    assert [len(r["phases"]) for r in got] == [3, 3, 3]
+    assert [r["phases"]["reward"][0].get("interrupted") for r in got] == [True] * 3
+    assert got[1]["phases"]["generate"][0]["turn"] == 0
+
+
+def _fields(rec: Any) -> dict[str, Any]:
+    out = {}
+    for name in ("name", "category", "args", "end_ns", "extra", "_attrs", "task_id", "open",
+                 "spread", "step", "session_id", "turn", "open_phases", "spec", "start_payload",
+                 "end_payload", "reg", "owns_lane", "thread", "task"):
+        try:
+            out[name] = getattr(rec, name)
+        except AttributeError:
+            out[name] = "<unset>"
+    out["type"] = type(rec)
+    out["parent"] = type(getattr(rec, "parent", None))
+    out["started"] = type(getattr(rec, "start_ns", None))
+    out["lane"] = type(getattr(rec, "lane", None))
+    return out
+
+
+@needs_accel
+@pytest.mark.skipif(PURE, reason="RLTRACE_PURE_PYTHON=1: the compiled constructors make compiled "
+                                 "records, which the Python classes do not")
+def test_the_compiled_constructors_make_what_the_classes_make() -> None:
+    """The registry makes its task, session and phase records with ``_scope_accel``'s
+    ``new_task``/``new_session``/``new_phase`` (their ``__init__`` without the frame): every
+    field is what calling the class sets, and they are started alike."""
+    from rltrace.phases import PhaseRegistry
+    from rltrace.sessions import _RECORDS, PhaseScope, SessionRegistry, SessionScope, TaskScope
+
+    accel = _built("rltrace._scope_accel")
+    assert (_RECORDS.task, _RECORDS.session, _RECORDS.phase) == \
+        (accel.new_task, accel.new_session, accel.new_phase)
+    reg = SessionRegistry(phases=PhaseRegistry())
+    spec = reg.phases.get("generate")
+    for step in (None, 7):
+        tasks = [make("t", step) for make in (accel.new_task, TaskScope)]
+        assert _fields(tasks[0]) == _fields(tasks[1])
+        assert tasks[0].open is not tasks[1].open  # a set of its own
+        sessions = [make(3, task, step) for make, task in
+                    zip((accel.new_session, SessionScope), tasks, strict=True)]
+        fs = [_fields(s) for s in sessions]
+        assert fs[0] == fs[1] and sessions[0].task_rec is tasks[0]
+        assert sessions[0].parent is tasks[0] and sessions[0].turn == -1
+        for args in ((spec, None, None, None, None, reg), (spec, {"a": 1}, {"b": 2}, 4, 9, reg)):
+            phases = [make(*args) for make in (accel.new_phase, PhaseScope)]
+            assert _fields(phases[0]) == _fields(phases[1])
+            assert phases[0].parent is None
+    with pytest.raises(TypeError):
+        accel.new_task("t")
+
+
+def _status_of(status: Any) -> Any:
+    return None if status is None else (status.status_code, status.description)
+
+
+def _finalize_scenarios(reg: Any, event: Any) -> list[Any]:
+    """Sessions finalized every way ``event`` (``trace_session_event``) is called; what each
+    left: the records queued, the registry's tasks and sessions, misuse and tally counts."""
+    from rltrace.tally import FINALIZED
+
+    reg.tally = [0, 0, 0, 0]
+    buf = recorder.STATE.buffer
+    buf.clear()
+    seen: list[Any] = []
+    t1 = reg.register_task()
+    s1, s2 = reg.register_session(t1), reg.register_session(t1)
+    open_phase = reg.trace_session_event("mark_generate_start", session_id=s1)
+    event("mark_finalized", session_id=s1, status="accepted")  # one of two: the task stays
+    seen.append(("after-first", sorted(reg.tasks), sorted(reg.sessions), open_phase.end_ns > 0))
+    event("mark_finalized", session_id=s2, status="rejected", reason="too long", task_id=None)
+    seen.append(("after-second", sorted(reg.tasks), sorted(reg.sessions)))
+    event("mark_finalized", session_id=s2, status="dropped")  # again: counted, ignored
+    for status, reason in (("dropped", None), ("failed", "boom"), ("accepted", 3)):
+        sid = reg.register_session()
+        event("mark_finalized", session_id=sid, status=status, reason=reason)
+    with pytest.raises(ValueError):
+        event("mark_finalized", session_id=reg.register_session(), status="nope")
+    with pytest.raises(TypeError):
+        event("mark_finalized", session_id=reg.register_session(), status="accepted", x=1)
+    reg.enabled = False
+    event("mark_finalized", session_id=reg.register_session(), status="accepted")
+    reg.enabled = True
+    seen.append(("misuse", dict(reg.misuse), reg.tally[FINALIZED]))
+    pending = reg.sessions[reg.register_session()]
+    seen.append(("pending-attrs", dict(pending.record_attrs()), pending._attrs))  # not kept
+    user = reg.register_session()
+    reg.sessions[user].set_attribute("rl.step", 99)  # user-set attributes: the Python method
+    with rltrace.step(5):
+        stepped = reg.register_session()
+    event("mark_finalized", session_id=user, status="accepted")
+    event("mark_finalized", session_id=stepped, status="accepted", reason="r")
+    for rec in buf:
+        attrs = rec.record_attrs()
+        seen.append(("attrs", type(rec).__name__, list(attrs.items()), rec.record_attrs() is attrs))
+        seen.append((type(rec).__name__, rec.name, getattr(rec, "status", None),
+                     getattr(rec, "reason", None), rec.end_ns > 0,
+                     sorted(((rec.extra or {}).get("attrs") or {}).items()),
+                     _status_of((rec.extra or {}).get("status")),
+                     getattr(rec, "open_phases", None), getattr(rec, "open", "-")))
+    buf.clear()
+    return seen
+
+
+@needs_accel
+@pytest.mark.skipif(PURE, reason="RLTRACE_PURE_PYTHON=1: the records are not compiled ones, so "
+                                 "the compiled finalize cannot run on them")
+def test_the_compiled_mark_finalized_finalizes_as_the_python_method_does() -> None:
+    """``trace_session_event`` runs ``mark_finalized`` of a known session compiled
+    (``_scope_accel.RegistryCall``); the same calls through it and through the registry's Python
+    method leave the same records, registry state, misuse and tally counts."""
+    from rltrace import sessions
+    from rltrace.phases import PhaseRegistry
+    from rltrace.sessions import SessionRegistry
+
+    accel = _built("rltrace._scope_accel")
+    assert type(sessions.trace_session_event) is accel.RegistryCall
+    assert sessions.trace_session_event.__name__ == "trace_session_event"
+
+    core = accel.ScopeCore
+    assert (sessions.TaskScope.record_attrs, sessions.SessionScope.record_attrs) == \
+        (core.task_attrs, core.session_attrs)
+
+    def run(compiled: bool) -> list[Any]:
+        reg = SessionRegistry(phases=PhaseRegistry())
+        reg.enabled = True
+        event = accel.RegistryCall(reg.trace_session_event, reg, "event") if compiled \
+            else reg.trace_session_event
+        return _finalize_scenarios(reg, event)
+
+    compiled = run(True)
+    with pytest.MonkeyPatch.context() as mp:  # the records' attributes through Python too
+        for cls in (sessions.TaskScope, sessions.SessionScope):
+            mp.setattr(cls, "record_attrs", cls._attrs_py)
+        python = run(False)
+    assert compiled == python
+    statuses = [s[2] for s in compiled if s[0] == "SessionScope"]
+    assert statuses == ["accepted", "rejected", "dropped", "failed", "accepted", "accepted",
+                        "accepted"]
+    assert ("misuse", {"unknown_session": 1}, 5) in compiled
+    attrs = [dict(s[2]) for s in compiled if s[0] == "attrs" and s[1] == "SessionScope"]
+    assert attrs[1]["rl.session.reason"] == "too long" and attrs[-2]["rl.step"] == 99
+    assert attrs[-1]["rl.step"] == 5 and attrs[-1]["rl.session.reason"] == "r"
+
+
+@needs_accel
+@pytest.mark.skipif(PURE, reason="RLTRACE_PURE_PYTHON=1: the compiled call makes compiled records, "
+                                 "which the Python method does not")
+def test_the_compiled_trace_session_phase_makes_what_the_method_makes() -> None:
+    """``trace_session_phase``'s common call runs compiled (``_scope_accel.RegistryCall``): every
+    form of call makes the record the registry's method makes, or raises what it raises."""
+    from rltrace import sessions
+    from rltrace.phases import PhaseRegistry, UnknownPhaseError
+    from rltrace.sessions import SessionRegistry
+
+    accel = _built("rltrace._scope_accel")
+    assert type(sessions.trace_session_phase) is accel.RegistryCall
+    assert sessions.trace_session_phase.__doc__ == SessionRegistry.trace_session_phase.__doc__
+    reg = SessionRegistry(phases=PhaseRegistry())
+    compiled = accel.RegistryCall(reg.trace_session_phase, reg, "phase")
+    payload = {"model": "m"}
+    calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
+        (("generate",), {}), (("reward", payload), {}), (("reward", None, payload), {}),
+        (("generate", {}, {}), {"turn": 3, "session_id": 7}),
+        (("toolcall",), {"start_payload": payload, "end_payload": None, "turn": None}),
+        (("generate",), {"device_sync": False, "session_id": "s"}),
+        (("generate",), {"device_sync": "cuda"}),  # the method's SyncedPhaseScope
+    ]
+    for args, kw in calls:
+        got, want = compiled(*args, **kw), reg.trace_session_phase(*args, **kw)
+        assert _fields(got) == _fields(want), (args, kw)
+        if got.start_payload is not None:
+            assert got.start_payload is not payload  # a copy, as the method makes
+    bad: list[tuple[tuple[Any, ...], dict[str, Any], type[Exception]]] = [
+        (("nope",), {}, UnknownPhaseError), ((3,), {}, TypeError),
+        (("generate", [1]), {}, TypeError), (("generate",), {"turn": "1"}, TypeError),
+        (("generate", None), {"start_payload": {}}, TypeError), (("generate",), {"x": 1}, TypeError),
+    ]
+    for args, kw, error in bad:
+        with pytest.raises(error) as a:
+            compiled(*args, **kw)
+        with pytest.raises(error) as b:
+            reg.trace_session_phase(*args, **kw)
+        assert str(a.value) == str(b.value)
+
+
+def _register_scenarios(reg: Any, task: Any, session: Any) -> list[Any]:
+    """Tasks and sessions registered every way (``task``/``session``: ``register_task``/
+    ``register_session``); what each left: ids, the records' fields, the registry's state."""
+    from opentelemetry import context as otel_context
+    from opentelemetry.trace import SpanContext, TraceFlags
+
+    from rltrace.sessions import _TASK_CV, CALLER_TASK_KEY
+    from rltrace.steps import CALLER_STEP_KEY
+
+    reg.tally = [0, 0, 0, 0]
+    buf = recorder.STATE.buffer
+    buf.clear()
+    out: list[Any] = []
+    t1 = task()
+    out += [t1, task(t1), task(task_id="named"), session(), session(t1), session(task_id="named")]
+    token = _TASK_CV.set(t1)  # the current task
+    try:
+        out.append(session())
+    finally:
+        _TASK_CV.reset(token)
+    with rltrace.step(12):  # the step from rltrace.step
+        out += [task(), session()]
+    with rltrace.trace_scope("rollout", args={"global_step": 4}):  # AReaL style: scope args
+        out += [task(), session(t1), session()]
+    ctx = otel_context.set_value(CALLER_STEP_KEY, 9)  # a remote caller's step
+    tok = otel_context.attach(ctx)
+    try:
+        out += [task(), session()]
+    finally:
+        otel_context.detach(tok)
+    remote = SpanContext(5, 6, True, TraceFlags(1))
+    tok = otel_context.attach(otel_context.set_value(CALLER_TASK_KEY, ("caller", remote)))
+    try:  # the caller's task of another process: a RemoteTaskScope
+        out += [session(), session(), task("other")]
+    finally:
+        otel_context.detach(tok)
+    for _ in range(2100):  # the recent ids roll over a generation
+        session(t1)
+    reg.enabled = False
+    out += [task(), session()]
+    reg.enabled = True
+    with pytest.raises(TypeError):
+        session(1, 2)
+    with pytest.raises(TypeError):
+        task(x=1)
+
+    def fields(rec: Any) -> Any:
+        return (type(rec).__name__, rec.name, getattr(rec, "task_id", None),
+                getattr(rec, "session_id", None), rec.step, rec.start_ns > 0,
+                getattr(getattr(rec, "task_rec", None), "task_id", None),
+                sorted(rec.open) if isinstance(getattr(rec, "open", None), set) else None,
+                getattr(rec, "parts", None), type(rec.parent).__name__)
+
+    out.append(sorted((k, fields(v)) for k, v in reg.tasks.items() if type(k) is int) +
+               sorted((str(k), fields(v)) for k, v in reg.tasks.items() if type(k) is not int))
+    out.append(sorted((k, fields(v)) for k, v in reg.sessions.items()))
+    out.append([sorted(g, key=repr) for g in (*reg.recent_tasks, *reg.recent_sessions)])
+    out.append(list(reg.tally))
+    buf.clear()
+    return out
+
+
+@needs_accel
+@pytest.mark.skipif(PURE, reason="RLTRACE_PURE_PYTHON=1: the compiled calls make compiled "
+                                 "records, which the Python methods do not")
+def test_the_compiled_register_calls_register_what_the_methods_register(tmp_path: Path) -> None:
+    """``register_task``/``register_session`` run compiled (``_scope_accel.RegistryCall``);
+    the same registrations through them and through the registry's methods give the same ids,
+    records, steps, registry state and tally counts."""
+    from rltrace import sessions
+    from rltrace.phases import PhaseRegistry
+    from rltrace.sessions import SessionRegistry
+
+    accel = _built("rltrace._scope_accel")
+    assert type(sessions.register_task) is accel.RegistryCall
+    assert type(sessions.register_session) is accel.RegistryCall
+    rltrace.configure(fileroot=str(tmp_path), flush_at_exit=False)  # scopes record (their args)
+
+    def run(compiled: bool) -> list[Any]:
+        reg = SessionRegistry(phases=PhaseRegistry())
+        reg.enabled = True
+        if compiled:
+            return _register_scenarios(reg, accel.RegistryCall(reg.register_task, reg, "task"),
+                                       accel.RegistryCall(reg.register_session, reg, "session"))
+        return _register_scenarios(reg, reg.register_task, reg.register_session)
+
+    compiled, python = run(True), run(False)
+    assert compiled == python
+    tasks = dict(compiled[-4])
+    assert {f[4] for f in tasks.values()} >= {None, 12, 4, 9}  # every source of the step
+    assert any(f[0] == "RemoteTaskScope" and f[8] == 2 for f in tasks.values())
+    assert compiled[-1][0] > 2100  # registered sessions counted

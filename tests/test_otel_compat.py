@@ -110,3 +110,29 @@ def test_the_sdk_otlp_exporters_take_requests_rltrace_encoded_itself() -> None:
             exporter.shutdown()
         names = {s.name for s in rx.wait_for_spans(2)}
     assert names == {f"via-{Grpc.__module__}", f"via-{Http.__module__}"}
+
+
+def test_span_contexts_built_as_their_tuple_are_the_ones_the_constructor_builds(
+        tmp_path: Path) -> None:
+    """``SpanContext`` is still the tuple ``otel_compat`` builds directly (the probe recognised
+    this OTel version's layout), and every context built that way, valid ids or not, equals
+    the constructor's in every field; the compiled ids path builds the same."""
+    from opentelemetry.trace import TraceFlags
+
+    assert otel_compat.SPAN_CONTEXT_TRACE_STATE is not None  # else rltrace calls SpanContext()
+    for flags in (TraceFlags(TraceFlags.SAMPLED), TraceFlags(TraceFlags.DEFAULT)):
+        for trace_id, span_id in ((1, 1), (2**128 - 1, 2**64 - 1), (0, 5), (2**128, 5),
+                                  (5, 0), (5, 2**64), (-1, 3)):
+            ours = otel_compat.new_span_context(trace_id, span_id, flags)
+            want = trace.SpanContext(trace_id, span_id, False, flags)
+            assert type(ours) is type(want) and tuple(ours) == tuple(want)
+            assert (ours.is_valid, ours.trace_flags, ours.trace_state, ours.is_remote) == \
+                (want.is_valid, want.trace_flags, want.trace_state, want.is_remote)
+    rltrace.configure(fileroot=str(tmp_path), flush_at_exit=False)
+    with rltrace.trace_scope("root") as root, rltrace.trace_scope("child") as child:
+        pass
+    for rec in (root, child):
+        sc = rec.get_span_context()
+        want = trace.SpanContext(sc.trace_id, sc.span_id, False, sc.trace_flags)
+        assert type(sc) is type(want) and tuple(sc) == tuple(want) and sc.is_valid
+    assert child.get_span_context().trace_id == root.get_span_context().trace_id

@@ -84,3 +84,42 @@ def test_a_record_processor_is_kept_across_reconfigure_and_stops_when_removed(tm
         pass
     rltrace.flush()
     assert [name for name, _, _ in proc.seen] == ["run0", "run1"]
+
+
+class Failing(Collect):
+    """A record processor that raises for records named ``bad*``."""
+
+    def on_record(self, rec: Any) -> None:
+        if rec.name.startswith("bad"):
+            raise RuntimeError(f"cannot take {rec.name}")
+        super().on_record(rec)
+
+
+def test_a_record_a_processor_fails_on_is_counted_and_not_exported_and_the_rest_are(
+        tmp_path: Path) -> None:
+    """A processor raising for a record: the error is counted, that record is not exported (no
+    processor or exporter sees half of it), every other record of the same cycle is; the loop
+    that recorded them never sees the error."""
+    first, failing, last = Collect(), Failing(), Collect()
+    for proc in (first, failing, last):
+        rltrace.add_record_processor(proc)
+    try:
+        rltrace.configure(fileroot=str(tmp_path), flush_at_exit=False)
+        names = [f"bad{i}" if i % 3 == 0 else f"good{i}" for i in range(30)]
+        for name in names:
+            with rltrace.trace_scope(name):
+                pass
+        rltrace.flush()
+        diag = rltrace.diagnostics()
+    finally:
+        for proc in (first, failing, last):
+            rltrace.remove_record_processor(proc)
+    good = [n for n in names if n.startswith("good")]
+    assert diag["errors"] == len(names) - len(good) == 10
+    assert [n for n, _, _ in first.seen] == names  # it ran before the failing one
+    assert [n for n, _, _ in failing.seen] == good
+    assert [n for n, _, _ in last.seen] == good  # the rest of the chain is skipped for bad ones
+    (trace,) = tmp_path.rglob("traces-r0.jsonl")
+    text = trace.read_text()
+    assert all(f'"name":"{n}"' in text for n in good)
+    assert not any(f'"name":"{n}"' in text for n in names if n not in good)
