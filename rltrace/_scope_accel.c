@@ -2468,12 +2468,29 @@ end:
 
 /* SessionMetricsProcessor._session_ended(attrs, start, end, rec, attrs) for an rltrace session
  * record, compiled statement by statement (processor class exactly the configured one) */
-static PyObject *s__acc, *s__done;
+static PyObject *s__done;
 static PyObject *sm_class, *sm_build_py, *sm_custom_names, *sm_no_phases, *sm_done_gen,
-    *s_pop, *s_rank, *s_role, *s__aggregates, *s__metrics, *s__record_metrics, *s_record,
-    *s__phase_keys, *s_sessions, *s_writer, *s_add, *s_listeners, *w_total_s, *w_turns;
+    *s_pop, *s__record_metrics, *s_record, *s_sessions, *s_add, *w_total_s, *w_turns;
 
 static PyObject *session_record(PyObject *self, PyObject *const *argv, Py_ssize_t argc);
+
+/* the processor's fields, read at their slot offsets (its class declares __slots__) */
+enum { P_ACC, P_RANK, P_ROLE, P_AGGREGATES, P_METRICS, P_PHASE_KEYS, P_DONE, P_SESSIONS,
+       P_WRITER, P_LISTENERS, P_MAX_OPEN, NPROC };
+static const char *const proc_fields[NPROC] = {"_acc", "rank", "role", "_aggregates", "_metrics",
+    "_phase_keys", "_done", "sessions", "writer", "listeners", "max_open"};
+static Py_ssize_t proc_off[NPROC] = {-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1};
+
+/* proc.<field i> (a new reference): from its slot on the configured class, else getattr */
+static PyObject *
+proc_get(PyObject *proc, int i)
+{
+    if (sm_class != NULL && (PyObject *)Py_TYPE(proc) == sm_class && proc_off[i] >= 0) {
+        PyObject *v = SLOT(proc, proc_off[i]);
+        if (v != NULL) { Py_INCREF(v); return v; }
+    }
+    return PyObject_GetAttrString(proc, proc_fields[i]);
+}
 
 static int
 set_attr_plus_one(PyObject *obj, PyObject *name)
@@ -2501,13 +2518,62 @@ item(PyObject *d, PyObject *key)
     return v;
 }
 
+/* SessionRecordWriter.add(record) (rltrace.exporters.sessions), statement by statement: the
+ * record's JSON line (orjson's plain call, else the Python dumps_line), buffered under the
+ * writer's lock and appended once flush_threshold lines are held */
+static PyObject *writer_class, *writer_dumps, *writer_dumps_line, *s__write_locked;
+static Py_ssize_t off_w_buf = -1, off_w_lock = -1, off_w_threshold = -1;
+
+static PyObject *
+writer_add(PyObject *w, PyObject *record)
+{
+    PyObject *lock = SLOT(w, off_w_lock), *j = NULL, *line = NULL, *r = NULL;
+    if (lock == NULL || SLOT(w, off_w_buf) == NULL || SLOT(w, off_w_threshold) == NULL)
+        return PyObject_CallMethodOneArg(w, s_add, record); /* unset: the method raises */
+    j = PyObject_CallOneArg(writer_dumps, record);
+    if (j == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_TypeError)) return NULL;
+        PyErr_Clear(); /* not plain JSON: the Python function's other ways */
+        if (!(j = PyObject_CallOneArg(writer_dumps_line, record))) return NULL;
+    }
+    if (!PyBytes_Check(j)) {
+        Py_DECREF(j);
+        PyErr_SetString(PyExc_TypeError, "a session record's JSON is not bytes");
+        return NULL;
+    }
+    Py_ssize_t n = PyBytes_GET_SIZE(j);
+    line = PyBytes_FromStringAndSize(NULL, n + 1); /* dumps_line(record) + b"\n" */
+    if (line != NULL) {
+        memcpy(PyBytes_AS_STRING(line), PyBytes_AS_STRING(j), n);
+        PyBytes_AS_STRING(line)[n] = '\n';
+    }
+    Py_DECREF(j);
+    if (line == NULL) return NULL;
+    Py_INCREF(lock);
+    if (!(r = PyObject_CallMethodNoArgs(lock, s_acquire))) { Py_DECREF(lock); Py_DECREF(line); return NULL; }
+    Py_CLEAR(r);
+    PyObject *buf = SLOT(w, off_w_buf), *threshold = SLOT(w, off_w_threshold), *res = NULL;
+    if (buf == NULL || threshold == NULL || !PyList_Check(buf)) {
+        PyErr_SetString(PyExc_AttributeError, "a session writer lost its buffer");
+    } else if (PyList_Append(buf, line) == 0) {
+        PyObject *held = PyLong_FromSsize_t(PyList_GET_SIZE(buf));
+        int full = held == NULL ? -1 : PyObject_RichCompareBool(held, threshold, Py_GE);
+        Py_XDECREF(held);
+        if (full > 0) res = PyObject_CallMethodNoArgs(w, s__write_locked);
+        else if (full == 0) { res = Py_None; Py_INCREF(res); }
+    }
+    if (release_keeping_error(lock) < 0) Py_CLEAR(res);
+    Py_DECREF(lock); Py_DECREF(line);
+    return res;
+}
+
 static PyObject *
 session_ended_fast(PyObject *proc, PyObject *attrs, ScopeCore *rec)
 {
     PyObject *sid = NULL, *acc = NULL, *phases = NULL, *sc = NULL, *rank = NULL, *role = NULL,
         *custom = NULL, *record = NULL, *obj = NULL, *r = NULL, *v = NULL, *keys = NULL;
     PyObject *res = NULL;
-    if (!(sid = item(attrs, k_session)) || !(acc = PyObject_GetAttr(proc, s__acc))) goto done;
+    if (!(sid = item(attrs, k_session)) || !(acc = proc_get(proc, P_ACC))) goto done;
     if (!(phases = PyObject_CallMethodObjArgs(acc, s_pop, sid, sm_no_phases, NULL))) goto done;
     /* the trace id: an rltrace session's is its task's */
     PyObject *ids = rec->parent != NULL && PyObject_TypeCheck(rec->parent, &ScopeCoreType)
@@ -2516,7 +2582,7 @@ session_ended_fast(PyObject *proc, PyObject *attrs, ScopeCore *rec)
     PyObject *trace_id = PySequence_GetItem(sc, 0);
     if (trace_id == NULL) goto done;
     Py_SETREF(sc, trace_id);
-    if (!(rank = PyObject_GetAttr(proc, s_rank)) || !(role = PyObject_GetAttr(proc, s_role))
+    if (!(rank = proc_get(proc, P_RANK)) || !(role = proc_get(proc, P_ROLE))
         || !(custom = PyObject_CallNoArgs(sm_custom_names)))
         goto done;
     if (!field_is(rec->extra, "extra") || !field_is(rec->start_ns, "start_ns")
@@ -2533,7 +2599,7 @@ session_ended_fast(PyObject *proc, PyObject *attrs, ScopeCore *rec)
         PyErr_SetString(PyExc_TypeError, "a session record is not a dict");
         goto done;
     }
-    if (!(obj = PyObject_GetAttr(proc, s__aggregates))) goto done;
+    if (!(obj = proc_get(proc, P_AGGREGATES))) goto done;
     if (obj != Py_None) {
         PyObject *status = item(record, r_status), *total = item(record, r_total_s);
         if (status != NULL && total != NULL)
@@ -2543,7 +2609,7 @@ session_ended_fast(PyObject *proc, PyObject *attrs, ScopeCore *rec)
         Py_CLEAR(r);
     } else {
         Py_CLEAR(obj);
-        if (!(obj = PyObject_GetAttr(proc, s__metrics))) goto done;
+        if (!(obj = proc_get(proc, P_METRICS))) goto done;
         if (obj != Py_None) {
             if (!(r = PyObject_CallMethodObjArgs(proc, s__record_metrics, record, phases, NULL)))
                 goto done;
@@ -2556,7 +2622,7 @@ session_ended_fast(PyObject *proc, PyObject *attrs, ScopeCore *rec)
     Py_CLEAR(v);
     if (!(v = item(record, r_turns)) || PyDict_SetItem(attrs, w_turns, v) < 0) goto done;
     Py_CLEAR(v);
-    if (!(keys = PyObject_GetAttr(proc, s__phase_keys))) goto done;
+    if (!(keys = proc_get(proc, P_PHASE_KEYS))) goto done;
     if (!(obj = item(record, r_phase_counts))) goto done;
     if (!PyDict_Check(keys) || !PyDict_Check(obj)) {
         PyErr_SetString(PyExc_TypeError, "phase keys or counts are not dicts");
@@ -2587,7 +2653,7 @@ session_ended_fast(PyObject *proc, PyObject *attrs, ScopeCore *rec)
     }
     Py_CLEAR(obj);
     /* an rltrace record: its session ids are never reused */
-    if (!(obj = PyObject_GetAttr(proc, s__done))) goto done;
+    if (!(obj = proc_get(proc, P_DONE))) goto done;
     if (!PyList_Check(obj) || PyList_GET_SIZE(obj) < 1 || !PyAnySet_Check(PyList_GET_ITEM(obj, 0))) {
         PyErr_SetString(PyExc_TypeError, "the processor's finished ids are not sets");
         goto done;
@@ -2609,14 +2675,23 @@ session_ended_fast(PyObject *proc, PyObject *attrs, ScopeCore *rec)
         if (rc < 0) goto done;
     }
     Py_CLEAR(obj);
-    if (set_attr_plus_one(proc, s_sessions) < 0) goto done;
-    if (!(obj = PyObject_GetAttr(proc, s_writer))) goto done;
+    if (sm_class != NULL && (PyObject *)Py_TYPE(proc) == sm_class && proc_off[P_SESSIONS] >= 0
+        && SLOT(proc, proc_off[P_SESSIONS]) != NULL) { /* self.sessions += 1 */
+        PyObject *more = PyNumber_Add(SLOT(proc, proc_off[P_SESSIONS]), one);
+        if (more == NULL) goto done;
+        slot_set(proc, proc_off[P_SESSIONS], more);
+    } else if (set_attr_plus_one(proc, s_sessions) < 0) {
+        goto done;
+    }
+    if (!(obj = proc_get(proc, P_WRITER))) goto done;
     if (obj != Py_None) {
-        if (!(r = PyObject_CallMethodOneArg(obj, s_add, record))) goto done;
+        r = writer_class != NULL && (PyObject *)Py_TYPE(obj) == writer_class
+            ? writer_add(obj, record) : PyObject_CallMethodOneArg(obj, s_add, record);
+        if (r == NULL) goto done;
         Py_CLEAR(r);
     }
     Py_CLEAR(obj);
-    if (!(obj = PyObject_GetAttr(proc, s_listeners))) goto done;
+    if (!(obj = proc_get(proc, P_LISTENERS))) goto done;
     PyObject *it = PyObject_GetIter(obj);
     if (it == NULL) goto done;
     PyObject *listener;
@@ -2640,13 +2715,30 @@ done:
 static PyObject *
 configure_session_ended(PyObject *self, PyObject *const *argv, Py_ssize_t argc)
 {
-    if (argc != 5 || !PyType_Check(argv[0]) || !PyCallable_Check(argv[1])
-        || !PyCallable_Check(argv[2]) || !PyLong_CheckExact(argv[4])) {
+    if (argc != 8 || !PyType_Check(argv[0]) || !PyCallable_Check(argv[1])
+        || !PyCallable_Check(argv[2]) || !PyLong_CheckExact(argv[4]) || !PyType_Check(argv[5])
+        || !PyCallable_Check(argv[6]) || !PyCallable_Check(argv[7])) {
         PyErr_SetString(PyExc_TypeError, "configure_session_ended(SessionMetricsProcessor, "
-                        "build_record, custom_phase_names, no_phases, done_generation)");
+                        "build_record, custom_phase_names, no_phases, done_generation, "
+                        "SessionRecordWriter, orjson.dumps, dumps_line)");
         return NULL;
     }
+    Py_ssize_t woff[3] = {type_slot((PyTypeObject *)argv[5], "_buf"),
+                          type_slot((PyTypeObject *)argv[5], "_lock"),
+                          type_slot((PyTypeObject *)argv[5], "flush_threshold")};
+    if (woff[0] < 0 || woff[1] < 0 || woff[2] < 0) {
+        PyErr_SetString(PyExc_TypeError, "configure_session_ended: the writer class has no "
+                        "_buf/_lock/flush_threshold slots");
+        return NULL;
+    }
+    off_w_buf = woff[0]; off_w_lock = woff[1]; off_w_threshold = woff[2];
+    PyObject **wslots[3] = {&writer_class, &writer_dumps, &writer_dumps_line};
+    for (int i = 0; i < 3; i++) {
+        Py_INCREF(argv[5 + i]);
+        Py_XSETREF(*wslots[i], argv[5 + i]);
+    }
     PyObject **slots[5] = {&sm_class, &sm_build_py, &sm_custom_names, &sm_no_phases, &sm_done_gen};
+    for (int i = 0; i < NPROC; i++) proc_off[i] = type_slot((PyTypeObject *)argv[0], proc_fields[i]);
     for (int i = 0; i < 5; i++) {
         Py_INCREF(argv[i]);
         Py_XSETREF(*slots[i], argv[i]);
@@ -2660,9 +2752,9 @@ configure_session_ended(PyObject *self, PyObject *const *argv, Py_ssize_t argc)
  * session span goes to the processor's ``_session_ended`` and anything off the common path to
  * its ``_phase_ended`` (attributes not a dict, a session finished already). */
 
-static PyObject *s_on_record, *o_on_record_py, *o_session_span, *o_phase_key, *o_turn_key, *o_interrupted_key, *s_extra,
-    *s_slot_attrs, *s_record_attrs, *s_max_open, *s__session_ended,
-    *s__phase_ended, *s__evict_oldest;
+static PyObject *s_on_record, *o_on_record_py, *o_session_span, *o_phase_key, *o_turn_key,
+    *o_interrupted_key, *s_slot_attrs, *s_record_attrs, *s__session_ended, *s__phase_ended,
+    *s__evict_oldest;
 
 static PyObject *
 observe_record(PyObject *module, PyObject *const *argv, Py_ssize_t argc)
@@ -2716,7 +2808,7 @@ observe_record(PyObject *module, PyObject *const *argv, Py_ssize_t argc)
         if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, k_session);
         goto fail;
     }
-    if (!(acc = PyObject_GetAttr(proc, s__acc))) goto fail;
+    if (!(acc = proc_get(proc, P_ACC))) goto fail;
     if (!PyDict_Check(acc)) goto python;
     phases = PyDict_GetItemWithError(acc, sid);
     if (phases != NULL) {
@@ -2724,7 +2816,7 @@ observe_record(PyObject *module, PyObject *const *argv, Py_ssize_t argc)
         Py_INCREF(phases);
     } else { /* the session's first phase: held from now on, unless it finished already */
         if (PyErr_Occurred()) goto fail;
-        PyObject *done = PyObject_GetAttr(proc, s__done);
+        PyObject *done = proc_get(proc, P_DONE);
         if (done == NULL) goto fail;
         int late = -1;
         if (PyList_CheckExact(done) && PyList_GET_SIZE(done) == 2
@@ -2738,7 +2830,7 @@ observe_record(PyObject *module, PyObject *const *argv, Py_ssize_t argc)
         if (late != 0) goto python; /* counted there (or an unexpected _done) */
         if (!(phases = PyDict_New()) || PyObject_SetItem(acc, sid, phases) < 0) goto fail;
         Py_ssize_t n = PyObject_Length(acc);
-        PyObject *max_o = PyObject_GetAttr(proc, s_max_open);
+        PyObject *max_o = proc_get(proc, P_MAX_OPEN);
         if (n < 0 || max_o == NULL) { Py_XDECREF(max_o); goto fail; }
         PyObject *n_o = PyLong_FromSsize_t(n);
         int over = n_o == NULL ? -1 : PyObject_RichCompareBool(n_o, max_o, Py_GT);
@@ -3055,21 +3147,20 @@ PyInit__scope_accel(void)
     INTERN(s_restore_parent, "_restore_parent"); INTERN(s_get_span_context, "get_span_context");
     INTERN(s_is_valid, "is_valid"); INTERN(s_enter_where, "trace_scope enter");
     INTERN(s_exit_where, "trace_scope exit"); INTERN(s_append, "append");
-    INTERN(s_enabled, "enabled"); INTERN(s_device, "device"); INTERN(s_sampling, "sampling"); INTERN(s_starts_turn, "starts_turn");
-    INTERN(s_name, "name"); INTERN(s_category, "category"); INTERN(s_genai_operation, "genai_operation");
-    INTERN(s_extra, "extra"); INTERN(s_slot_attrs, "slot_attrs"); INTERN(s_record_attrs, "record_attrs");
-    INTERN(s__acc, "_acc"); INTERN(s__done, "_done"); INTERN(s_max_open, "max_open");
+    INTERN(s_enabled, "enabled"); INTERN(s_device, "device"); INTERN(s_sampling, "sampling");
+    INTERN(s_starts_turn, "starts_turn"); INTERN(s_name, "name"); INTERN(s_category, "category");
+    INTERN(s_genai_operation, "genai_operation"); INTERN(s_slot_attrs, "slot_attrs");
+    INTERN(s_record_attrs, "record_attrs"); INTERN(s__done, "_done");
     INTERN(s__session_ended, "_session_ended"); INTERN(s__phase_ended, "_phase_ended");
     INTERN(s__evict_oldest, "_evict_oldest"); INTERN(s_on_record, "on_record");
-    INTERN(s_pop, "pop"); INTERN(s_rank, "rank"); INTERN(s_role, "role");
-    INTERN(s__aggregates, "_aggregates"); INTERN(s__metrics, "_metrics");
-    INTERN(s__record_metrics, "_record_metrics"); INTERN(s_record, "record");
-    INTERN(s__phase_keys, "_phase_keys"); INTERN(s_sessions, "sessions"); INTERN(s_writer, "writer");
-    INTERN(s_add, "add"); INTERN(s_listeners, "listeners"); INTERN(w_total_s, "rl.session.total_s");
+    INTERN(s_pop, "pop"); INTERN(s__record_metrics, "_record_metrics"); INTERN(s_record, "record");
+    INTERN(s_sessions, "sessions"); INTERN(s_add, "add"); INTERN(s__write_locked, "_write_locked");
+    INTERN(w_total_s, "rl.session.total_s");
     INTERN(w_turns, "rl.session.turns");
     if (!(kw_keep = Py_BuildValue("(s)", "keep"))) return NULL;
     INTERN(v_failed, "failed"); INTERN(s_mark_finalized, "mark_finalized");
-    INTERN(s_session_id, "session_id"); INTERN(s_task_id, "task_id"); INTERN(s_status, "status"); INTERN(s_reason, "reason");
+    INTERN(s_session_id, "session_id"); INTERN(s_task_id, "task_id"); INTERN(s_status, "status");
+    INTERN(s_reason, "reason");
     INTERN(s_close_if_open, "_close_if_open"); INTERN(s_finish, "finish");
     INTERN(s_start_payload, "start_payload"); INTERN(s_end_payload, "end_payload");
     INTERN(s_device_sync, "device_sync"); INTERN(s_specs, "specs");

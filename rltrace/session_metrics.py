@@ -21,8 +21,12 @@ from operator import itemgetter
 from types import MethodType
 from typing import Any
 
+import orjson
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+
+from rltrace.exporters.sessions import SessionRecordWriter
+from rltrace.exporters.values import dumps_line
 
 from . import recorder
 from .phases import BUILTIN, custom_phase_names
@@ -132,12 +136,17 @@ def _load_observe(accel: Any = None) -> Any:
                             SessionMetricsProcessor.on_record)
     # a session record's end (``_session_ended``), compiled for this class (not subclasses)
     accel.configure_session_ended(SessionMetricsProcessor, build_record, custom_phase_names,
-                                  _NO_PHASES, _DONE_GEN)
+                                  _NO_PHASES, _DONE_GEN, SessionRecordWriter, orjson.dumps,
+                                  dumps_line)
     return accel.observe_record
 
 
 class SessionMetricsProcessor(SpanProcessor):
     """Builds one record per finished session; writes it and records OTel metrics."""
+
+    # its state in slots: the compiled path (``_scope_accel``) reads them at fixed offsets
+    __slots__ = ("_acc", "_aggregates", "_done", "_metrics", "_phase_keys", "late_phases",
+                 "listeners", "max_open", "orphaned", "rank", "role", "sessions", "writer")
 
     def __init__(self, writer: Any = None, *, rank: int = 0, meter: Any = None,
                  max_open: int = 65_536, role: str | None = None, aggregates: Any = None) -> None:

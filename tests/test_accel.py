@@ -184,14 +184,17 @@ class Opaque:
         return "Opaque()"
 
 
+# printable ASCII and its neighbours (the compiled encoder writes plain ASCII itself)
+_ascii = st.text(st.characters(min_codepoint=0x1E, max_codepoint=0x80), max_size=8)
 _scalars = st.one_of(
     st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
-    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=8),
+    st.integers(min_value=-(2**63) - 2, max_value=2**63 + 1),
+    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=8), _ascii,
     st.just("\ud800"), st.builds(Opaque),
 )
 _values = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=3)
                        | st.dictionaries(st.text(max_size=4), inner, max_size=3), max_leaves=6)
-_keys = st.one_of(st.text(max_size=6), st.sampled_from(["rank", "role", "args.x", "rl.lane"]),
+_keys = st.one_of(st.text(max_size=6), _ascii, st.sampled_from(["rank", "role", "args.x", "rl.lane"]),
                   st.integers(-3, 3))
 _args = st.one_of(st.none(), st.just({}), st.dictionaries(_keys, _values, max_size=4))
 _times = st.one_of(st.integers(0, 2**62), st.integers(-(2**40), 2**40), st.just(2**64 + 5))
@@ -579,6 +582,10 @@ def test_the_compiled_on_record_holds_and_writes_what_the_python_one_does(tmp_pa
                 if i != 4:
                     with rltrace.trace_session_phase("toolcall", session_id=sid):
                         pass
+                if i == 1:  # a counter JSON has no form for: the record's line through dumps_line
+                    from rltrace import sessions as _sessions
+
+                    _sessions.REGISTRY.sessions[sid].set_attribute("rl.session.counter.odd", {1})
                 rltrace.trace_session_event("mark_finalized", session_id=sid,
                                             status="accepted" if i % 2 else "rejected")
         records = list(state.buffer)
@@ -619,6 +626,7 @@ def test_the_compiled_on_record_holds_and_writes_what_the_python_one_does(tmp_pa
     assert repr(compiled) == repr(python)
     got, held, late_n, orphaned, sessions, _, figures, lines = compiled
     assert lines.count(b"\n") == 3 and all(("rl.session.turns", 1) in f for f in figures)
+    assert b'"counters":{"odd":' in lines  # written through json_default, as the Python path
     assert sessions == 3 and late_n == 1 and orphaned == 1
     assert sorted(held) == sids[4:]  # session 3's phases were the oldest held
     assert [len(r["phases"]) for r in got] == [3, 3, 3]
