@@ -48,6 +48,16 @@ static PyObject *s_now_ns, *s_on_start, *s_buffer, *s_cap, *s_wake_at, *s_droppe
 
 #define SET(field, value) do { PyObject *_v = (value); Py_XSETREF(self->field, _v); } while (0)
 
+/* *slots[i] = vals[i] (new references) for i < n: what the configure functions hand over */
+static void
+keep_all(PyObject **const *slots, PyObject *const *vals, int n)
+{
+    for (int i = 0; i < n; i++) {
+        Py_INCREF(vals[i]);
+        Py_XSETREF(*slots[i], vals[i]);
+    }
+}
+
 static PyObject *
 now(void)
 {
@@ -1210,6 +1220,16 @@ new_record(PyTypeObject *t, PyObject *name, PyObject *category, Py_ssize_t off_a
     return o;
 }
 
+/* record o started under parent (its own lane): o, or NULL (o released) */
+static PyObject *
+started(PyObject *o, PyObject *parent)
+{
+    PyObject *r = start_under_impl((ScopeCore *)o, parent, 0);
+    if (r == NULL) { Py_DECREF(o); return NULL; }
+    Py_DECREF(r);
+    return o;
+}
+
 static int
 records_configured(void)
 {
@@ -1234,10 +1254,7 @@ new_task(PyObject *module, PyObject *const *argv, Py_ssize_t argc)
     slot_set(o, off_t_open, open);
     Py_INCREF(Py_False); slot_set(o, off_t_spread, Py_False);
     Py_INCREF(argv[1]); slot_set(o, off_t_step, argv[1]);
-    PyObject *r = start_under_impl((ScopeCore *)o, Py_None, 0);
-    if (r == NULL) { Py_DECREF(o); return NULL; }
-    Py_DECREF(r);
-    return o;
+    return started(o, Py_None);
 }
 
 /* new_session(session_id, task, step): SessionScope.__init__, started under its task */
@@ -1258,10 +1275,7 @@ new_session(PyObject *module, PyObject *const *argv, Py_ssize_t argc)
     slot_set(o, off_s_turn, turn);
     slot_set(o, off_s_ops, ops);
     Py_INCREF(argv[2]); slot_set(o, off_s_step, argv[2]);
-    PyObject *r = start_under_impl((ScopeCore *)o, argv[1], 0);
-    if (r == NULL) { Py_DECREF(o); return NULL; }
-    Py_DECREF(r);
-    return o;
+    return started(o, argv[1]);
 }
 
 /* new_phase(spec, start_payload, end_payload, turn, session_id, reg): PhaseScope.__init__ */
@@ -1557,14 +1571,10 @@ phase_vectorcall(RegistryCall *self, PyObject *const *args, size_t nargsf, PyObj
         goto fallback; /* unknown: the method raises, naming the fix */
     }
     /* dict(payload) if payload else None */
-    PyObject *start = Py_None, *end = Py_None, *rec = NULL;
-    if (sp != Py_None && PyDict_GET_SIZE(sp) && !(start = PyDict_Copy(sp))) goto done;
-    if (start == Py_None) Py_INCREF(start);
-    if (ep != Py_None && PyDict_GET_SIZE(ep)) {
-        if (!(end = PyDict_Copy(ep))) goto done;
-    } else {
-        Py_INCREF(end);
-    }
+    PyObject *start = NULL, *end = NULL, *rec = NULL;
+    start = sp != Py_None && PyDict_GET_SIZE(sp) ? PyDict_Copy(sp) : Py_NewRef(Py_None);
+    end = ep != Py_None && PyDict_GET_SIZE(ep) ? PyDict_Copy(ep) : Py_NewRef(Py_None);
+    if (start == NULL || end == NULL) goto done;
     PyObject *argv[6] = {spec, start, end, turn, sid, reg};
     rec = new_phase(NULL, argv, 6);
 done:
@@ -1698,24 +1708,37 @@ next_id(PyObject *reg, Py_ssize_t off)
     return id;
 }
 
+/* the arguments of register_task/register_session(task_id=None), the registry's enabled and
+ * lock fields (borrowed): 1 for the compiled path, 0 for the method's, -1 on error */
+static int
+register_args(RegistryCall *self, PyObject *const *args, size_t nargsf, PyObject *kwnames,
+              PyObject **task_id, PyObject **enabled, PyObject **lock)
+{
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    PyObject *reg = self->registry;
+    *task_id = n ? args[0] : Py_None;
+    if (n > 1 || phase_type == NULL || step_cv == NULL || Py_TYPE(reg) != registry_type) return 0;
+    if (kwnames != NULL) {
+        if (n || PyTuple_GET_SIZE(kwnames) != 1 || !kw_is(PyTuple_GET_ITEM(kwnames, 0), s_task_id))
+            return 0;
+        *task_id = args[0];
+    }
+    int remote = has_caller_task();
+    if (remote <= 0) {
+        *enabled = SLOT(reg, off_r_enabled);
+        *lock = SLOT(reg, off_r_lock);
+    }
+    return remote < 0 ? -1 : !remote && *enabled != NULL && *lock != NULL;
+}
+
 /* register_task(task_id=None) */
 static PyObject *
 task_vectorcall(RegistryCall *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
-    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
-    PyObject *reg = self->registry, *task_id = n ? args[0] : Py_None;
-    if (n > 1 || phase_type == NULL || step_cv == NULL || Py_TYPE(reg) != registry_type)
-        goto fallback;
-    if (kwnames != NULL) {
-        if (n || PyTuple_GET_SIZE(kwnames) != 1 || !kw_is(PyTuple_GET_ITEM(kwnames, 0), s_task_id))
-            goto fallback;
-        task_id = args[0];
-    }
-    int remote = has_caller_task();
-    if (remote < 0) return NULL;
-    if (remote) goto fallback;
-    PyObject *enabled = SLOT(reg, off_r_enabled), *lock = SLOT(reg, off_r_lock);
-    if (enabled == NULL || lock == NULL) goto fallback;
+    PyObject *reg = self->registry, *task_id, *enabled = NULL, *lock = NULL;
+    int fast = register_args(self, args, nargsf, kwnames, &task_id, &enabled, &lock);
+    if (fast < 0) return NULL;
+    if (!fast) goto fallback;
     if (task_id == Py_None) {
         if (!(task_id = next_id(reg, off_r_task_ids))) return NULL;
     } else {
@@ -1825,20 +1848,10 @@ done:
 static PyObject *
 session_vectorcall(RegistryCall *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
-    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
-    PyObject *reg = self->registry, *task_id = n ? args[0] : Py_None;
-    if (n > 1 || phase_type == NULL || step_cv == NULL || Py_TYPE(reg) != registry_type)
-        goto fallback;
-    if (kwnames != NULL) {
-        if (n || PyTuple_GET_SIZE(kwnames) != 1 || !kw_is(PyTuple_GET_ITEM(kwnames, 0), s_task_id))
-            goto fallback;
-        task_id = args[0];
-    }
-    int remote = has_caller_task();
-    if (remote < 0) return NULL;
-    if (remote) goto fallback;
-    PyObject *enabled = SLOT(reg, off_r_enabled), *lock = SLOT(reg, off_r_lock);
-    if (enabled == NULL || lock == NULL) goto fallback;
+    PyObject *reg = self->registry, *task_id, *enabled = NULL, *lock = NULL;
+    int fast = register_args(self, args, nargsf, kwnames, &task_id, &enabled, &lock);
+    if (fast < 0) return NULL;
+    if (!fast) goto fallback;
     PyObject *session_id = next_id(reg, off_r_session_ids);
     if (session_id == NULL) return NULL;
     int on = PyObject_IsTrue(enabled);
@@ -1893,10 +1906,7 @@ configure_registry(PyObject *self, PyObject *const *argv, Py_ssize_t argc)
     off_r_recent_sessions = offs[3];
     PyObject **slots[8] = {&step_cv, &task_cv, &caller_task_key, &caller_step_key,
                            &scope_arg_step_fn, &remote_task_type, &registered_index, &recent_gen};
-    for (int i = 0; i < 8; i++) {
-        Py_INCREF(argv[i]);
-        Py_XSETREF(*slots[i], argv[i]);
-    }
+    keep_all(slots, argv, 8);
     Py_RETURN_NONE;
 }
 
@@ -2007,10 +2017,7 @@ configure_events(PyObject *self, PyObject *const *argv, Py_ssize_t argc)
     }
     off_r_lock = offs[0]; off_r_tasks = offs[1]; off_r_tally = offs[2]; off_r_phases = offs[3];
     PyObject **slots[3] = {&final_statuses, &no_phases, &finalized_index};
-    for (int i = 0; i < 3; i++) {
-        Py_INCREF(argv[i]);
-        Py_XSETREF(*slots[i], argv[i]);
-    }
+    keep_all(slots, argv, 3);
     Py_RETURN_NONE;
 }
 
@@ -2733,16 +2740,10 @@ configure_session_ended(PyObject *self, PyObject *const *argv, Py_ssize_t argc)
     }
     off_w_buf = woff[0]; off_w_lock = woff[1]; off_w_threshold = woff[2];
     PyObject **wslots[3] = {&writer_class, &writer_dumps, &writer_dumps_line};
-    for (int i = 0; i < 3; i++) {
-        Py_INCREF(argv[5 + i]);
-        Py_XSETREF(*wslots[i], argv[5 + i]);
-    }
+    keep_all(wslots, argv + 5, 3);
     PyObject **slots[5] = {&sm_class, &sm_build_py, &sm_custom_names, &sm_no_phases, &sm_done_gen};
     for (int i = 0; i < NPROC; i++) proc_off[i] = type_slot((PyTypeObject *)argv[0], proc_fields[i]);
-    for (int i = 0; i < 5; i++) {
-        Py_INCREF(argv[i]);
-        Py_XSETREF(*slots[i], argv[i]);
-    }
+    keep_all(slots, argv, 5);
     Py_RETURN_NONE;
 }
 
@@ -2946,10 +2947,7 @@ configure_observe(PyObject *self, PyObject *const *argv, Py_ssize_t argc)
     }
     PyObject **slots[5] = {&o_session_span, &o_phase_key, &o_turn_key, &o_interrupted_key,
                            &o_on_record_py};
-    for (int i = 0; i < 5; i++) {
-        Py_INCREF(argv[i]);
-        Py_XSETREF(*slots[i], argv[i]);
-    }
+    keep_all(slots, argv, 5);
     Py_RETURN_NONE;
 }
 
@@ -2969,10 +2967,7 @@ configure_sessions(PyObject *self, PyObject *const *argv, Py_ssize_t argc)
     }
     PyObject **slots[8] = {&builtin_phases, &counter_prefix, &k_status, &k_task, &k_session,
                            &k_reason, &k_step, &exec_key};
-    for (int i = 0; i < 8; i++) {
-        Py_INCREF(argv[i]);
-        Py_XSETREF(*slots[i], argv[i]);
-    }
+    keep_all(slots, argv, 8);
     Py_RETURN_NONE;
 }
 
@@ -3005,10 +3000,7 @@ configure(PyObject *self, PyObject *args, PyObject *kwds)
                             &get_running_loop, &current_task, &globals, &call_on_start,
                             &past_wake, &internal_error, &span_context_type, &sampled_flags,
                             &span_context_py, &trace_state};
-    for (int i = 0; i < 17; i++) {
-        Py_INCREF(a[i]);
-        Py_XSETREF(*slots[i], a[i]);
-    }
+    keep_all(slots, a, 17);
     off_buffer = slot_offset(state, "buffer"); off_cap = slot_offset(state, "cap");
     off_wake_at = slot_offset(state, "wake_at"); off_on_start = slot_offset(state, "on_start");
     off_enabled = slot_offset(state, "enabled"); off_device = slot_offset(state, "device");
@@ -3091,10 +3083,7 @@ configure_phases(PyObject *self, PyObject *args, PyObject *kwds)
                           PyTuple_GET_ITEM(keys, 4), PyTuple_GET_ITEM(keys, 5), tspan, sspan,
                           sched, PyTuple_GET_ITEM(keys, 6), PyTuple_GET_ITEM(keys, 7),
                           PyTuple_GET_ITEM(keys, 8), PyTuple_GET_ITEM(keys, 9), tattrs, sattrs};
-    for (int i = 0; i < 24; i++) {
-        Py_INCREF(vals[i]);
-        Py_XSETREF(*slots[i], vals[i]);
-    }
+    keep_all(slots, vals, 24);
     Py_RETURN_NONE;
 }
 

@@ -1087,24 +1087,24 @@ trace_session_phase = REGISTRY.trace_session_phase
 atrace_session_phase = REGISTRY.atrace_session_phase
 trace_session = REGISTRY.trace_session
 trace_session_event = REGISTRY.trace_session_event
+
+
+def _compiled(method: Any, kind: str) -> Any:
+    """``method`` of :data:`REGISTRY` with its common call compiled (``_scope_accel``'s
+    ``RegistryCall``); every other call, and the name, docstring and signature, are the
+    method's."""
+    return functools.update_wrapper(recorder.SCOPE_ACCEL.RegistryCall(method, REGISTRY, kind),
+                                    method)
+
+
 if recorder.SCOPE_ACCEL is not None and not TYPE_CHECKING:
-    # the same methods, their common calls compiled: ``trace_session_event``'s
     # ``mark_finalized`` of a known session with session_id=, status= and a str reason or none;
-    # every other call, and the name, docstring and signature, are the method's
-    trace_session_event = functools.update_wrapper(
-        recorder.SCOPE_ACCEL.RegistryCall(REGISTRY.trace_session_event, REGISTRY, "event"),
-        REGISTRY.trace_session_event)
-    # ``trace_session_phase``'s (a registered phase, dict or no payloads, no device sync);
-    # ``register_task``/``register_session``'s (a task not the caller's in another process)
-    trace_session_phase = functools.update_wrapper(
-        recorder.SCOPE_ACCEL.RegistryCall(REGISTRY.trace_session_phase, REGISTRY, "phase"),
-        REGISTRY.trace_session_phase)
-    register_task = functools.update_wrapper(
-        recorder.SCOPE_ACCEL.RegistryCall(REGISTRY.register_task, REGISTRY, "task"),
-        REGISTRY.register_task)
-    register_session = functools.update_wrapper(
-        recorder.SCOPE_ACCEL.RegistryCall(REGISTRY.register_session, REGISTRY, "session"),
-        REGISTRY.register_session)
+    # a registered phase with dict or no payloads and no device sync; a task that is not the
+    # caller's in another process
+    trace_session_event = _compiled(REGISTRY.trace_session_event, "event")
+    trace_session_phase = _compiled(REGISTRY.trace_session_phase, "phase")
+    register_task = _compiled(REGISTRY.register_task, "task")
+    register_session = _compiled(REGISTRY.register_session, "session")
 finalize_session = REGISTRY.finalize_session
 finalize_task = REGISTRY.finalize_task
 session_context = REGISTRY.session_context
