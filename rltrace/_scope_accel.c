@@ -691,6 +691,32 @@ finish_impl(ScopeCore *self, PyObject *end, PyObject *exc, PyObject *keep_o, PyO
     Py_RETURN_NONE;
 }
 
+/* call lock.release() keeping any exception already raised; -1 when release itself failed */
+static int
+release_keeping_error(PyObject *lock)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    PyObject *err = PyErr_GetRaisedException();
+#else
+    PyObject *et, *ev, *etb;
+    PyErr_Fetch(&et, &ev, &etb);
+#endif
+    PyObject *r = PyObject_CallMethodNoArgs(lock, s_release);
+    int rc = r == NULL ? -1 : 0;
+    Py_XDECREF(r);
+#if PY_VERSION_HEX >= 0x030C0000
+    if (err != NULL) { Py_XDECREF(PyErr_GetRaisedException()); PyErr_SetRaisedException(err); }
+#else
+    if (et != NULL) {
+        PyObject *t2, *v2, *tb2;
+        PyErr_Fetch(&t2, &v2, &tb2);
+        Py_XDECREF(t2); Py_XDECREF(v2); Py_XDECREF(tb2);
+        PyErr_Restore(et, ev, etb);
+    }
+#endif
+    return rc;
+}
+
 /* rand_bits(bits) or 1: recorder.rand_bits, read at each call (testing.deterministic and
  * set_id_source replace it) */
 static PyObject *
@@ -805,27 +831,8 @@ core_get_span_context(ScopeCore *self, PyObject *unused)
             }
         }
     }
-    /* release the lock, keeping an error raised above */
-#if PY_VERSION_HEX >= 0x030C0000
-    PyObject *err = PyErr_GetRaisedException();
-#else
-    PyObject *et, *ev, *etb;
-    PyErr_Fetch(&et, &ev, &etb);
-#endif
-    r = PyObject_CallMethodNoArgs(lock, s_release);
+    if (release_keeping_error(lock) < 0) Py_CLEAR(sc); /* an error raised above is kept */
     Py_DECREF(lock);
-    if (r == NULL) Py_CLEAR(sc);
-    else Py_DECREF(r);
-#if PY_VERSION_HEX >= 0x030C0000
-    if (err != NULL) { Py_XDECREF(PyErr_GetRaisedException()); PyErr_SetRaisedException(err); }
-#else
-    if (et != NULL) {
-        PyObject *t2, *v2, *tb2;
-        PyErr_Fetch(&t2, &v2, &tb2);
-        Py_XDECREF(t2); Py_XDECREF(v2); Py_XDECREF(tb2);
-        PyErr_Restore(et, ev, etb);
-    }
-#endif
 done:
     Py_XDECREF(trace_id); Py_XDECREF(flags); Py_XDECREF(span_id);
     return sc;
@@ -1317,32 +1324,6 @@ static PyObject *v_failed, *s_mark_finalized, *s_session_id, *s_task_id, *s_stat
     *s_close_if_open, *s_finish;
 static Py_ssize_t off_r_lock = -1, off_r_tasks = -1, off_r_tally = -1, off_r_phases = -1;
 static PyObject *s_start_payload, *s_end_payload, *s_device_sync, *s_specs, *s_turn_kw;
-
-/* call lock.release() keeping any exception already raised; -1 when release itself failed */
-static int
-release_keeping_error(PyObject *lock)
-{
-#if PY_VERSION_HEX >= 0x030C0000
-    PyObject *err = PyErr_GetRaisedException();
-#else
-    PyObject *et, *ev, *etb;
-    PyErr_Fetch(&et, &ev, &etb);
-#endif
-    PyObject *r = PyObject_CallMethodNoArgs(lock, s_release);
-    int rc = r == NULL ? -1 : 0;
-    Py_XDECREF(r);
-#if PY_VERSION_HEX >= 0x030C0000
-    if (err != NULL) { Py_XDECREF(PyErr_GetRaisedException()); PyErr_SetRaisedException(err); }
-#else
-    if (et != NULL) {
-        PyObject *t2, *v2, *tb2;
-        PyErr_Fetch(&t2, &v2, &tb2);
-        Py_XDECREF(t2); Py_XDECREF(v2); Py_XDECREF(tb2);
-        PyErr_Restore(et, ev, etb);
-    }
-#endif
-    return rc;
-}
 
 /* the locked part of _finalize: 1 when the session was registered (and is not now), with
  * *task_done set as _session_left says; 0 when another caller finalized it first */
