@@ -250,7 +250,7 @@ class BoundedBatchProcessor(SpanProcessor):
             while q and not (deadline is not None and time.monotonic() > deadline):
                 self._idle.clear()
                 n = min(len(q), self.max_export_batch_size)
-                batch = list(islice(iter(q.popleft, None), n))  # n pops, in C (only here)
+                batch = list(islice(iter(q.popleft, None), n))  # n pops, in C (as one by one)
                 self._inflight = n
                 with instrumentation_suppressed():  # an instrumented HTTP client stays quiet
                     sent = self._send(batch)
