@@ -64,7 +64,7 @@ def main(argv: list[str]) -> int:
         rltrace.flush()
         wall = time.perf_counter() - t0
         diag = rltrace.diagnostics()
-        p = rltrace.pipeline.get_pipeline()
+        p = rltrace.runtime.get_pipeline()
         assert p is not None and p.sessions_path is not None
         with open(p.sessions_path, "rb") as fh:
             lines = sum(1 for _ in fh)

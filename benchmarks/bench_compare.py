@@ -205,7 +205,7 @@ def _spans(contender: str, n: int, root: str, otlp: str | None) -> dict[str, Any
             return trace_scope("step")
 
         def final() -> None:
-            p = rltrace.pipeline.get_pipeline()
+            p = rltrace.runtime.get_pipeline()
             rltrace.shutdown()  # the final flush; OTLP's last batch is sent (or written off)
             _rltrace_losses(p.diagnostics(), info)
     else:
@@ -295,7 +295,7 @@ def _sessions(contender: str, n: int, root: str, otlp: str | None) -> dict[str, 
                 event("mark_finalized", session_id=sid, status="accepted")
 
         def final() -> None:
-            p = rltrace.pipeline.get_pipeline()
+            p = rltrace.runtime.get_pipeline()
             rltrace.shutdown()  # the final flush; OTLP's last batch is sent (or written off)
             _rltrace_losses(p.diagnostics(), info)
             info["records_on_disk"] = _count_lines(Path(root), "sessions-r0*.jsonl")

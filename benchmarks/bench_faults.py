@@ -40,12 +40,12 @@ import time
 from typing import Any
 
 import rltrace
-from rltrace import pipeline
+from rltrace import runtime
 
 
 def _backend(conn: Any) -> None:
     """Child process: an OTLPReceiver obeying commands from the pipe."""
-    from rltrace.otlp_receiver import OTLPReceiver
+    from rltrace.testing.otlp_receiver import OTLPReceiver
 
     rx = OTLPReceiver().start()
     release = threading.Event()
@@ -105,7 +105,7 @@ def _scenario(name: str, root: str, args: argparse.Namespace, endpoint: str | No
                 "max_queue_size": args.queue, "metrics": False}
     rltrace.configure(fileroot=root, trial_name=name, flush_at_exit=False, flush_interval_s=0.1,
                       session_tracer={"enabled": True}, otlp=otlp)
-    p = pipeline.get_pipeline()
+    p = runtime.get_pipeline()
     assert p is not None
     _loop(5, args.scopes, args.work)  # warm-up (connections, caches)
     if conn is not None:

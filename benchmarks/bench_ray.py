@@ -30,7 +30,7 @@ def _one(contender: str, calls: int, root: str) -> dict[str, float]:
 
     import rltrace
     import rltrace.ray
-    from rltrace.otlp_receiver import OTLPReceiver
+    from rltrace.testing.otlp_receiver import OTLPReceiver
 
     @ray.remote
     def task(x: int) -> int:

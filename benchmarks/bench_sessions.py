@@ -19,7 +19,7 @@ import tempfile
 import time
 
 import rltrace
-from rltrace import pipeline
+from rltrace import runtime
 
 BATCH = 1000
 
@@ -28,7 +28,7 @@ def run(n: int, root: str, chrome: bool, group: int) -> tuple[float, float]:
     rltrace.configure(fileroot=root, flush_interval_s=3600, max_queue_size=64 * BATCH,
                       session_tracer={"enabled": True, "flush_threshold": 100},
                       exporters={"chrome": chrome})
-    p = pipeline.get_pipeline()
+    p = runtime.get_pipeline()
     assert p is not None
     register_task = rltrace.register_task
     register_session = rltrace.register_session

@@ -33,7 +33,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 import rltrace
-from rltrace import pipeline
+from rltrace import runtime
 
 BATCH = 4096
 
@@ -58,7 +58,7 @@ def bench_raw_otel(n: int) -> float:
 
 def bench_rltrace(n: int, root: str) -> tuple[float, float]:
     rltrace.configure(fileroot=root, flush_interval_s=3600, max_queue_size=4 * BATCH)
-    p = pipeline.get_pipeline()
+    p = runtime.get_pipeline()
     assert p is not None
     rltrace.flush()
     scope = rltrace.trace_scope

@@ -27,7 +27,7 @@ from pathlib import Path
 RANK = textwrap.dedent("""
     import json, os, statistics, sys, time
     import rltrace
-    from rltrace.pipeline import get_pipeline
+    from rltrace.runtime import get_pipeline
 
     fileroot, rank, world, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     rltrace.configure(fileroot=fileroot, experiment_name="bench", rank=rank, world_size=world,
@@ -83,8 +83,8 @@ def main() -> None:
     args = ap.parse_args()
     from rich.console import Console
 
+    from rltrace.cli.top import TopView, find_live_files, read_states
     from rltrace.config import current_user
-    from rltrace.top import TopView, find_live_files, read_states
 
     with tempfile.TemporaryDirectory(prefix="rltrace-bench-top-") as tmp:
         script = Path(tmp) / "rank.py"

@@ -41,10 +41,7 @@ from .files import LineFile
 from .values import (
     category_name,
     dumps_line,
-    json_default,
-    pure_python,
     thread_name,
-    thread_names,
 )
 
 logger = logging.getLogger("rltrace")
@@ -56,26 +53,6 @@ _THREAD_ID = "thread.id"
 _THREAD_NAME = "thread.name"
 _HIDDEN = frozenset({_LANE, _CATEGORY, _INSTANT, _THREAD_ID, _THREAD_NAME})
 _OPT = orjson.OPT_NON_STR_KEYS
-
-
-def load_accel(honour_env: bool = True) -> Any:
-    """The compiled per-record loop (``_chrome_accel``, built when the package is installed with
-    a C compiler at hand), or None: not built, or ``RLTRACE_PURE_PYTHON=1`` (unless not
-    ``honour_env``: the tests compare the two loops in one process)."""
-    if honour_env and pure_python():
-        return None
-    try:
-        from . import _chrome_accel  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    _chrome_accel.configure(ReadableSpan, thread_names(), thread_name, orjson.dumps,
-                            {"default": json_default, "option": _OPT})
-    return _chrome_accel
-
-
-_ACCEL: Any = load_accel()
-#: whether Chrome encoding runs compiled in this process (``rltrace.diagnostics()``)
-ACCELERATED = _ACCEL is not None
 
 
 _dumps = dumps_line
@@ -106,7 +83,6 @@ class ChromeEncoder:
     def __init__(
         self, *, rank: int = 0, world_size: int = 1, role: str | None = None,
         host: str | None = None, experiment: str | None = None, trial: str | None = None,
-        accelerate: bool = True,
     ) -> None:
         self.rank = rank
         self.world_size = world_size
@@ -121,9 +97,6 @@ class ChromeEncoder:
         self._tids: dict[tuple[int, int, str], int] = {}
         self._names: dict[str, bytes] = {}
         self._cats: dict[Any, bytes] = {}
-        #: the compiled loop (``accelerate`` and built), or None: the same loop in Python (and
-        #: always for subclasses: the compiled loop does not call overridden methods)
-        self.accel = _ACCEL if accelerate and type(self) is ChromeEncoder else None
 
     def process_label(self, pid: int | None = None) -> str:
         """The process name: AReaL's (as its trace converter writes it) plus the host."""
@@ -193,15 +166,12 @@ class ChromeEncoder:
             self._pid = pid
             self._tids = {}
             self._process_metadata(pid, out)
-        if self.accel is not None:  # the same loop, compiled; it hands us what it does not cover
-            self.accel.encode(self, items, out, pid)
-            return
         encode_item = self._encode_item
         for item in items:
             encode_item(item, pid, out)
 
     def _encode_item(self, item: Any, pid: int, out: list[bytes]) -> None:
-        """One record or ``ReadableSpan`` (``_chrome_accel`` mirrors the common case)."""
+        """One record or ``ReadableSpan``."""
         rec = getattr(item, "rltrace_record", item)
         if isinstance(rec, ReadableSpan):
             self._encode_foreign(rec, pid, out)
@@ -324,10 +294,8 @@ class ChromeTraceExporter(SpanExporter):
     holds_on_failure = True
 
     def stats(self) -> dict[str, int]:
-        """Bytes held back by a disk fault, lines dropped past the in-memory cap, and whether
-        the compiled encoder loop runs (``accelerated``: 1, or 0 for the Python one)."""
-        return {"held_bytes": self.file.pending_bytes, "lost": self.file.lost_lines,
-                "accelerated": int(self.encoder.accel is not None)}
+        """Bytes held back by a disk fault and lines dropped past the in-memory cap."""
+        return {"held_bytes": self.file.pending_bytes, "lost": self.file.lost_lines}
 
     def reset_after_fork(self, path: str | os.PathLike[str] | None = None) -> None:
         """In a forked child: fresh lock, names written again, optionally a per-process file."""

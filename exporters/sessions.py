@@ -20,12 +20,8 @@ class SessionRecordWriter:
     """Appends session records (dicts) to a JSONL file in batches of ``flush_threshold``.
 
     Writes go through :class:`~rltrace.exporters.files.LineFile` (disk faults: kept and
-    retried, bounded; a deleted file is recreated).  ``rltrace._scope_accel`` runs ``add``
-    compiled for the session processor (reading these slots).
+    retried, bounded; a deleted file is recreated).
     """
-
-    __slots__ = ("_buf", "_lock", "failed", "file", "flush_threshold", "tally", "tally_slot",
-                 "written")
 
     def __init__(self, path: str | os.PathLike[str], flush_threshold: int = 100) -> None:
         self.file = LineFile(path)

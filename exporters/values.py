@@ -7,7 +7,6 @@ fail on them (a huge value is truncated with a note of how much was cut, never f
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Mapping
 from enum import Enum
@@ -125,16 +124,6 @@ def json_default(value: Any) -> Any:
         return attr_value(value)
     except Exception:
         return f"<unconvertible {type(value).__name__}>"
-
-
-#: set to 1 to run the pure-Python hot paths even where the compiled ones are built
-PURE_PYTHON_ENV = "RLTRACE_PURE_PYTHON"
-
-
-def pure_python() -> bool:
-    """Whether ``RLTRACE_PURE_PYTHON`` asks for the pure-Python hot paths (the recorder's and
-    the Chrome encoder's), compiled or not."""
-    return os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0")
 
 
 _OPT = orjson.OPT_NON_STR_KEYS

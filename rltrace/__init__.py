@@ -21,40 +21,35 @@ OpenTelemetry   add_span_processor, tracer_provider, link_consumed,
 from . import stats
 from . import stats as stats_tracker  # AReaL's name for the same module
 from .config import ConfigError, DeviceConfig, ExportersConfig, OTLPConfig, SessionTracerConfig, TracerConfig
-from .device import profile_steps
-from .phases import PhaseSpec, UnknownPhaseError, register_phase
-from .pipeline import (
+from .phases import PhaseSpec, UnknownPhaseError
+from .profiling import profile_steps
+from .recorder import current_span
+from .runtime import (
     add_record_processor,
     add_span_processor,
+    atrace_session_phase,
     configure,
     configure_child,
     diagnostics,
     flush,
     get_config,
     is_configured,
-    remove_record_processor,
-    save,
-    shutdown,
-    summary,
-    tracer_provider,
-)
-from .propagation import extract_context, inject_headers, server_span
-from .recorder import current_span
-from .session_metrics import SessionMetricsProcessor
-from .sessions import (
-    atrace_session_phase,
-    get_session_id,
-    get_task_id,
     link_consumed,
+    register_phase,
     register_session,
     register_task,
+    remove_record_processor,
+    save,
     session_context,
-    set_session_id,
-    set_task_id,
+    shutdown,
+    summary,
     trace_session,
     trace_session_event,
     trace_session_phase,
+    tracer_provider,
 )
+from .session_metrics import SessionMetricsProcessor
+from .sessions import get_session_id, get_task_id, set_session_id, set_task_id
 from .spans import Category, atrace_scope, instant, trace_perf, trace_scope
 from .steps import current_step, step
 from .summary import counter

@@ -233,7 +233,7 @@ def load_config(
     elif _is_omegaconf(config):  # before Mapping: a DictConfig is one, with lazy interpolation
         data = _plain(_omegaconf_plain(config))
     elif dataclasses.is_dataclass(config) and not isinstance(config, type):
-        data = _dataclass_to_dict(config)
+        data = dataclass_to_dict(config)
     elif isinstance(config, Mapping):
         data = _plain(config)
     else:
@@ -325,12 +325,12 @@ def _omegaconf_plain(obj: Any) -> Any:
     return OmegaConf.to_container(obj, resolve=True)
 
 
-def _dataclass_to_dict(obj: Any) -> dict[str, Any]:
+def dataclass_to_dict(obj: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for f in dataclasses.fields(obj):
         v = getattr(obj, f.name)
         if dataclasses.is_dataclass(v) and not isinstance(v, type):
-            v = _dataclass_to_dict(v)
+            v = dataclass_to_dict(v)
         elif _is_omegaconf(v):
             v = _omegaconf_plain(v)
         out[f.name] = v
@@ -385,7 +385,7 @@ def _coerce(tp: Any, value: Any, key: str, source: str) -> Any:
         if value is None:  # e.g. AReaL's ``session_tracer: null``: the section's defaults (off)
             return tp()
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            value = _dataclass_to_dict(value)
+            value = dataclass_to_dict(value)
         if not isinstance(value, Mapping):
             raise _type_error(key, value, f"a mapping of {tp.__name__} keys", source)
         return _build(tp, value, prefix=key + ".", source=source)
@@ -496,7 +496,7 @@ def _env_overrides(env: Mapping[str, str]) -> list[tuple[tuple[str, ...], str]]:
 
 #: RLTRACE_* variables used by tools rather than the config (e.g. the test-suite)
 _ENV_IGNORED = {"RLTRACE_PERFETTO_CHECK", "RLTRACE_PARENT_CONFIG", "RLTRACE_PARENT_SECRETS",
-                "RLTRACE_PURE_PYTHON", "RLTRACE_AREAL_WHEEL"}
+                "RLTRACE_AREAL_WHEEL"}
 _ENV_WARNED: set[str] = set()
 
 
@@ -588,7 +588,7 @@ def log_dir(cfg: TracerConfig) -> Path:
 
 def redacted(cfg: TracerConfig) -> dict[str, Any]:
     """The config as a plain dict with secrets (OTLP headers) replaced by ``<redacted>``."""
-    data = _dataclass_to_dict(cfg)
+    data = dataclass_to_dict(cfg)
     for path in _SECRET_KEYS:
         node = data
         for p in path[:-1]:

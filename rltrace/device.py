@@ -32,8 +32,7 @@ from typing import Any
 from . import recorder
 from .recorder import Scope, attach, detach, internal_error, push
 
-__all__ = ["DeviceDefaults", "DeviceScope", "device_sync", "profile_steps", "profiler_dir",
-           "resolve_pending_events", "torch_profile"]
+__all__ = ["DeviceDefaults", "DeviceScope", "device_sync", "require", "resolve_pending_events"]
 
 ATTR_SYNC = "rl.device.sync"
 ATTR_SYNC_WAIT = "rl.device.sync_wait_s"
@@ -86,7 +85,7 @@ def sync_needed(mode: Any) -> bool:
     return bool(mode)
 
 
-def _require(framework: str) -> Any:
+def require(framework: str) -> Any:
     try:
         return __import__(framework)
     except ImportError:
@@ -106,12 +105,12 @@ def device_sync(mode: Any = True, outputs: Any = None) -> tuple[str, int]:
     t0 = recorder.now_ns()
     used = []
     if mode in (True, "torch"):
-        torch = _torch_cuda() if mode is True else _require("torch")
+        torch = _torch_cuda() if mode is True else require("torch")
         if torch is not None and (mode is True or torch.cuda.is_available()):
             torch.cuda.synchronize()
             used.append("torch.cuda")
     if mode in (True, "jax"):
-        jax = sys.modules.get("jax") if mode is True else _require("jax")
+        jax = sys.modules.get("jax") if mode is True else require("jax")
         if jax is not None:
             if outputs is not None:
                 jax.block_until_ready(outputs)
@@ -325,90 +324,3 @@ def resolve_pending_events(wait: bool = False) -> int:
 
 def pending_count() -> int:
     return len(_PENDING)
-
-
-# ---- torch.profiler over chosen steps -----------------------------------------------------------
-
-
-class profile_steps:
-    """Run ``torch.profiler`` over chosen training steps (AReaL's ``profile_steps``).
-
-    ``with prof.step(global_step): ...`` profiles that step when it is in ``steps`` and writes
-    its Chrome trace to ``{log_dir}/torch_profiler/step{n}-r{rank}.json``.  ``rltrace convert``
-    on the log dir merges those files with rltrace's own on one epoch clock (Kineto's
-    ``baseTimeNanoseconds``), as a separate process per rank named ``torch.profiler``.
-    """
-
-    def __init__(self, steps: Any, *, activities: Any = None, record_shapes: bool = False,
-                 out_dir: str | None = None) -> None:
-        self.steps = set(steps or ())
-        self.activities = activities
-        self.record_shapes = record_shapes
-        self.out_dir = out_dir
-        self.written: list[str] = []
-
-    def step(self, n: int) -> Any:
-        """A context manager for step ``n`` (profiling only if ``n`` was chosen)."""
-        import contextlib
-
-        if n not in self.steps:
-            return contextlib.nullcontext()
-        return self._profiled(n)
-
-    def _profiled(self, n: int) -> Any:
-        from pathlib import Path
-
-        from .pipeline import get_pipeline
-
-        p = get_pipeline()
-        out = Path(self.out_dir) if self.out_dir else profiler_dir()
-        rank = p.rank if p is not None else 0
-        role = f"{p.cfg.role}-" if p is not None and p.cfg.role else ""
-        path = out / f"{role}step{n}-r{rank}.json"
-        self.written.append(str(path))
-        return torch_profile(path, activities=self.activities, record_shapes=self.record_shapes)
-
-
-def profiler_dir() -> Any:
-    """Where torch.profiler traces go: ``{log_dir}/torch_profiler/`` (``rltrace convert`` on the
-    log dir merges them), or ``./torch_profiler`` when rltrace is not configured."""
-    from pathlib import Path
-
-    from .pipeline import get_pipeline
-
-    p = get_pipeline()
-    return p.log_dir / "torch_profiler" if p is not None else Path("torch_profiler")
-
-
-def torch_profile(path: Any, *, activities: Any = None, **profiler_args: Any) -> Any:
-    """A context manager running ``torch.profiler.profile`` and exporting its Chrome trace to ``path``.
-
-    ``activities`` default to the CPU, plus CUDA when a GPU is available; other keyword
-    arguments go to ``torch.profiler.profile`` (``record_shapes``, ``with_stack``,
-    ``profile_memory``, ...; AReaL's ``profiler_args``).  The trace keeps Kineto's
-    ``baseTimeNanoseconds``, so ``rltrace convert`` puts it on rltrace's epoch clock.
-    """
-    import contextlib
-    from pathlib import Path
-
-    torch = _require("torch")
-    from torch.profiler import ProfilerActivity, profile
-
-    acts = activities
-    if acts is None:
-        acts = [ProfilerActivity.CPU]
-        if torch.cuda.is_available():
-            acts.append(ProfilerActivity.CUDA)
-    target = Path(path)
-
-    @contextlib.contextmanager
-    def run() -> Any:
-        with profile(activities=acts, **profiler_args) as prof:
-            yield prof
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            prof.export_chrome_trace(str(target))
-        except Exception as exc:  # tracing never breaks training
-            internal_error(f"torch.profiler export to {target}", exc)
-
-    return run()

@@ -37,7 +37,7 @@ from typing import Any
 
 import orjson
 
-from . import sessions
+from .sessions import SessionRegistry
 
 __all__ = ["EDGES", "FORMAT", "LIST_CAP", "STEPS_KEPT", "LivePublisher", "bucket_upper"]
 
@@ -130,8 +130,11 @@ class LivePublisher:
 
     def __init__(self, path: Path, *, interval_s: float, session_processor: Any, rank: int,
                  world_size: int, role: str | None = None, host: str | None = None,
-                 experiment: str | None = None, trial: str | None = None) -> None:
+                 experiment: str | None = None, trial: str | None = None,
+                 registry: SessionRegistry) -> None:
         self.path = Path(path)
+        #: the registry whose open tasks and sessions are published
+        self.registry = registry
         self._dir_made = False
         self.interval_s = float(interval_s)
         self.sp = session_processor
@@ -284,7 +287,7 @@ class LivePublisher:
         return st
 
     def _open_state(self, now_ns: int) -> tuple[dict[str, Any], list[Any]]:
-        reg = sessions.REGISTRY.sessions
+        reg = self.registry.sessions
         sample: list[Any] = []
         oldest: list[Any] = []
         n = every = 1
@@ -330,7 +333,7 @@ class LivePublisher:
                 "phases": [p.name for p in phases],
                 "phase_age_s": round((now_ns - latest) / 1e9, 4) if latest is not None else None,
             })
-        doc = {"sessions": n, "tasks": len(sessions.REGISTRY.tasks),
+        doc = {"sessions": n, "tasks": len(self.registry.tasks),
                "between_phases": round((len(ops) - busy) * scale),
                "by_phase": {k: round(v * scale) for k, v in by_phase.items()}, "by_step": by_step,
                "sampled_every": every,

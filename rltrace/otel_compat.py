@@ -58,12 +58,9 @@ if isinstance(_runtime, ContextVarsRuntimeContext):
     _cv = _runtime._current_context
     ctx_get, ctx_set, ctx_reset = _cv.get, _cv.set, _cv.reset
     FAST_CONTEXT = True
-    #: that contextvar itself (rltrace's compiled hot path uses it), or None
-    CONTEXT_VAR: Any = _cv
 else:  # another runtime context (OTEL_PYTHON_CONTEXT): the public API
     ctx_get, ctx_set, ctx_reset = otel_context.get_current, otel_context.attach, otel_context.detach
     FAST_CONTEXT = False
-    CONTEXT_VAR = None
 
 
 def _probe_span_context_layout() -> Any:

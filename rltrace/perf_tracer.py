@@ -28,11 +28,9 @@ Names rltrace adds beyond AReaL (``trace_perf`` on generators, ``register_phase`
 
 from __future__ import annotations
 
-import contextvars
 import dataclasses
 import json
 import os
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -41,32 +39,29 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, ClassVar
 
-from . import pipeline as _pipeline
-from . import recorder as _recorder
-from . import sessions as _sessions
+from . import runtime as _runtime
 from .config import SessionTracerConfig
 from .config import TracerConfig as PerfTracerConfig
-from .device import profiler_dir, torch_profile
-from .phases import register_phase
-from .pipeline import flush, save, shutdown
-from .session_metrics import COUNTER_PREFIX
-from .sessions import (
+from .profiling import maybe_profiled, profile_path
+from .runtime import (
+    RUNTIME,
     atrace_session_phase,
-    get_session_id,
-    get_task_id,
+    flush,
+    register_phase,
     register_session,
     register_task,
+    save,
     session_context,
-    set_session_id,
-    set_task_id,
+    shutdown,
     trace_session,
     trace_session_phase,
 )
+from .session_metrics import COUNTER_PREFIX
+from .sessions import get_session_id, get_task_id, set_session_id, set_task_id
 from .spans import atrace_scope as _atrace_scope
 from .spans import instant as _instant
 from .spans import trace_perf
 from .spans import trace_scope as _trace_scope
-from .steps import current_step, enclosing_scope_args
 
 __all__ = [
     "GLOBAL_TRACER",
@@ -148,92 +143,6 @@ def _category(category: Any) -> Any:
 
 # ---- spans, with AReaL's per-scope torch.profiler ----------------------------------------------
 
-#: a torch.profiler session started by ``enable_profiler`` is running in this context
-_PROFILER_ACTIVE: contextvars.ContextVar[bool] = contextvars.ContextVar("rltrace_profiler_active",
-                                                                        default=False)
-_SAFE = re.compile(r"[^A-Za-z0-9_.]+")
-
-
-def _global_step(args: dict[str, Any] | None) -> Any:
-    """AReaL's step of a scope: its ``global_step`` arg, an enclosing scope's, or rltrace.step."""
-    if args and "global_step" in args:
-        return args["global_step"]
-    for a in enclosing_scope_args():
-        if "global_step" in a:
-            return a["global_step"]
-    return current_step()
-
-
-def _profile_steps() -> frozenset[int]:
-    cfg = _pipeline.get_config()
-    steps = cfg.profile_steps if cfg is not None and _pipeline.is_configured() else None
-    out: set[int] = set()
-    for raw in steps or ():
-        try:
-            out.add(int(raw))
-        except (TypeError, ValueError):
-            continue
-    return frozenset(out)
-
-
-def _profile_path(name: str, step: Any) -> Path:
-    p = _pipeline.get_pipeline()
-    rank = p.rank if p is not None else 0
-    role = f"{p.cfg.role}-" if p is not None and p.cfg.role else ""
-    stem = f"{role}step{step}-r{rank}-{_SAFE.sub('_', name)[:80] or 'scope'}"
-    path: Path = profiler_dir() / f"{stem}.json"
-    k = 2
-    while path.exists():
-        path = path.with_name(f"{stem}-{k}.json")
-        k += 1
-    return path
-
-
-class _ProfiledScope:
-    """``torch.profiler`` around one rltrace scope (entered first, left last, so it covers it)."""
-
-    __slots__ = ("_prof", "_token", "path", "scope")
-
-    def __init__(self, scope: Any, path: Path, profiler_args: dict[str, Any] | None) -> None:
-        kwargs = dict(profiler_args or {})
-        kwargs.setdefault("record_shapes", False)
-        kwargs.setdefault("with_stack", False)
-        self.scope = scope
-        self.path = path
-        self._prof = torch_profile(path, **kwargs)
-        self._token: Any = None
-
-    def __enter__(self) -> Any:
-        self._token = _PROFILER_ACTIVE.set(True)
-        self._prof.__enter__()
-        return self.scope.__enter__()
-
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        try:
-            self.scope.__exit__(exc_type, exc, tb)
-        finally:
-            try:
-                self._prof.__exit__(None, None, None)
-            finally:
-                _PROFILER_ACTIVE.reset(self._token)
-
-    async def __aenter__(self) -> Any:
-        return self.__enter__()
-
-    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        self.__exit__(exc_type, exc, tb)
-
-
-def _maybe_profiled(scope: Any, name: str, args: dict[str, Any] | None,
-                    profiler_args: dict[str, Any] | None) -> Any:
-    if not _recorder.STATE.enabled or _PROFILER_ACTIVE.get():
-        return scope
-    step = _global_step(args)
-    if step is None or step not in _profile_steps():
-        return scope
-    return _ProfiledScope(scope, _profile_path(name, step), profiler_args)
-
-
 def trace_scope(
     name: str, category: PerfTraceCategory | str | None = None, args: dict[str, Any] | None = None,
     *, enable_profiler: bool = False, profiler_args: dict[str, Any] | None = None,
@@ -252,7 +161,7 @@ def trace_scope(
     scope = _trace_scope(name, category, args, device_sync=device_sync,
                          device_timing=device_timing, annotate=annotate)
     if enable_profiler:
-        return _maybe_profiled(scope, name, args, profiler_args)
+        return maybe_profiled(scope, name, args, profiler_args)
     return scope
 
 
@@ -268,7 +177,7 @@ def atrace_scope(
     scope = _atrace_scope(name, category, args, device_sync=device_sync,
                           device_timing=device_timing, annotate=annotate)
     if enable_profiler:
-        return _maybe_profiled(scope, name, args, profiler_args)
+        return maybe_profiled(scope, name, args, profiler_args)
     return scope
 
 
@@ -303,16 +212,16 @@ def _event_method(event: SessionTraceEvent | str) -> str:
 def _counter_targets(session_id: Any, task_id: Any) -> list[Any]:
     """Open session records addressed as AReaL does (session, else all of a task; else context)."""
     if session_id is None and task_id is None:
-        session_id = _sessions.get_session_id()
+        session_id = get_session_id()
         if session_id is None:
-            task_id = _sessions.get_task_id()
+            task_id = get_task_id()
     if session_id is not None:
-        sess = _sessions.REGISTRY.session(session_id)
+        sess = RUNTIME.sessions.session(session_id)
         return [sess] if sess is not None else []
     if task_id is None:
         raise ValueError("rltrace increment_counter: no session_id or task_id given and none in "
                          "context; pass session_id= or task_id=")
-    return _sessions.REGISTRY.open_sessions(task_id)
+    return RUNTIME.sessions.open_sessions(task_id)
 
 
 def increment_counter(name: str, value: int | float = 1, *, session_id: Any = None,
@@ -328,7 +237,7 @@ def increment_counter(name: str, value: int | float = 1, *, session_id: Any = No
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"rltrace increment_counter: value must be a number, got "
                         f"{type(value).__name__} {value!r}")
-    reg = _sessions.REGISTRY
+    reg = RUNTIME.sessions
     if not reg.enabled:
         return 0
     key = COUNTER_PREFIX + name
@@ -356,7 +265,7 @@ def trace_session_event(method: str, session_id: Any = None, task_id: Any = None
                             "use name= and value=")
         increment_counter(name, value, session_id=session_id, task_id=task_id)
         return None
-    return _sessions.trace_session_event(method, session_id=session_id, task_id=task_id, **payload)
+    return _runtime.trace_session_event(method, session_id=session_id, task_id=task_id, **payload)
 
 
 # ---- AReaL's data structures ------------------------------------------------------------------
@@ -548,7 +457,7 @@ class SessionTracer:
 
     def get_session_ids(self, task_id: Any) -> list[Any]:
         """Ids of the task's sessions that are still open."""
-        return [s.session_id for s in _sessions.REGISTRY.open_sessions(task_id)]
+        return [s.session_id for s in RUNTIME.sessions.open_sessions(task_id)]
 
     def record_event(self, session_id: Any, event: SessionTraceEvent | str, **payload: Any) -> None:
         """Apply one lifecycle event (``FINALIZED`` takes ``status=`` and ``reason=``)."""
@@ -580,18 +489,18 @@ class PerfTracer:
                  **overrides: Any) -> None:
         if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
             raise ValueError(f"rank must be a non-negative integer, got {rank!r}")
-        cfg = _pipeline.configure(config, rank=rank, role=role, **overrides)
+        cfg = _runtime.configure(config, rank=rank, role=role, **overrides)
         self._bind(config, cfg)
 
     @classmethod
     def _of_current_pipeline(cls) -> PerfTracer:
         obj = cls.__new__(cls)
-        cfg = _pipeline.get_config()
+        cfg = RUNTIME.config
         obj._bind(cfg, cfg)  # type: ignore[arg-type]
         return obj
 
     def _bind(self, config: Any, cfg: PerfTracerConfig) -> None:
-        p = _pipeline.get_pipeline()
+        p = RUNTIME.pipeline
         self._config = config
         self._cfg = cfg
         self._pipeline = p
@@ -608,17 +517,17 @@ class PerfTracer:
                 output_path=str(p.sessions_path) if p.sessions_path else None)
 
     def _active(self) -> bool:
-        return self._pipeline is not None and _pipeline.get_pipeline() is self._pipeline
+        return self._pipeline is not None and RUNTIME.pipeline is self._pipeline
 
     @property
     def enabled(self) -> bool:
         """Whether spans are being recorded by this tracer's pipeline."""
-        return self._active() and _recorder.STATE.enabled
+        return self._active() and RUNTIME.state.enabled
 
     def set_enabled(self, flag: bool) -> None:
         """Pause (False) or resume (True) span recording; session tracing is unaffected."""
         if self._active():
-            _recorder.STATE.enabled = bool(flag) and self._cfg.enabled
+            RUNTIME.state.enabled = bool(flag) and self._cfg.enabled
 
     @property
     def session_tracer(self) -> SessionTracer | None:
@@ -675,7 +584,7 @@ class PerfTracer:
         doc = dict(profiler_traces)
         doc["baseTimeNanoseconds"] = epoch_start - int(min(ts) * 1000)
         step = (args or {}).get("global_step", "x")
-        path = _profile_path("merged", step)
+        path = profile_path("merged", step)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(doc, default=str))
         return path
@@ -704,7 +613,7 @@ def configure(config: Any = None, *, rank: int | None = None, role: str | None =
 
 def is_configured() -> bool:
     """True while a pipeline is configured (through this namespace or :func:`rltrace.configure`)."""
-    return _pipeline.is_configured()
+    return _runtime.is_configured()
 
 
 def get_tracer() -> PerfTracer:
@@ -712,14 +621,14 @@ def get_tracer() -> PerfTracer:
     tracer = GLOBAL_TRACER
     if tracer is not None and tracer._active():
         return tracer
-    if _pipeline.is_configured():
+    if _runtime.is_configured():
         return PerfTracer._of_current_pipeline()
     raise RuntimeError("PerfTracer is not configured. Call perf_tracer.configure(...) first.")
 
 
 def get_session_tracer() -> SessionTracer | None:
     """The session tracer of the configured tracer, or None (not configured or sessions off)."""
-    if not _pipeline.is_configured():
+    if not _runtime.is_configured():
         return None
     return get_tracer().session_tracer
 

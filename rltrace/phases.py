@@ -7,22 +7,13 @@ and gets its own ``<phase>_s`` field in every session record.
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 from dataclasses import dataclass
 
 from .checks import did_you_mean
 
-__all__ = [
-    "PHASES",
-    "PhaseRegistry",
-    "PhaseSpec",
-    "UnknownPhaseError",
-    "get_phase",
-    "phase_names",
-    "register_phase",
-]
+__all__ = ["BUILTIN", "PhaseRegistry", "PhaseSpec", "UnknownPhaseError"]
 
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 
@@ -59,8 +50,8 @@ BUILTIN = (
 class PhaseRegistry:
     """The registered phases: the built-ins, then yours in registration order.
 
-    One instance serves the process (:data:`PHASES`; the module functions are its methods);
-    tests build their own, or take a :meth:`snapshot` of it and :meth:`restore` it.
+    The runtime owns the process's one (``rltrace.runtime.RUNTIME.phases``; ``register_phase``
+    is its method); tests build their own, or take a :meth:`snapshot` of it and :meth:`restore` it.
     """
 
     def __init__(self, builtin: tuple[PhaseSpec, ...] = BUILTIN) -> None:
@@ -145,11 +136,3 @@ class PhaseRegistry:
         """In a forked child: a fresh lock (the parent's may have been held at the fork)."""
         self._lock = threading.Lock()
 
-
-#: the process's phase registry
-PHASES = PhaseRegistry()
-register_phase = PHASES.register
-get_phase = PHASES.get
-phase_names = PHASES.names
-custom_phase_names = PHASES.custom_names
-os.register_at_fork(after_in_child=PHASES.after_fork)

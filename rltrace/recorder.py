@@ -32,17 +32,13 @@ from opentelemetry.trace import (
 )
 from opentelemetry.trace.status import Status, StatusCode
 
-from rltrace.exporters.values import pure_python
-
+from .otel_compat import SPAN_KEY as _SPAN_KEY
 from .otel_compat import (
-    CONTEXT_VAR,
-    SPAN_CONTEXT_TRACE_STATE,
     ctx_get,
     ctx_reset,
     ctx_set,
     new_span_context,
 )
-from .otel_compat import SPAN_KEY as _SPAN_KEY
 from .semconv import ATTR_STEP
 
 logger = logging.getLogger("rltrace")
@@ -53,7 +49,6 @@ logger = logging.getLogger("rltrace")
 now_ns = time.time_ns
 _rng = random.Random()  # our own generator: a user's random.seed() must not make ids collide
 rand_bits = _rng.getrandbits
-os.register_at_fork(after_in_child=lambda: _rng.seed())
 
 
 DEFAULT_CLOCK = now_ns
@@ -100,11 +95,30 @@ _dict_set = dict.__setitem__
 # ---- shared recorder state ------------------------------------------------------------------
 
 
+class SpanApiStats:
+    """Counters of OTel ``Span`` API use that rltrace refused (and the event bound it applies)."""
+
+    __slots__ = ("dropped_events", "max_events", "writes_after_end")
+
+    def __init__(self) -> None:
+        self.writes_after_end = 0
+        self.dropped_events = 0
+        #: ``add_event`` calls kept per span (``SpanLimits().max_events``: 128, or
+        #: ``OTEL_SPAN_EVENT_COUNT_LIMIT``); rltrace's own ``instant()``s are not counted
+        self.max_events = 128
+
+    def snapshot(self) -> dict[str, int]:
+        return {"writes_after_end": self.writes_after_end, "dropped_events": self.dropped_events,
+                "max_events": self.max_events}
+
+
+
+
 class RecorderState:
     """Mutable state shared by the hot path and the exporter thread."""
 
     __slots__ = ("buffer", "cap", "device", "dropped", "enabled", "help", "help_at", "on_start",
-                 "overflow", "pid", "sampling", "wake", "wake_at")
+                 "overflow", "pid", "sampling", "span_api", "wake", "wake_at")
 
     def __init__(self) -> None:
         self.enabled = False
@@ -130,6 +144,8 @@ class RecorderState:
         #: the configured pipeline's config-wide device options
         #: (:class:`rltrace.device.DeviceDefaults`), or None when it has none
         self.device: Any = None
+        #: what the OTel ``Span`` API of rltrace's records refused, and its event bound
+        self.span_api = SpanApiStats()
 
 
 def _noop() -> None:
@@ -220,29 +236,26 @@ def _release_lane(thread: int, lane: int) -> None:
         heappush(pool[0], lane)
 
 
-def _reset_after_fork() -> None:
+def after_fork_in_child(state: RecorderState) -> None:
+    """In a forked child (the runtime's fork hook): fresh ids (a generator of its own, never
+    the parent's sequence), a fresh id lock (another thread may have held it at the fork), no
+    lanes, and ``state`` emptied (the parent exports what it recorded; never twice)."""
     global _ID_LOCK
+    _rng.seed()
     _ID_LOCK = threading.RLock()
     _LANES.clear()
-    STATE.pid = os.getpid()
-
-
-os.register_at_fork(after_in_child=_reset_after_fork)
+    state.pid = os.getpid()
+    state.buffer = deque()
 
 
 # ---- the scope record ----------------------------------------------------------------------
 
 
-_S = TypeVar("_S", bound="_PyScopeCore")
+_S = TypeVar("_S", bound="ScopeCore")
 
 
-class _PyScopeCore:
-    """A scope record's fields and hot methods, in Python.
-
-    ``rltrace._scope_accel.ScopeCore`` is the same class compiled (built by ``pip install``
-    where a C compiler is at hand): :class:`Scope` derives from that one when it is built,
-    unless ``RLTRACE_PURE_PYTHON=1``, and from this one otherwise.  Keep the two in step.
-    """
+class ScopeCore:
+    """A scope record's fields and hot methods; :class:`Scope` adds OTel's ``Span`` API."""
 
     __slots__ = (
         "_sc",
@@ -289,7 +302,7 @@ class _PyScopeCore:
         self.extra = None
         # ``_token`` and ``_sc`` stay unset until needed (two stores fewer on the hot path)
 
-    # -- lifecycle (the hot path: kept inline on purpose; _scope_accel.c mirrors it) ------
+    # -- lifecycle (the hot path: lane acquisition kept inline on purpose) ---------------
     def __enter__(self: _S) -> _S:
         try:
             ctx = _ctx_get()
@@ -305,7 +318,7 @@ class _PyScopeCore:
                 else:
                     self.lane = _acquire_lane(thread)
                 self.owns_lane = True
-            elif isinstance(parent, _PyScopeCore):
+            elif isinstance(parent, RecordBase):
                 self.parent = parent
                 if parent.thread == thread and parent.task is task:
                     self.lane = parent.lane
@@ -424,36 +437,7 @@ class _PyScopeCore:
         return sc
 
 
-def _load_accel() -> Any:
-    """The compiled hot path (``rltrace._scope_accel``, configured), or None: not built,
-    another OTel runtime context than the contextvar one, or ``RLTRACE_PURE_PYTHON=1``."""
-    if pure_python() or CONTEXT_VAR is None:
-        return None
-    try:
-        from . import _scope_accel  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    _scope_accel.configure(
-        contextvar=CONTEXT_VAR, span_key=_SPAN_KEY, context_type=Context, state=STATE,
-        lanes=_LANES, heappop=heappop, heappush=heappush, get_running_loop=_get_running_loop,
-        current_task=_current_task, globals=globals(), call_on_start=_call_on_start,
-        past_wake=_past_wake, internal_error=internal_error, span_context_type=SpanContext,
-        sampled=_SAMPLED, span_context_py=_PyScopeCore.get_span_context,
-        trace_state=SPAN_CONTEXT_TRACE_STATE)
-    return _scope_accel
-
-
-#: ``rltrace._scope_accel`` when the hot path runs compiled, else None
-SCOPE_ACCEL = _load_accel()
-if TYPE_CHECKING:
-    _Core = _PyScopeCore
-else:
-    _Core = _PyScopeCore if SCOPE_ACCEL is None else SCOPE_ACCEL.ScopeCore
-#: whether the scope hot path runs compiled in this process (``rltrace.diagnostics()``)
-ACCELERATED = _Core is not _PyScopeCore
-
-
-class Scope(_Core, Span):
+class Scope(ScopeCore, Span):
     """A traced region: the context manager returned by ``trace_scope`` and the span record.
 
     It is a real :class:`opentelemetry.trace.Span` while open (other instrumentation can read
@@ -465,7 +449,7 @@ class Scope(_Core, Span):
     ``status`` and ``instant``.
     """
 
-    __slots__ = ()  # the fields are the core's
+    __slots__ = ()  # the fields are ScopeCore's
     #: the record keeps attributes in slots of its own (sessions, tasks, phases) and builds
     #: them in :meth:`record_attrs`; a plain scope's are all in ``extra``
     slot_attrs = False
@@ -561,8 +545,9 @@ class Scope(_Core, Span):
             return
         extra = self.extra
         events = extra.get("events") if extra is not None else None
-        if events is not None and len(events) >= SPAN_API.max_events:
-            SPAN_API.dropped_events += 1  # bounded memory: the span limits' event count
+        span_api = STATE.span_api
+        if events is not None and len(events) >= span_api.max_events:
+            span_api.dropped_events += 1  # bounded memory: the span limits' event count
             return
         self._event(name, timestamp if timestamp is not None else now_ns(),
                     dict(attributes) if attributes else None, None)
@@ -601,38 +586,21 @@ class Scope(_Core, Span):
         return f"<rltrace scope {self.name!r}>"
 
 
+
+
 #: the class every rltrace record derives from.  ``Scope`` adds OTel's ``Span``, an ABC, so
 #: ``isinstance(x, Scope)`` runs ``ABCMeta.__instancecheck__``; ``isinstance(x, RecordBase)`` is
 #: a plain type check with the same answer (nothing derives from the core but ``Scope``)
 if TYPE_CHECKING:
     RecordBase = Scope
 else:
-    RecordBase = _Core
-
-
-class SpanApiStats:
-    """Counters of OTel ``Span`` API use that rltrace refused (and the event bound it applies)."""
-
-    __slots__ = ("dropped_events", "max_events", "writes_after_end")
-
-    def __init__(self) -> None:
-        self.writes_after_end = 0
-        self.dropped_events = 0
-        #: ``add_event`` calls kept per span (``SpanLimits().max_events``: 128, or
-        #: ``OTEL_SPAN_EVENT_COUNT_LIMIT``); rltrace's own ``instant()``s are not counted
-        self.max_events = 128
-
-    def snapshot(self) -> dict[str, int]:
-        return {"writes_after_end": self.writes_after_end, "dropped_events": self.dropped_events,
-                "max_events": self.max_events}
-
-
-SPAN_API = SpanApiStats()
+    RecordBase = ScopeCore
 
 
 def _after_end(span: Scope, method: str) -> None:
-    SPAN_API.writes_after_end += 1
-    if SPAN_API.writes_after_end == 1:
+    span_api = STATE.span_api
+    span_api.writes_after_end += 1
+    if span_api.writes_after_end == 1:
         logger.warning("rltrace: %s on span %r after it ended is ignored (as the OTel SDK does); "
                        "further ones are counted in rltrace.diagnostics()['span_api']",
                        method, span.name)

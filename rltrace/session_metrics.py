@@ -18,18 +18,12 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from operator import itemgetter
-from types import MethodType
 from typing import Any
 
-import orjson
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 
-from rltrace.exporters.sessions import SessionRecordWriter
-from rltrace.exporters.values import dumps_line
-
-from . import recorder
-from .phases import BUILTIN, custom_phase_names
+from .phases import BUILTIN, PhaseRegistry
 from .recorder import RecordBase
 from .semconv import (
     ATTR_INTERRUPTED,
@@ -57,7 +51,7 @@ def build_record(attrs: Mapping[str, Any], start: int, end: int, trace_id: int,
                  custom: tuple[str, ...], counters_possible: bool = True) -> dict[str, Any]:
     """One session's record (AReaL's fields in AReaL's order, then rltrace's): its span's
     attributes and times, and its phase executions ``(start, end, turn, interrupted)`` by
-    phase.  ``rltrace._scope_accel.session_record`` builds the same dict, compiled."""
+    phase."""
     status = attrs.get(ATTR_STATUS, "pending")
     totals: dict[str, float] = {}
     out_phases: dict[str, list[dict[str, Any]]] = {}
@@ -112,45 +106,16 @@ def build_record(attrs: Mapping[str, Any], start: int, end: int, trace_id: int,
     return record
 
 
-def _load_build(accel: Any = None) -> Any:
-    """The compiled :func:`build_record` (``rltrace._scope_accel.session_record``) of ``accel``
-    (default: the one in use), or None."""
-    accel = accel or recorder.SCOPE_ACCEL
-    if accel is None:
-        return None
-    accel.configure_sessions(_BUILTIN_SET, COUNTER_PREFIX, ATTR_STATUS, ATTR_TASK, ATTR_SESSION,
-                             ATTR_REASON, ATTR_STEP, _EXEC_TIMES)
-    return accel.session_record
-
-
-_BUILD = _load_build()
-
-
-def _load_observe(accel: Any = None) -> Any:
-    """The compiled ``on_record`` (``rltrace._scope_accel.observe_record``, called with the
-    processor and the record) of ``accel`` (default: the one in use), or None."""
-    accel = accel or recorder.SCOPE_ACCEL
-    if accel is None:
-        return None
-    accel.configure_observe(SESSION_SPAN, ATTR_PHASE, ATTR_TURN, ATTR_INTERRUPTED,
-                            SessionMetricsProcessor.on_record)
-    # a session record's end (``_session_ended``), compiled for this class (not subclasses)
-    accel.configure_session_ended(SessionMetricsProcessor, build_record, custom_phase_names,
-                                  _NO_PHASES, _DONE_GEN, SessionRecordWriter, orjson.dumps,
-                                  dumps_line)
-    return accel.observe_record
-
-
 class SessionMetricsProcessor(SpanProcessor):
     """Builds one record per finished session; writes it and records OTel metrics."""
 
-    # its state in slots: the compiled path (``_scope_accel``) reads them at fixed offsets
-    __slots__ = ("_acc", "_aggregates", "_done", "_metrics", "_phase_keys", "late_phases",
-                 "listeners", "max_open", "orphaned", "rank", "role", "sessions", "writer")
-
     def __init__(self, writer: Any = None, *, rank: int = 0, meter: Any = None,
-                 max_open: int = 65_536, role: str | None = None, aggregates: Any = None) -> None:
+                 max_open: int = 65_536, role: str | None = None, aggregates: Any = None,
+                 phases: PhaseRegistry | None = None) -> None:
         self.writer = writer
+        #: the registered phases: each custom one gets its ``<phase>_s`` field in every record
+        #: (None: those the record's phases show)
+        self.phases = phases
         self.rank = rank
         #: AReaL's ``role`` field, written after ``rank`` when set
         self.role = role
@@ -170,9 +135,6 @@ class SessionMetricsProcessor(SpanProcessor):
         self.listeners: list[Callable[[dict[str, Any]], None]] = []
         #: phase name -> (its ``rl.session.<phase>_s`` attribute, its record field)
         self._phase_keys: dict[str, tuple[str, str]] = {}
-        if _OBSERVE is not None and type(self).on_record is SessionMetricsProcessor.on_record:
-            # compiled: the same steps without a Python frame per record
-            self.on_record = MethodType(_OBSERVE, self)  # type: ignore[method-assign]
         #: :class:`rltrace.metrics_agg.SessionAggregates`: the metrics aggregated in place for
         #: the pipeline's readers (``meter`` records through the SDK one measurement at a time)
         self._aggregates = aggregates
@@ -211,8 +173,7 @@ class SessionMetricsProcessor(SpanProcessor):
 
     # -- rltrace records ---------------------------------------------------------------------
     def on_record(self, rec: Any) -> None:
-        """Fast path for rltrace's recorded scopes (no ``ReadableSpan`` needed;
-        ``_scope_accel.observe_record`` mirrors it, compiled, and replaces it per instance)."""
+        """Fast path for rltrace's recorded scopes (no ``ReadableSpan`` needed)."""
         if rec.extra is None and not rec.slot_attrs:
             return  # a plain scope without attributes: the common case
         attrs = rec.record_attrs()
@@ -241,19 +202,16 @@ class SessionMetricsProcessor(SpanProcessor):
     def _session_ended(self, attrs: Mapping[str, Any], start: int, end: int, span: Any,
                        writable: dict[str, Any] | None) -> None:
         """A session's span ended: its record, from the phases held for it, written and
-        aggregated (and its figures added to ``writable``: an rltrace record's attributes).
-        ``_scope_accel.observe_record`` runs it compiled for rltrace's records."""
+        aggregated (and its figures added to ``writable``: an rltrace record's attributes)."""
         sid = attrs[ATTR_SESSION]
         phases = self._acc.pop(sid, _NO_PHASES)
         # the trace id: an rltrace session's is its task's (no ids of its own are drawn for
         # it); an rltrace record keeps user-set attributes (counters among them) in ``extra``
         parent = span.parent if writable is not None else None
         ids = parent if isinstance(parent, RecordBase) else span
-        args = (attrs, start, end, ids.get_span_context()[0], phases, self.rank, self.role,
-                custom_phase_names(), writable is None or span.extra is not None)
-        record = None if _BUILD is None else _BUILD(*args)
-        if record is None:  # not compiled, or off its common path
-            record = build_record(*args)
+        record = build_record(attrs, start, end, ids.get_span_context()[0], phases, self.rank,
+                              self.role, () if self.phases is None else self.phases.custom_names(),
+                              writable is None or span.extra is not None)
         if self._aggregates is not None:
             self._aggregates.record(record["status"], record["total_s"], phases)
         elif self._metrics is not None:
@@ -316,4 +274,3 @@ class SessionMetricsProcessor(SpanProcessor):
                 h_phase.record((e - s) / 1e9, {ATTR_PHASE: p, ATTR_STATUS: status})
 
 
-_OBSERVE = _load_observe()

@@ -10,7 +10,7 @@ import functools
 import inspect
 from collections.abc import Callable
 from enum import Enum
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import Any, TypeVar, overload
 
 from . import recorder
 from .checks import check_scope_args
@@ -105,15 +105,6 @@ def atrace_scope(
     if state.device is not None or device_sync or device_timing or annotate:
         return _device_scope(name, category, args, device_sync, device_timing, annotate)
     return Scope(name, category, dict(args) if args else None)
-
-
-if recorder.SCOPE_ACCEL is not None and not TYPE_CHECKING:
-    # the same functions, their common call compiled (str name, dict or no args, no keywords);
-    # every other call, and the name, docstring and signature, are the functions' above
-    trace_scope = functools.update_wrapper(
-        recorder.SCOPE_ACCEL.ScopeFactory(trace_scope, Scope, NOOP), trace_scope)
-    atrace_scope = functools.update_wrapper(
-        recorder.SCOPE_ACCEL.ScopeFactory(atrace_scope, Scope, NOOP), atrace_scope)
 
 
 def instant(

@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import os
 import random
 import threading
 import time
@@ -149,11 +148,10 @@ def _q(sorted_values: list[int], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
-def _reset_after_fork() -> None:
+def reset_after_fork() -> None:
+    """In a forked child (the runtime's fork hook): fresh locks for the counters."""
     global _COUNTERS_LOCK
     _COUNTERS_LOCK = threading.Lock()
     for c in list(_COUNTERS.values()):
         c._lock = threading.Lock()
 
-
-os.register_at_fork(after_in_child=_reset_after_fork)

@@ -26,7 +26,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, otel_prefix: str = "OTEL_EXPORTER
     ``otel_prefix`` for one test, so none of them leaks into what it configures."""
     for k in list(os.environ):
         if (k in ("RANK", "WORLD_SIZE") or k.startswith((otel_prefix, "RLTRACE_"))) and \
-                k not in ("RLTRACE_PERFETTO_CHECK", "RLTRACE_PURE_PYTHON"):
+                k != "RLTRACE_PERFETTO_CHECK":
             monkeypatch.delenv(k, raising=False)
 
 

@@ -20,7 +20,7 @@ import pytest
 from conftest import perfetto_check
 
 import rltrace
-from rltrace.convert import convert
+from rltrace.cli.convert import convert
 
 N_TASKS = 5
 N_THREADS = 2

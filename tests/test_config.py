@@ -18,7 +18,7 @@ from conftest import clean_env
 
 import rltrace
 from rltrace.config import load_config
-from rltrace.pipeline import get_pipeline
+from rltrace.runtime import get_pipeline
 from rltrace.testing import read_jsonl
 
 SECRET = "Bearer sup3r-s3cret-t0ken"

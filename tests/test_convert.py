@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 import rltrace
-from rltrace.convert import ConvertError, convert
+from rltrace.cli.convert import ConvertError, convert
 
 
 def _x(pid: int, tid: int, ts: int, name: str) -> bytes:
@@ -248,7 +248,7 @@ def test_kineto_events_shifted_onto_the_epoch_keep_their_nesting_exactly(tmp_pat
     it (``slice_drop_overlapping_complete_event``, seen as a flaky torch.profiler test)."""
     import orjson
 
-    from rltrace.convert import convert
+    from rltrace.cli.convert import convert
 
     base = 1_795_469_024_000_000_000
     parent = {"ph": "X", "name": "parent", "pid": 1, "tid": 1, "ts": 943236.087, "dur": 10.0}

@@ -16,7 +16,7 @@ import pytest
 from conftest import perfetto_check
 
 import rltrace
-from rltrace.convert import convert
+from rltrace.cli.convert import convert
 from rltrace.testing import capture_spans, read_jsonl
 
 jax = pytest.importorskip("jax", reason="jax is not installed (pip install jax)")

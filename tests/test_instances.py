@@ -1,6 +1,7 @@
-"""State in instances: the session registry, the phase registry, the device defaults and the
-pipeline belong to objects (``SessionRegistry``, ``PhaseRegistry``, ``Tracing``), and the module
-functions are bound to the process's instances.
+"""State in instances: the recorder state, the session registry, the phase registry, the device
+defaults and the pipeline belong to the runtime (``Runtime``, which owns ``RecorderState``,
+``SessionRegistry``, ``PhaseRegistry`` and the ``Pipeline``), and the module functions are bound to
+the process's runtime and its registries.
 
 Tests here build their own registries instead of patching module globals, and check that what
 ``configure`` sets lives on the instances it made (a test that patched a module global would not
@@ -15,8 +16,8 @@ from typing import Any
 import pytest
 
 import rltrace
-from rltrace import device, pipeline, sessions
-from rltrace.phases import PHASES, PhaseRegistry, UnknownPhaseError
+from rltrace import device, runtime
+from rltrace.phases import PhaseRegistry, UnknownPhaseError
 from rltrace.recorder import STATE, Scope
 from rltrace.sessions import SessionRegistry
 from rltrace.testing import capture_spans, read_jsonl
@@ -29,20 +30,28 @@ def _records(cap: Any) -> dict[Any, dict[str, Any]]:
 
 
 def test_module_functions_are_bound_to_the_process_instances() -> None:
-    assert rltrace.register_session.__self__ is sessions.REGISTRY  # type: ignore[attr-defined]
-    assert rltrace.trace_session_phase.__self__ is sessions.REGISTRY  # type: ignore[attr-defined]
-    assert rltrace.configure.__self__ is pipeline.TRACING  # type: ignore[attr-defined]
-    assert rltrace.flush.__self__ is pipeline.TRACING  # type: ignore[attr-defined]
-    assert rltrace.register_phase.__self__ is PHASES  # type: ignore[attr-defined]
-    assert pipeline.TRACING.sessions is sessions.REGISTRY and sessions.REGISTRY.phases is PHASES
+    assert rltrace.register_session.__self__ is runtime.RUNTIME.sessions  # type: ignore[attr-defined]
+    assert rltrace.trace_session_phase.__self__ is runtime.RUNTIME.sessions  # type: ignore[attr-defined]
+    assert rltrace.configure.__self__ is runtime.RUNTIME  # type: ignore[attr-defined]
+    assert rltrace.flush.__self__ is runtime.RUNTIME  # type: ignore[attr-defined]
+    assert rltrace.register_phase.__self__ is runtime.RUNTIME.phases  # type: ignore[attr-defined]
+    assert runtime.RUNTIME.sessions.phases is runtime.RUNTIME.phases
+    assert runtime.RUNTIME.state is STATE  # the one state the hot path reads
+
+
+def test_a_runtime_of_its_own_owns_a_state_and_registries_of_its_own() -> None:
+    mine = runtime.Runtime()
+    assert mine.state is not STATE and mine.sessions is not runtime.RUNTIME.sessions
+    assert mine.phases is mine.sessions.phases and mine.phases is not runtime.RUNTIME.phases
+    assert mine.pipeline is None and mine.diagnostics() == {"queued": 0, "dropped": 0}
 
 
 def test_configure_switches_the_instances_it_owns_and_shutdown_switches_them_off(tmp_path: Path) -> None:
-    tracing = pipeline.TRACING
+    tracing = runtime.RUNTIME
     with capture_spans(tmp_path, session_tracer={"enabled": True},
                        device={"annotate": False, "sync_categories": ["comm"]}):
         p = tracing.pipeline
-        assert p is not None and rltrace.pipeline.get_pipeline() is p
+        assert p is not None and rltrace.runtime.get_pipeline() is p
         assert tracing.config is rltrace.get_config()
         assert tracing.sessions.enabled is True
         assert p.registry is tracing.sessions
@@ -68,19 +77,20 @@ def test_a_registry_of_its_own_records_through_the_pipeline_and_keeps_its_own_st
     assert reg.open_counts() == {"open_tasks": 0, "open_sessions": 0}
     with capture_spans(tmp_path, session_tracer={"enabled": True}) as cap:
         reg.enabled = True
-        before = dict(sessions.REGISTRY.misuse)
+        before = dict(runtime.RUNTIME.sessions.misuse)
         tid = reg.register_task()
         sid = reg.register_session(tid)
         assert sid != sid0
         assert reg.open_counts() == {"open_tasks": 1, "open_sessions": 1}
-        assert sessions.REGISTRY.session(sid) is None  # the process's registry knows nothing
+        assert runtime.RUNTIME.sessions.session(sid) is None  # the process's registry knows nothing
         with reg.trace_session_phase("judge", session_id=sid):
             pass
         # "judge" is this registry's phase only
         with pytest.raises(UnknownPhaseError):
             rltrace.trace_session_phase("judge", session_id=sid)
         rltrace.trace_session_event("mark_finalized", session_id=sid, status="accepted")
-        assert sessions.REGISTRY.misuse.get("unknown_session", 0) == before.get("unknown_session", 0) + 1
+        misused = runtime.RUNTIME.sessions.misuse.get("unknown_session", 0)
+        assert misused == before.get("unknown_session", 0) + 1
         reg.trace_session_event("mark_finalized", session_id=sid, status="accepted")
         reg.trace_session_event("mark_finalized", session_id=sid, status="accepted")  # again
         assert reg.misuse == {"unknown_session": 1}
@@ -99,7 +109,7 @@ def test_close_all_finalizes_only_its_own_registry(tmp_path: Path) -> None:
         mine = reg.register_session()
         theirs = rltrace.register_session()
         assert reg.close_all(reason="test") == 1
-        assert sessions.REGISTRY.session(theirs) is not None
+        assert runtime.RUNTIME.sessions.session(theirs) is not None
         rltrace.trace_session_event("mark_finalized", session_id=theirs, status="rejected")
         recs = _records(cap)
         reg.enabled = False

@@ -19,7 +19,7 @@ import pytest
 import rltrace
 from rltrace import live as live_mod
 from rltrace.config import ConfigError, current_user
-from rltrace.pipeline import get_pipeline
+from rltrace.runtime import get_pipeline
 
 HELPERS = Path(__file__).resolve().parent / "helpers"
 sys.path.insert(0, str(HELPERS))

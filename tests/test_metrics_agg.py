@@ -127,7 +127,7 @@ def test_a_pipeline_with_otlp_aggregates_and_a_reader_sees_the_same_as_before(tm
     rltrace.configure(fileroot=str(tmp_path), session_tracer={"enabled": True},
                       metric_readers=[reader], flush_at_exit=False)
     try:
-        p = rltrace.pipeline.get_pipeline()
+        p = rltrace.runtime.get_pipeline()
         assert p is not None and p.session_processor is not None
         assert p.session_processor._aggregates is not None  # the in-place path is the one used
         for i in range(5):

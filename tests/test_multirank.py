@@ -15,8 +15,8 @@ import orjson
 import pytest
 from conftest import perfetto_check
 
+from rltrace.cli.convert import convert
 from rltrace.config import TracerConfig, current_user, log_dir
-from rltrace.convert import convert
 from rltrace.testing import read_jsonl
 
 WORKER = Path(__file__).with_name("helpers") / "rank_worker.py"

@@ -82,7 +82,7 @@ def test_export_runs_with_instrumentation_suppressed(tmp_path: Path) -> None:
         rltrace.flush()
     finally:
         rltrace.shutdown()
-        rltrace.pipeline.remove_span_processor(processor)
+        rltrace.runtime.remove_span_processor(processor)
     assert exporter.suppressed and all(exporter.suppressed)
 
 
@@ -94,7 +94,7 @@ def test_the_sdk_otlp_exporters_take_requests_rltrace_encoded_itself() -> None:
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as Http
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-    from rltrace.otlp_receiver import OTLPReceiver
+    from rltrace.testing.otlp_receiver import OTLPReceiver
 
     with OTLPReceiver() as rx:
         for base, endpoint in ((Grpc, rx.grpc_endpoint), (Http, rx.http_endpoint + "/v1/traces")):

@@ -157,7 +157,7 @@ def test_on_start_of_a_users_processor_runs_as_rltrace_spans_start(tmp_path: Pat
             for name in names:  # what on_start set is on the exported span
                 assert dict(cap.one(name).attributes)["tagged.on_start"] is True
         finally:
-            rltrace.pipeline.remove_span_processor(proc)
+            rltrace.runtime.remove_span_processor(proc)
         with rltrace.trace_scope("after"):
             pass
         assert len(proc.started) == 5  # removed: no longer called
@@ -174,7 +174,7 @@ def test_a_failing_on_start_is_logged_and_the_span_still_recorded(
             rltrace.flush()
             assert cap.one("kept").name == "kept"
         finally:
-            rltrace.pipeline.remove_span_processor(proc)
+            rltrace.runtime.remove_span_processor(proc)
     assert [n for n, _, _ in proc.started] == ["kept"]
     assert any("on_start" in r.getMessage() for r in caplog.records)
 
@@ -182,7 +182,7 @@ def test_a_failing_on_start_is_logged_and_the_span_still_recorded(
 def test_span_limits_from_the_config_win_over_the_env_and_reach_otlp(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "50")
-    from rltrace.otlp_receiver import OTLPReceiver
+    from rltrace.testing.otlp_receiver import OTLPReceiver
 
     with OTLPReceiver() as rx, capture_spans(
             tmp_path, span_limits={"attribute_count": 6, "attribute_value_length": 4,

@@ -1,6 +1,6 @@
 """rltrace over OTLP (gRPC and HTTP) to a real in-process OTLP receiver.
 
-The receiver (:mod:`rltrace.otlp_receiver`) decodes what arrives on the wire, so these tests see
+The receiver (:mod:`rltrace.testing.otlp_receiver`) decodes what arrives on the wire, so these tests see
 exactly what a collector would: resource attributes, span tree and links, metrics, headers,
 compression, and what happens when the backend is down and comes back.
 """
@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 import rltrace
-from rltrace import pipeline
-from rltrace.otlp_receiver import OTLPReceiver
+from rltrace import pipeline, runtime
+from rltrace.testing.otlp_receiver import OTLPReceiver
 
 PROTOCOLS = ["grpc", "http/protobuf"]
 
@@ -204,7 +204,7 @@ def test_backend_down_costs_no_step_time_counts_losses_and_export_resumes_when_i
                                 "protocol": "http/protobuf", "timeout_s": 1.0})
         down = _steps(40)  # nothing may raise
         rltrace.flush()
-        p = pipeline.get_pipeline()
+        p = runtime.get_pipeline()
         assert p is not None and p.otlp is not None
         p.otlp.force_flush(3000)
         stats = rltrace.diagnostics()["otlp"]

@@ -24,11 +24,11 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.sdk.trace import TracerProvider
 
 import rltrace
-from rltrace import pipeline
+from rltrace import runtime
 from rltrace.otlp_encode import RecordEncoder
-from rltrace.otlp_receiver import OTLPReceiver
 from rltrace.recorder import STATE
 from rltrace.semconv import ATTR_STATUS
+from rltrace.testing.otlp_receiver import OTLPReceiver
 
 
 @pytest.fixture
@@ -43,7 +43,7 @@ def records(tmp_path: Path) -> Iterator[None]:
 
 def _take() -> tuple[list[Any], Any]:
     """The buffered records, passed through the record processors as the exporter cycle does."""
-    p = pipeline.get_pipeline()
+    p = runtime.get_pipeline()
     assert p is not None
     recs = list(STATE.buffer)
     STATE.buffer.clear()
@@ -244,7 +244,7 @@ def test_records_reach_a_real_receiver_encoded_directly(tmp_path: Path, protocol
                     pass
                 one_session()
             rltrace.flush()
-            p = pipeline.get_pipeline()
+            p = runtime.get_pipeline()
             assert p is not None and p.otlp is not None and p.otlp.force_flush(10_000)
             stats = rltrace.diagnostics()["otlp"]
         finally:

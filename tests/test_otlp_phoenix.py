@@ -226,7 +226,7 @@ def ts(span: dict[str, Any], key: str) -> datetime:
 def otlp_stats() -> dict[str, Any]:
     """Flush rltrace and its asynchronous OTLP sender; return ``diagnostics()["otlp"]``."""
     rltrace.flush()
-    pipe = rltrace.pipeline.get_pipeline()
+    pipe = rltrace.runtime.get_pipeline()
     assert pipe is not None and pipe.otlp is not None, "no OTLP processor configured"
     assert pipe.otlp.force_flush(10_000), "OTLP sender did not drain in 10 s"
     return rltrace.diagnostics()["otlp"]

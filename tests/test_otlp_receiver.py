@@ -1,4 +1,4 @@
-"""rltrace.otlp_receiver against the real OTel SDK exporters, over real gRPC and HTTP sockets.
+"""rltrace.testing.otlp_receiver against the real OTel SDK exporters, over real gRPC and HTTP sockets.
 
 Plain SDK providers and OTLP exporters (no rltrace pipeline): what the exporters put on the wire
 must come back decoded - ids, attribute types, resource, headers, compression, metrics - and the
@@ -30,7 +30,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, Sp
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
-from rltrace.otlp_receiver import OTLPReceiver
+from rltrace.testing.otlp_receiver import OTLPReceiver
 
 PROTOCOLS = ["grpc", "http"]
 _GRPC_COMPRESSION = {None: grpc.Compression.NoCompression, "gzip": grpc.Compression.Gzip,

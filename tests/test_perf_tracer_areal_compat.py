@@ -20,7 +20,7 @@ import pytest
 
 import rltrace
 from rltrace import perf_tracer
-from rltrace.convert import convert
+from rltrace.cli.convert import convert
 from rltrace.perf_tracer import Category, SessionTraceEvent
 from tests.helpers import areal_wheel
 

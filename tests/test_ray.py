@@ -95,7 +95,7 @@ def test_ray_get_links_each_producing_call_once_and_no_more_than_the_link_limit(
     from opentelemetry.trace import SpanContext, TraceFlags
 
     import rltrace
-    from rltrace.ray_links import Submissions
+    from rltrace.ray.links import Submissions
 
     rltrace.configure(fileroot=str(tmp_path), exporters={"chrome": False})
     subs = Submissions()

@@ -25,7 +25,7 @@ import pytest
 from conftest import clean_env
 
 import rltrace
-from rltrace import pipeline
+from rltrace import pipeline, runtime
 from rltrace.testing import read_jsonl
 
 HELPER = Path(__file__).parent / "helpers" / "exit_workload.py"
@@ -39,7 +39,7 @@ def _hermetic(monkeypatch: pytest.MonkeyPatch) -> None:
 def _configure(root: Path) -> pipeline.Pipeline:
     rltrace.configure(fileroot=str(root), rank=0, world_size=1, flush_at_exit=False, flush_interval_s=3600,
                       session_tracer={"enabled": True, "flush_threshold": 1})
-    p = pipeline.get_pipeline()
+    p = runtime.get_pipeline()
     assert p is not None and p.chrome_path is not None and p.sessions_path is not None
     return p
 

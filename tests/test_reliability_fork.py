@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 import pytest
 
-from rltrace.convert import convert
+from rltrace.cli.convert import convert
 from rltrace.testing import read_jsonl
 
 HELPER = Path(__file__).parent / "helpers" / "fork_workload.py"

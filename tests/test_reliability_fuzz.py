@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import rltrace
-from rltrace import UnknownPhaseError, pipeline
+from rltrace import UnknownPhaseError, runtime
 from rltrace.testing import read_jsonl
 
 PHASES = ("generate", "toolcall", "reward")
@@ -288,9 +288,8 @@ def _apply(op: tuple[Any, ...], m: Model) -> None:
 
 
 def _open_tasks() -> list[tuple[Any, set[Any]]]:
-    from rltrace import sessions
 
-    return [(t.task_id, set(t.open)) for t in sessions.REGISTRY.tasks.values()]
+    return [(t.task_id, set(t.open)) for t in runtime.RUNTIME.sessions.tasks.values()]
 
 
 #: every line of a JSONL file; each one (blank ones too) must parse
@@ -307,7 +306,7 @@ def test_random_api_sequences_with_misuse_get_clear_errors_or_counted_warnings_a
     try:
         rltrace.configure(fileroot=root, flush_at_exit=False, flush_interval_s=3600,
                           session_tracer={"enabled": True, "flush_threshold": 3})
-        p = pipeline.get_pipeline()
+        p = runtime.get_pipeline()
         assert p is not None and p.sessions_path is not None and p.chrome_path is not None
         control_task = rltrace.register_task()
         control = rltrace.register_session(control_task)
@@ -353,7 +352,7 @@ def test_random_api_sequences_with_misuse_get_clear_errors_or_counted_warnings_a
 
 def test_a_reason_that_cannot_be_converted_to_text_never_loses_the_session(tmp_path: Path) -> None:
     rltrace.configure(fileroot=str(tmp_path), flush_at_exit=False, session_tracer={"enabled": True})
-    p = pipeline.get_pipeline()
+    p = runtime.get_pipeline()
     assert p is not None and p.sessions_path is not None
     sid = rltrace.register_session()
     with rltrace.trace_session_phase("generate", session_id=sid):
@@ -372,7 +371,7 @@ def test_a_reason_that_cannot_be_converted_to_text_never_loses_the_session(tmp_p
 def test_a_lone_surrogate_in_args_or_reason_loses_neither_the_batch_nor_the_session(tmp_path: Path) -> None:
     rltrace.configure(fileroot=str(tmp_path), flush_at_exit=False, flush_interval_s=3600,
                       session_tracer={"enabled": True})
-    p = pipeline.get_pipeline()
+    p = runtime.get_pipeline()
     assert p is not None and p.sessions_path is not None and p.chrome_path is not None
     with rltrace.trace_scope("before"):
         pass

@@ -25,7 +25,7 @@ from conftest import clean_env, one_session
 from opentelemetry.sdk.metrics.export import MetricReader
 
 import rltrace
-from rltrace import phases, pipeline, sessions
+from rltrace import pipeline, runtime, sessions
 from rltrace.locks import FairRLock
 from rltrace.recorder import STATE, Scope
 from rltrace.sessions import PhaseScope
@@ -41,10 +41,10 @@ PHASES = ("generate", "toolcall", "reward", "verify")
 @pytest.fixture(autouse=True)
 def _hermetic(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     clean_env(monkeypatch)
-    registered = phases.PHASES.snapshot()
+    registered = runtime.RUNTIME.phases.snapshot()
     rltrace.register_phase("verify", category="compute")  # "verify" stays in this module
     yield
-    phases.PHASES.restore(registered)
+    runtime.RUNTIME.phases.restore(registered)
 
 
 def _records(path: Path) -> list[dict[str, Any]]:
@@ -52,7 +52,7 @@ def _records(path: Path) -> list[dict[str, Any]]:
 
 
 def _no_state_left(p: pipeline.Pipeline) -> None:
-    assert sessions.open_counts() == {"open_tasks": 0, "open_sessions": 0}
+    assert runtime.RUNTIME.sessions.open_counts() == {"open_tasks": 0, "open_sessions": 0}
     assert p.session_processor is not None and p.session_processor.open_sessions() == 0
     assert len(STATE.buffer) == 0
 
@@ -115,7 +115,7 @@ def test_100k_sessions_from_32_threads_of_asyncio_tasks_are_each_recorded_once_w
 ) -> None:
     rltrace.configure(fileroot=str(tmp_path), flush_at_exit=False, exporters={"chrome": False},
                       max_queue_size=2_000_000, session_tracer={"enabled": True, "flush_threshold": 1000})
-    p = pipeline.get_pipeline()
+    p = runtime.get_pipeline()
     assert p is not None and p.sessions_path is not None
     expects: list[dict[Any, dict[str, Any]]] = [{} for _ in range(THREADS)]
     errors: list[BaseException] = []
@@ -168,7 +168,7 @@ def test_finalize_by_task_racing_finalize_by_session_across_threads_records_each
 ) -> None:
     rltrace.configure(fileroot=str(tmp_path), flush_at_exit=False, flush_interval_s=0.05,
                       session_tracer={"enabled": True})
-    p = pipeline.get_pipeline()
+    p = runtime.get_pipeline()
     assert p is not None and p.sessions_path is not None and p.chrome_path is not None
     n_tasks, per_task = 1500, 3
     tasks = []
@@ -225,7 +225,7 @@ def test_phases_racing_their_sessions_finalize_on_another_thread_are_recorded_or
     ``unknown_session`` misuse; nothing is left open and no session is recorded twice."""
     rltrace.configure(fileroot=str(tmp_path), flush_at_exit=False, flush_interval_s=0.05,
                       session_tracer={"enabled": True})
-    p = pipeline.get_pipeline()
+    p = runtime.get_pipeline()
     assert p is not None and p.sessions_path is not None and p.chrome_path is not None
     n_sessions, attempts = 600, 40
     sids = [rltrace.register_session(rltrace.register_task()) for _ in range(n_sessions)]
@@ -346,7 +346,7 @@ def test_flush_and_reconfigure_racing_recording_threads_lose_and_duplicate_no_se
 def test_a_flush_that_raced_configure_does_not_drop_spans_of_the_new_pipeline(tmp_path: Path) -> None:
     cfg = {"fileroot": str(tmp_path), "flush_at_exit": False, "flush_interval_s": 3600}
     rltrace.configure(**cfg)
-    stale = pipeline.get_pipeline()  # what a concurrent rltrace.flush() read just before ...
+    stale = runtime.get_pipeline()  # what a concurrent rltrace.flush() read just before ...
     rltrace.configure(**cfg)  # ... configure() swapped in a new pipeline
     with rltrace.trace_scope("recorded.after.reconfigure"):
         pass
@@ -385,7 +385,7 @@ def test_a_flush_racing_close_cannot_take_records_after_the_closing_pipelines_la
     old_root, new_root = tmp_path / "old", tmp_path / "new"
     rltrace.configure(fileroot=str(old_root), flush_at_exit=False, flush_interval_s=3600,
                       session_tracer={"enabled": True}, metric_readers=[gate])
-    stale = pipeline.get_pipeline()
+    stale = runtime.get_pipeline()
     assert stale is not None
     swap = threading.Thread(target=rltrace.configure, kwargs=dict(
         fileroot=str(new_root), flush_at_exit=False, flush_interval_s=3600,
@@ -534,7 +534,7 @@ def test_help_waits_a_bounded_time_for_a_stalled_cycle_then_backs_off(tmp_path: 
     the recording thread waits at most ``HELP_WAIT_S`` once, then leaves the exporter alone
     until the queue has grown by another ``HELP_AT`` records."""
     rltrace.configure(fileroot=str(tmp_path), flush_at_exit=False, flush_interval_s=3600)
-    p = pipeline.get_pipeline()
+    p = runtime.get_pipeline()
     assert p is not None
     for _ in range(100):
         with rltrace.trace_scope("queued"):

@@ -1,7 +1,7 @@
 """Backend faults beyond tests/test_otlp.py (issue 8, item 4): a collector answering with errors,
 a collector restarted mid-run, and memory while the backend is away for a long burst.
 
-Against the real in-process receiver (:class:`rltrace.otlp_receiver.OTLPReceiver`).  Step times
+Against the real in-process receiver (:class:`rltrace.testing.otlp_receiver.OTLPReceiver`).  Step times
 are compared with what the same test measured against a healthy backend; every span handed to
 OTLP must end up delivered or counted (exported + failed + dropped).
 """
@@ -22,8 +22,8 @@ import pytest
 from conftest import clean_env
 
 import rltrace
-from rltrace import pipeline
-from rltrace.otlp_receiver import OTLPReceiver
+from rltrace import pipeline, runtime
+from rltrace.testing.otlp_receiver import OTLPReceiver
 
 STEPS, MICRO = 30, 50
 SPANS_PER_RUN = STEPS * (MICRO + 1)  # micro_batch scopes + one train.step per step
@@ -39,7 +39,7 @@ def _configure(tmp_path: Path, endpoint: str, protocol: str, trial: str, **otlp:
                       exporters={"chrome": False},
                       otlp={"endpoint": endpoint, "protocol": protocol, "timeout_s": 1.0,
                             "max_queue_size": 4 * SPANS_PER_RUN, "metrics": False, **otlp})
-    p = pipeline.get_pipeline()
+    p = runtime.get_pipeline()
     assert p is not None and p.otlp is not None
     return p
 
@@ -174,7 +174,7 @@ def test_memory_stays_bounded_by_the_otlp_queue_while_the_backend_is_away_for_a_
                           exporters={"chrome": False},
                           otlp={"endpoint": endpoint, "protocol": "grpc", "timeout_s": 5.0,
                                 "max_queue_size": 1000, "metrics": False})
-        p = pipeline.get_pipeline()
+        p = runtime.get_pipeline()
         assert p is not None and p.otlp is not None
 
         def burst(n: int) -> None:

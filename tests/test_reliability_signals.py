@@ -100,11 +100,12 @@ _HELP_CHILD = r'''
 import os, signal, sys, threading, time
 signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the defaults, whatever was inherited
 signal.signal(signal.SIGINT, signal.default_int_handler)
+from rltrace import runtime
 import rltrace
 from rltrace import pipeline
 rltrace.configure(fileroot=sys.argv[1], flush_interval_s=3600, flush_at_exit=False,
                   session_tracer={"enabled": True})
-p = pipeline.get_pipeline()
+p = runtime.get_pipeline()
 sid = rltrace.register_session(rltrace.register_task())
 rltrace.trace_session_event("mark_finalized", session_id=sid, status="accepted")
 held, release = threading.Event(), threading.Event()

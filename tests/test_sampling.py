@@ -22,8 +22,8 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult, TraceIdRatioBased
 
 import rltrace
-from rltrace import pipeline
-from rltrace.otlp_receiver import OTLPReceiver
+from rltrace import runtime
+from rltrace.testing.otlp_receiver import OTLPReceiver
 
 N_TASKS = 60
 SPANS_PER_TASK = 1 + 2 * (1 + 2) + 1  # task, 2 x (session + generate + reward), a user scope
@@ -60,7 +60,7 @@ def _workload(statuses: dict[int, str] | None = None, slow: set[int] = frozenset
                 pass
             if i in slow and j == 1:
                 # a slow session, planted by its clock: its finalize comes 2 s "later"
-                sess = rltrace.sessions.REGISTRY.sessions[sid]
+                sess = rltrace.runtime.RUNTIME.sessions.sessions[sid]
                 sess.start_ns -= 2_000_000_000
             status = statuses.get(i, "accepted") if j == 0 else "accepted"
             rltrace.trace_session_event("mark_finalized", session_id=sid, status=status)
@@ -71,7 +71,7 @@ def _workload(statuses: dict[int, str] | None = None, slow: set[int] = frozenset
 
 def _finish(tmp_path: Path) -> tuple[dict[str, Any], list[dict[str, Any]], int]:
     """Flush, shut down; returns (diagnostics, session records, Chrome X events)."""
-    p = pipeline.get_pipeline()
+    p = runtime.get_pipeline()
     assert p is not None
     rltrace.shutdown()
     diag = p.diagnostics()
@@ -151,7 +151,7 @@ def test_ratio_mode_decides_roots_with_children_by_their_trace_id(tmp_path: Path
         rltrace.shutdown()
     finally:
         for proc in procs:
-            pipeline.TRACING.remove_span_processor(proc)
+            runtime.RUNTIME.remove_span_processor(proc)
     roots = {sc.trace_id: sc for name, sc in started if name == "train_step"}
     assert len(roots) == 40 and len(started) == 80  # on_start sees every span
     want = {t for t in roots if _ratio_keeps(f"{t:032x}", 0.5)}

@@ -21,8 +21,8 @@ import pytest
 from conftest import clean_env
 
 import rltrace
-from rltrace import pipeline
-from rltrace.otlp_receiver import OTLPReceiver
+from rltrace import runtime
+from rltrace.testing.otlp_receiver import OTLPReceiver
 
 sys.path.insert(0, str(Path(__file__).parent))
 from helpers.tls_otlp import TLSOTLPBackend, self_signed_cert
@@ -67,7 +67,7 @@ log = logging.getLogger("train")
 with rltrace.trace_scope("warmup"):
     pass
 rltrace.flush()
-rltrace.pipeline.get_pipeline().otlp.force_flush(5000)  # this first export is refused (401)
+rltrace.runtime.get_pipeline().otlp.force_flush(5000)  # this first export is refused (401)
 log.info("starting experiment %s", rltrace.get_config().experiment_name)
 with rltrace.step(0):
     with rltrace.trace_scope("train.rollout", args={"n": 3}):
@@ -222,7 +222,7 @@ def test_otlp_https_to_a_server_the_certificate_does_not_vouch_for_sends_nothing
     with rltrace.trace_scope("untrusted"):
         pass
     rltrace.flush()
-    p = pipeline.get_pipeline()
+    p = runtime.get_pipeline()
     assert p is not None and p.otlp is not None
     p.otlp.force_flush(10_000)
     stats = rltrace.diagnostics()["otlp"]
@@ -271,7 +271,7 @@ def spawned(out, endpoint):
     with rltrace.trace_scope("spawned.child"):
         pass
     rltrace.flush()
-    rltrace.pipeline.get_pipeline().otlp.force_flush(10000)
+    rltrace.runtime.get_pipeline().otlp.force_flush(10000)
     dump(out)
     rltrace.shutdown()
 

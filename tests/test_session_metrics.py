@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from rltrace.exporters.sessions import SessionRecordWriter
 
 import rltrace
-from rltrace import pipeline, sessions
+from rltrace import runtime
 from rltrace.perf_tracer import (
     register_session,
     register_task,
@@ -64,7 +64,7 @@ def configure_sessions_only(tmp_path: Path, **overrides: Any) -> Path:
     st = {"enabled": True, **overrides.pop("session_tracer", {})}
     rltrace.configure(fileroot=str(tmp_path), enabled=False, flush_at_exit=False, session_tracer=st,
                       **overrides)
-    path = pipeline.get_pipeline().sessions_path
+    path = runtime.get_pipeline().sessions_path
     assert path is not None
     return path
 
@@ -131,7 +131,7 @@ def test_records_below_flush_threshold_wait_for_explicit_flush(tmp_path: Path) -
     for _ in range(150):
         finished_session()
     assert line_count(path) == 0
-    pipeline.get_pipeline().flush(everything=False)  # what the background cycle does
+    runtime.get_pipeline().flush(everything=False)  # what the background cycle does
     assert line_count(path) == 100
     rltrace.flush()
     assert line_count(path) == 150
@@ -145,7 +145,7 @@ def test_sessions_below_flush_threshold_are_written_at_shutdown_with_span_tracin
     trace_session_event("mark_generate_start", session_id=still_open)
     with trace_session_phase("reward", session_id=still_open):
         pass
-    pipeline.get_pipeline().flush(everything=False)
+    runtime.get_pipeline().flush(everything=False)
     assert line_count(path) == 0, "below the threshold nothing should be written before an explicit flush"
     rltrace.shutdown()
 
@@ -157,7 +157,7 @@ def test_sessions_below_flush_threshold_are_written_at_shutdown_with_span_tracin
     [gen] = rec["phases"]["generate"]
     assert gen["end_ts"] == pytest.approx(rec["finalized_ts"], abs=1e-6) and gen["interrupted"] is True
     assert "interrupted" not in rec["phases"]["reward"][0]
-    assert sessions.open_counts() == {"open_tasks": 0, "open_sessions": 0}
+    assert runtime.RUNTIME.sessions.open_counts() == {"open_tasks": 0, "open_sessions": 0}
 
 
 def test_sessions_are_written_at_interpreter_exit_without_shutdown(tmp_path: Path) -> None:
@@ -206,7 +206,7 @@ def test_session_metrics_reach_an_otel_metric_reader_by_status(tmp_path: Path) -
         with pytest.raises(RuntimeError):
             failing()
         rltrace.flush()
-        records = read_jsonl(pipeline.get_pipeline().sessions_path)
+        records = read_jsonl(runtime.get_pipeline().sessions_path)
         data = reader.get_metrics_data()
 
     points: dict[str, dict[str, Any]] = {}
@@ -312,7 +312,7 @@ def test_two_hundred_thousand_sessions_leave_no_state_and_flat_memory(tmp_path: 
     warmup, untraced, refill, window, flush_every = 20_000, 130_000, 20_000, 30_000, 1_000
     rltrace.configure(fileroot=str(tmp_path), exporters={"chrome": False}, flush_at_exit=False,
                       max_queue_size=8_192, **SESSIONS_ON)
-    p = pipeline.get_pipeline()
+    p = runtime.get_pipeline()
     path = p.sessions_path
     dropped_before = rltrace.diagnostics()["dropped"]  # process-wide: see the test below
 
@@ -351,7 +351,7 @@ def test_two_hundred_thousand_sessions_leave_no_state_and_flat_memory(tmp_path: 
 
     total = warmup + untraced + refill + window
     assert total >= 200_000
-    assert sessions.open_counts() == {"open_tasks": 0, "open_sessions": 0}
+    assert runtime.RUNTIME.sessions.open_counts() == {"open_tasks": 0, "open_sessions": 0}
     assert p.session_processor.open_sessions() == 0
     diag = rltrace.diagnostics()
     assert diag["dropped"] == dropped_before and diag["misuse"] == {}
@@ -377,8 +377,8 @@ def test_a_full_queue_keeps_every_task_session_and_phase_record_and_leaves_no_st
         rltrace.flush()
     diag = rltrace.diagnostics()
     assert diag["dropped"] == 0 and diag["backpressure_cycles"] >= 50
-    assert sessions.open_counts() == {"open_tasks": 0, "open_sessions": 0}
-    assert pipeline.get_pipeline().session_processor.open_sessions() == 0
+    assert runtime.RUNTIME.sessions.open_counts() == {"open_tasks": 0, "open_sessions": 0}
+    assert runtime.get_pipeline().session_processor.open_sessions() == 0
     records = read_jsonl(path)
     assert len(records) == 50  # no session lost
     assert all(r["phase_counts"] == {"generate": 1, "reward": 1} for r in records)

@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import StatusCode
 
 import rltrace
-from rltrace import perf_tracer, phases, sessions
+from rltrace import perf_tracer, runtime
 from rltrace.perf_tracer import (
     atrace_session_phase,
     session_context,
@@ -47,9 +47,9 @@ def _hermetic(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     session it makes current, are forgotten after it (misuse counters start at zero with each
     ``configure``)."""
     clean_env(monkeypatch)
-    registered = phases.PHASES.snapshot()
+    registered = runtime.RUNTIME.phases.snapshot()
     yield
-    phases.PHASES.restore(registered)
+    runtime.RUNTIME.phases.restore(registered)
     # tests that make a task or session current in pytest's own context leave it to no other
     perf_tracer.set_task_id(None)
     perf_tracer.set_session_id(None)
@@ -357,7 +357,7 @@ def test_exception_escaping_session_context_fails_session_and_closes_open_phase(
         spans = cap.spans()
         [sid] = seen
         rec = session_records(cap)[sid]
-        open_after = rltrace.sessions.open_counts()
+        open_after = rltrace.runtime.RUNTIME.sessions.open_counts()
 
     assert rec["status"] == "failed"
     assert "engine died" in rec["reason"] and "RuntimeError" in rec["reason"]
@@ -382,7 +382,7 @@ def test_finalizing_a_task_closes_open_phases_at_finalize_time(tmp_path: Path) -
         trace_session_event("mark_finalized", task_id=task, status="dropped", reason="timeout")
         spans = cap.spans()
         records = session_records(cap)
-        open_after = rltrace.sessions.open_counts()
+        open_after = rltrace.runtime.RUNTIME.sessions.open_counts()
 
     assert set(records) == set(sids)
     for sid in sids:
@@ -503,7 +503,8 @@ def test_unknown_event_method_and_invalid_status_raise_value_error(tmp_path: Pat
         for bad in ("done", "pending", None):
             with pytest.raises(ValueError, match="status must be one of"):
                 trace_session_event("mark_finalized", session_id=sid, status=bad)
-        assert rltrace.sessions.open_counts()["open_sessions"] == 1, "a rejected call finalized the session"
+        assert rltrace.runtime.RUNTIME.sessions.open_counts()["open_sessions"] == 1, \
+            "a rejected call finalized the session"
         trace_session_event("mark_finalized", session_id=sid, status="accepted")
         assert session_records(cap)[sid]["status"] == "accepted"
 
@@ -773,8 +774,8 @@ def test_lifecycle_calls_are_noops_returning_ids_when_not_configured() -> None:
     assert not rltrace.is_configured()
     out = _exercise_lifecycle_api()
     _assert_lifecycle_noop(out)
-    assert rltrace.sessions.open_counts() == {"open_tasks": 0, "open_sessions": 0}
-    assert sessions.REGISTRY.misuse == {}
+    assert rltrace.runtime.RUNTIME.sessions.open_counts() == {"open_tasks": 0, "open_sessions": 0}
+    assert runtime.RUNTIME.sessions.misuse == {}
 
 
 def test_lifecycle_calls_record_nothing_when_session_tracer_is_off(tmp_path: Path) -> None:
@@ -836,7 +837,7 @@ def test_attributes_set_on_session_and_phase_spans_reach_otel_spans_chrome_and_k
         trace_session_event("mark_finalized", session_id=sid, status="rejected", reason="stale")
         spans = cap.spans()
         records = session_records(cap)
-        chrome_path = rltrace.pipeline.get_pipeline().chrome_path  # type: ignore[union-attr]
+        chrome_path = rltrace.runtime.get_pipeline().chrome_path  # type: ignore[union-attr]
         rltrace.flush()
         chrome = [e for e in read_jsonl(chrome_path) if e.get("ph") == "X"]
 

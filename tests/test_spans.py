@@ -24,7 +24,7 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.trace import StatusCode
 
 import rltrace
-from rltrace.pipeline import remove_span_processor
+from rltrace.runtime import remove_span_processor
 from rltrace.testing import capture_spans, deterministic, read_jsonl
 
 _I64 = 1 << 63
@@ -668,7 +668,7 @@ def test_args_orjson_cannot_encode_do_not_lose_the_chrome_batch(tmp_path: Path, 
 
 def test_save_flushes_only_on_the_last_step_of_each_save_interval_or_when_forced(tmp_path: Path) -> None:
     rltrace.configure(fileroot=str(tmp_path), save_interval=3, flush_interval_s=3600, flush_at_exit=False)
-    log_dir = rltrace.pipeline.get_pipeline().log_dir
+    log_dir = rltrace.runtime.get_pipeline().log_dir
     with rltrace.trace_scope("s1"):
         pass
     rltrace.save(0)
@@ -690,7 +690,7 @@ def test_save_flushes_only_on_the_last_step_of_each_save_interval_or_when_forced
 
 def test_shutdown_writes_everything_recorded(tmp_path: Path) -> None:
     rltrace.configure(fileroot=str(tmp_path), flush_interval_s=3600, flush_at_exit=False)
-    log_dir = rltrace.pipeline.get_pipeline().log_dir
+    log_dir = rltrace.runtime.get_pipeline().log_dir
     n = 500
     for i in range(n):
         with rltrace.trace_scope("work", args={"i": i}):

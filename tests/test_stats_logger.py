@@ -100,7 +100,7 @@ def test_rank_other_than_zero_writes_nothing(tmp_path: Path) -> None:
 def test_defaults_follow_the_rltrace_configuration(tmp_path: Path) -> None:
     rltrace.configure(fileroot=str(tmp_path), experiment_name="exp", trial_name="t1", flush_at_exit=False)
     lg = StatsLogger(console=False, otel=False)
-    assert lg.log_dir == rltrace.pipeline.get_pipeline().log_dir
+    assert lg.log_dir == rltrace.runtime.get_pipeline().log_dir
     assert (lg.experiment_name, lg.trial_name) == ("exp", "t1")
     other = StatsLogger.get_log_path({"experiment_name": "e2", "trial_name": "t2", "fileroot": str(tmp_path)})
     assert other.parts[-2:] == ("e2", "t2") and str(other).startswith(str(tmp_path))
@@ -268,7 +268,7 @@ def test_otel_sink_records_gauges_and_timing_histograms_beside_the_session_metri
 
 def test_otel_sink_without_a_meter_provider_is_a_noop_that_says_so_once(tmp_path: Path, caplog: Any) -> None:
     rltrace.configure(fileroot=str(tmp_path), flush_at_exit=False)
-    assert rltrace.pipeline.get_pipeline().meter_provider is None
+    assert rltrace.runtime.get_pipeline().meter_provider is None
     lg = StatsLogger(console=False, jsonl=False)
     with caplog.at_level(logging.INFO, logger="rltrace.stats"):
         lg.commit(0, 0, 0, {"x": 1.0})

@@ -9,7 +9,7 @@ import pytest
 from conftest import perfetto_check
 
 import rltrace
-from rltrace.convert import convert
+from rltrace.cli.convert import convert
 from rltrace.testing import deterministic, read_jsonl
 
 
@@ -69,7 +69,7 @@ def test_counter_tracks_load_in_perfetto(tmp_path: Path) -> None:
 
 def test_summary_reports_count_total_and_quantiles_per_scope(tmp_path: Path) -> None:
     rltrace.configure(fileroot=str(tmp_path), flush_at_exit=False, print_summary=True)
-    p = rltrace.pipeline.get_pipeline()
+    p = rltrace.runtime.get_pipeline()
     assert p is not None
     with deterministic(rltrace.testing.IncrementingClock(step_ns=1000)):
         for _ in range(10):
@@ -86,7 +86,7 @@ def test_summary_reports_count_total_and_quantiles_per_scope(tmp_path: Path) -> 
 
 def test_summary_is_not_collected_unless_asked_for(tmp_path: Path) -> None:
     rltrace.configure(fileroot=str(tmp_path), flush_at_exit=False)
-    assert rltrace.pipeline.get_pipeline().summary is None
+    assert rltrace.runtime.get_pipeline().summary is None
     assert "print_summary=True" in rltrace.summary()
 
 

@@ -22,9 +22,9 @@ CHILD = textwrap.dedent("""
 
     rltrace.configure(fileroot=sys.argv[1], flush_interval_s=3600, flush_at_exit=False,
                       handle_sigterm=False, session_tracer={"enabled": True, "flush_threshold": 1})
-    p = rltrace.pipeline.get_pipeline()
+    p = rltrace.runtime.get_pipeline()
     tally = SessionTally(sys.argv[2])
-    sessions.REGISTRY.tally = p.session_processor.writer.tally = tally.view
+    runtime.RUNTIME.sessions.tally = p.session_processor.writer.tally = tally.view
 
     def session(finalize=True):
         sid = rltrace.register_session()

@@ -16,11 +16,10 @@ A user instruments once and gets both the Perfetto timeline and the W&B curves.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from typing import Any
 
-from .. import pipeline
+from .. import runtime
 from ..recorder import Scope
 from ..semconv import ATTR_PHASE, ATTR_SESSION, ATTR_STEP, SESSION_SPAN, TASK_SPAN
 from ..steps import step_of
@@ -124,7 +123,7 @@ class SpanTimings:
         flushes again: that second flush waits for an exporter cycle that may still be adding
         to the old sums, so every scope is counted exactly once, in this drain or the next.
         """
-        p = pipeline.get_pipeline()
+        p = runtime.get_pipeline()
         if p is not None:
             p.flush(everything=False)
         sums, self._sums = self._sums, {}
@@ -138,7 +137,8 @@ class SpanTimings:
             for name, seconds in sums.items():
                 tracker.add_scalar_absolute(f"{self.prefix}/{name}", seconds)
 
-    def _after_fork(self) -> None:
+    def reset_after_fork(self) -> None:
+        """In a forked child (the runtime calls it on record processors that have it)."""
         self._sums = {}  # the parent exports what it measured; never twice
 
 
@@ -166,7 +166,7 @@ def enable_span_timings(tracker: StatsTracker | None = None, **options: Any) -> 
     with _LOCK:
         _disable_locked()
         bridge = SpanTimings(**options)
-        pipeline.add_record_processor(bridge)
+        runtime.add_record_processor(bridge)
         target.before_export.append(_hook)
         _BRIDGE, _HOOKED = bridge, target
         return bridge
@@ -175,7 +175,7 @@ def enable_span_timings(tracker: StatsTracker | None = None, **options: Any) -> 
 def _disable_locked() -> None:
     global _BRIDGE, _HOOKED
     if _BRIDGE is not None:
-        pipeline.remove_record_processor(_BRIDGE)
+        runtime.remove_record_processor(_BRIDGE)
     if _HOOKED is not None and _hook in _HOOKED.before_export:
         _HOOKED.before_export.remove(_hook)
     _BRIDGE = _HOOKED = None
@@ -191,11 +191,3 @@ def span_timings() -> SpanTimings | None:
     """The installed bridge, if any."""
     return _BRIDGE
 
-
-def _after_fork_child() -> None:
-    b = _BRIDGE
-    if b is not None:
-        b._after_fork()
-
-
-os.register_at_fork(after_in_child=_after_fork_child)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from .. import pipeline
+from .. import runtime
 from ..config import TracerConfig, log_dir, redacted
 from ..ranks import detect_rank
 from .bridge import enable_span_timings, span_timings
@@ -167,8 +167,8 @@ class StatsLogger:
         stream: IO[str] | None = None,
     ) -> None:
         self.config = cfg = load_config(config)
-        tracer = pipeline.get_config()
-        p = pipeline.get_pipeline()
+        tracer = runtime.get_config()
+        p = runtime.get_pipeline()
         self.experiment_name = cfg.experiment_name or (tracer.experiment_name if tracer else "default")
         self.trial_name = cfg.trial_name or (tracer.trial_name if tracer else "trial0")
         self.log_dir = Path(log_dir) if log_dir is not None else self._log_dir(cfg, tracer, p)
@@ -221,7 +221,7 @@ class StatsLogger:
     def _wandb(self, exp_config: Any) -> Sink:
         from .wandb_sink import WandBSink
 
-        tracer = pipeline.get_config()
+        tracer = runtime.get_config()
         return WandBSink(self.config.wandb, experiment_name=self.experiment_name,
                          trial_name=self.trial_name, log_dir=self.log_dir, exp_config=exp_config,
                          tracer_config=redacted(tracer) if tracer is not None else None)
@@ -246,7 +246,7 @@ class StatsLogger:
     @staticmethod
     def get_log_path(config: Any = None) -> Path:
         """The log dir a logger with ``config`` writes to (AReaL's ``get_log_path``)."""
-        return StatsLogger._log_dir(load_config(config), pipeline.get_config(), pipeline.get_pipeline())
+        return StatsLogger._log_dir(load_config(config), runtime.get_config(), runtime.get_pipeline())
 
     # -- commit ---------------------------------------------------------------------------------
     def commit(self, epoch: int, step: int, global_step: int,

@@ -18,7 +18,7 @@ from typing import IO, Any
 
 from opentelemetry import trace
 
-from .. import pipeline
+from .. import runtime
 from ..config import TracerConfig, log_dir
 from ..ranks import detect_rank
 
@@ -60,17 +60,17 @@ class TraceContextFilter(logging.Filter):
 
 
 def _rank() -> int:
-    p = pipeline.get_pipeline()
+    p = runtime.get_pipeline()
     if p is not None:
         return p.rank
     return detect_rank()[0]
 
 
 def _default_log_dir() -> Path:
-    p = pipeline.get_pipeline()
+    p = runtime.get_pipeline()
     if p is not None:
         return Path(p.log_dir)
-    cfg = pipeline.get_config() or TracerConfig()
+    cfg = runtime.get_config() or TracerConfig()
     return log_dir(cfg)
 
 

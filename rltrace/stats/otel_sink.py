@@ -19,7 +19,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from .. import pipeline
+from .. import runtime
 from ..version import __version__
 from .sinks import CommitInfo
 
@@ -52,7 +52,7 @@ class OTelMetricsSink:
     def _meter_provider(self) -> Any:
         if self._explicit is not None:
             return self._explicit
-        p = pipeline.get_pipeline()
+        p = runtime.get_pipeline()
         return p.meter_provider if p is not None else None
 
     def write(self, row: Mapping[str, float], info: CommitInfo) -> None:

@@ -27,7 +27,7 @@ import signal
 import sys
 
 import rltrace
-from rltrace import pipeline
+from rltrace import runtime
 
 
 def record(spans: int, done: int, open_: int) -> tuple[list[int], list[int]]:
@@ -56,7 +56,7 @@ def record(spans: int, done: int, open_: int) -> tuple[list[int], list[int]]:
 
 
 def announce(done_ids: list[int], open_ids: list[int]) -> None:
-    p = pipeline.get_pipeline()
+    p = runtime.get_pipeline()
     assert p is not None
     print(json.dumps({"log_dir": str(p.log_dir), "pid": os.getpid(), "done": done_ids,
                       "open": open_ids}), flush=True)
@@ -79,7 +79,7 @@ def busy() -> None:
 
 
 def stream(log_dir_printed: list[bool]) -> None:
-    p = pipeline.get_pipeline()
+    p = runtime.get_pipeline()
     assert p is not None and p.chrome_path is not None
     i = 0
     while True:
@@ -101,7 +101,7 @@ def stream(log_dir_printed: list[bool]) -> None:
 def fsize() -> int:
     """Writes fail with EFBIG past RLIMIT_FSIZE (SIGXFSZ ignored); lifting the limit clears it."""
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    p = pipeline.get_pipeline()
+    p = runtime.get_pipeline()
     assert p is not None and p.chrome_path is not None and p.sessions_path is not None
     record(10, 5, 0)
     rltrace.flush()

@@ -30,7 +30,7 @@ from ray.util import ActorPool
 
 import rltrace
 import rltrace.ray
-from rltrace.otlp_receiver import OTLPReceiver
+from rltrace.testing.otlp_receiver import OTLPReceiver
 
 STEPS = 3
 SESSIONS = 4  # per rollout actor per step

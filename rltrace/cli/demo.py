@@ -28,7 +28,7 @@ import orjson
 import rltrace
 from rltrace import Category
 
-from .config import SessionTracerConfig, TracerConfig, log_dir
+from ..config import SessionTracerConfig, TracerConfig, log_dir
 
 
 @dataclass
@@ -199,8 +199,8 @@ def _plain_causes(records: list[dict[str, Any]]) -> list[str]:
 
 def _report_causes(logdir: Path) -> list[str]:
     """The report's analysis (rltrace.analysis): where time goes, who held groups, slowest sessions."""
-    from .analysis import ReportOptions, build_report, load_run
-    from .analysis.report import fmt_pct, fmt_s, session_name, why_slow
+    from ..analysis import ReportOptions, build_report, load_run
+    from ..analysis.report import fmt_pct, fmt_s, session_name, why_slow
 
     rep = build_report(load_run(logdir, ReportOptions(progress=False)))
     parts = ", ".join(f"{r['phase']} {fmt_pct(r['share'])}" for r in rep["phases"]["session"]["overall"][:6])

@@ -24,9 +24,10 @@ from typing import Any
 from opentelemetry.sdk.trace import SpanProcessor
 from opentelemetry.trace import SpanContext, SpanKind
 
-from . import pipeline, recorder
-from .materialize import bound
-from .sessions import _recent, _remember
+from .. import recorder, runtime
+from ..generations import recent, remember
+from ..materialize import bound
+from ..sessions.registry import RECENT_CAP
 
 #: the links a consumer gets carry this type (beside ``consumed`` of ``link_consumed``)
 LINK_TYPE = "ray.get"
@@ -61,7 +62,7 @@ class Submissions(SpanProcessor):
             try:
                 self._note(out, span.get_span_context())
             except Exception as exc:  # never in the way of the call
-                pipeline.logger.debug("rltrace.ray: refs of a call not noted: %s", exc)
+                runtime.logger.debug("rltrace.ray: refs of a call not noted: %s", exc)
         return out
 
     def _note(self, out: Any, sc: SpanContext) -> None:
@@ -70,11 +71,11 @@ class Submissions(SpanProcessor):
             return
         with self._lock:
             for key in keys:
-                _remember(self._gens, key, sc)
+                remember(self._gens, key, sc, RECENT_CAP // 2)
 
     def producer(self, ref: Any) -> SpanContext | None:
         """The span of the call that returned ``ref``, if it is among the recent ones."""
-        return _recent(self._gens, ref.binary())
+        return recent(self._gens, ref.binary())
 
     def link_consumer(self, object_refs: Any) -> int:
         """Link the current span to the calls that produced ``object_refs`` (outside its own
@@ -107,7 +108,7 @@ class Submissions(SpanProcessor):
 
 def _max_links() -> int:
     """The pipeline's link limit per span (``OTEL_SPAN_LINK_COUNT_LIMIT``, the SDK's 128)."""
-    p = pipeline.get_pipeline()
+    p = runtime.get_pipeline()
     return bound(p.builder.limits.max_links) if p is not None else 128
 
 
@@ -155,7 +156,7 @@ def install(submissions: Submissions) -> None:
             try:
                 submissions.link_consumer(object_refs)
             except Exception as exc:
-                pipeline.logger.debug("rltrace.ray: ray.get not linked: %s", exc)
+                runtime.logger.debug("rltrace.ray: ray.get not linked: %s", exc)
 
         @functools.wraps(get)
         def ray_get(object_refs: Any, *args: Any, **kwargs: Any) -> Any:

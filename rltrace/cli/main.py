@@ -7,7 +7,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from .version import __version__
+from ..version import __version__
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
@@ -53,7 +53,7 @@ def _cmd_top(args: argparse.Namespace) -> int:
 
 def _cmd_report(args: argparse.Namespace) -> int:
     try:
-        from . import analysis
+        from .. import analysis
     except ImportError as exc:  # the analysis extra is optional
         msg = str(exc)
         if "rltrace[analysis]" not in msg:
@@ -157,6 +157,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     return int(args.func(args) or 0)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -3,7 +3,7 @@
 Point any OTLP exporter (the OTel SDK's, rltrace's, a user's own) at it and read back what
 arrived, decoded from the wire with the ``opentelemetry-proto`` message classes::
 
-    from rltrace.otlp_receiver import OTLPReceiver
+    from rltrace.testing.otlp_receiver import OTLPReceiver
 
     with OTLPReceiver() as receiver:
         exporter = OTLPSpanExporter(endpoint=receiver.grpc_endpoint, insecure=True)   # gRPC

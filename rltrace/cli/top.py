@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from .live import EDGES, FORMAT, LIVE_DIR, bucket_upper
+from ..live import EDGES, FORMAT, LIVE_DIR, bucket_upper
 
 __all__ = ["RankState", "TopView", "find_live_files", "read_states", "render", "run_top", "watch"]
 

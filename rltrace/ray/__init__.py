@@ -36,7 +36,7 @@ What it does:
   the current task (``set_task_id``): a session the actor registers without a task joins the
   driver's task, as a child of its ``rl.task`` span in the driver's trace, with its task id.
 * **Results back.**  ``ray.get`` links the current span to the remote calls whose results it
-  returned, when they were made under another trace (:mod:`rltrace.ray_links`).
+  returned, when they were made under another trace (:mod:`rltrace.ray.links`).
 * **Lifecycle.**  Each actor announces itself to a registry actor at its first call.
   ``ray.shutdown()`` (wrapped by :func:`init`: Ray itself ends workers without their exit
   handlers) and :func:`shutdown` flush every announced actor first; at driver exit Ray ends
@@ -81,9 +81,10 @@ from opentelemetry.propagators.textmap import (
 from opentelemetry.sdk.trace import SpanProcessor
 from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 
-from . import pipeline, ray_links, sessions, steps
-from .config import _BOOLS, ConfigError
-from .tally import EXITED, SessionTally, read_tally
+from .. import runtime, sessions, steps
+from ..config import _BOOLS, ConfigError
+from ..tally import EXITED, SessionTally, read_tally
+from . import links
 
 __all__ = [
     "actor_options", "announced_actors", "flush_actors", "init", "labelled_options", "losses",
@@ -126,13 +127,13 @@ def init(*args: Any, runtime_env: Mapping[str, Any] | None = None,
     if flush_tasks not in FLUSH_TASKS:
         raise ValueError(f"rltrace.ray.init: flush_tasks must be one of {', '.join(FLUSH_TASKS)}, "
                          f"got {flush_tasks!r}")
-    cfg = pipeline.get_config()
+    cfg = runtime.get_config()
     if cfg is None:
         raise ConfigError("rltrace.ray.init: rltrace is not configured in this driver; call "
                           "rltrace.configure(...) first, then rltrace.ray.init(...)")
-    from .config import _dataclass_to_dict
+    from ..config import dataclass_to_dict
 
-    payload = _dataclass_to_dict(cfg)  # OTLP headers included: they travel inside the hook
+    payload = dataclass_to_dict(cfg)  # OTLP headers included: they travel inside the hook
     payload.update(role=cfg.role or DEFAULT_ROLE, per_process_files=True)
     payload["session_tracer"] = {**payload["session_tracer"], "flush_threshold": 1}
     payload.pop("rank", None)
@@ -172,7 +173,7 @@ class RankAllocator:
             try:
                 rank, held = ray.get(handle.take.remote(rank), timeout=30)
             except Exception as exc:  # the registry is gone: this process's ranks
-                pipeline.logger.warning("rltrace.ray: the job's rank registry is unreachable "
+                runtime.logger.warning("rltrace.ray: the job's rank registry is unreachable "
                                         "(%s); ranks are handed out by this process alone", exc)
             else:
                 with self._lock:
@@ -190,7 +191,7 @@ class RankAllocator:
 
     @staticmethod
     def _warn_held(rank: int) -> None:
-        pipeline.logger.warning(
+        runtime.logger.warning(
             "rltrace.ray: rank %d is already held by %s: rltrace report will merge "
             "the two in its per-rank tables; give each actor its own rank, or leave "
             "rank out to get a free one", rank,
@@ -206,7 +207,7 @@ def _job_registry() -> Any:
 
             _JOB.registry = ray.get_actor(REGISTRY_NAME)
         except Exception as exc:
-            pipeline.logger.debug("rltrace.ray: no actor registry: %s", exc)
+            runtime.logger.debug("rltrace.ray: no actor registry: %s", exc)
             _JOB.in_worker = False  # not asked again
     return _JOB.registry
 
@@ -277,7 +278,7 @@ def _label_actor_creation() -> None:
         try:
             options = labelled_options(actor_cls, options)
         except Exception as exc:  # never in the way of creating the actor
-            pipeline.logger.debug("rltrace.ray: actor not labelled: %s", exc)
+            runtime.logger.debug("rltrace.ray: actor not labelled: %s", exc)
         return original(actor_cls, args, kwargs, **options)
 
     _remote._rltrace_original = original  # type: ignore[attr-defined]
@@ -302,8 +303,8 @@ class _Job:
         #: a worker process of a traced job (its registry is looked up by name)
         self.in_worker = False
         self._original_shutdown: Any = None
-        #: the span of each recent remote call, for ``ray.get``'s links (:mod:`.ray_links`)
-        self.submissions = ray_links.Submissions()
+        #: the span of each recent remote call, for ``ray.get``'s links (:mod:`.links`)
+        self.submissions = links.Submissions()
         self._submissions_on: Any = None  # the pipeline it was added to
 
     def start(self, ray: Any, label_actors: bool = True) -> None:
@@ -315,11 +316,11 @@ class _Job:
         ).remote(sorted(RANKS.used))  # ranks given out before init stay taken
         if label_actors:
             _label_actor_creation()
-        p = pipeline.get_pipeline()
+        p = runtime.get_pipeline()
         if p is not None and self._submissions_on is not p:
             p.processor.add_span_processor(self.submissions)
             self._submissions_on = p
-        ray_links.install(self.submissions)
+        links.install(self.submissions)
         if self._original_shutdown is None:
             self._original_shutdown = ray.shutdown
             original = ray.shutdown
@@ -328,7 +329,7 @@ class _Job:
             def shutdown(*args: Any, **kwargs: Any) -> Any:  # ray.shutdown: flush actors first
                 self.flush_all()
                 _unlabel_actor_creation()
-                ray_links.uninstall()
+                links.uninstall()
                 self.registry = None  # gone with the cluster: ranks are this process's again
                 return original(*args, **kwargs)
 
@@ -348,7 +349,7 @@ class _Job:
         try:
             return dict(ray.get(self.registry.entries.remote(), timeout=timeout_s))
         except Exception as exc:  # the registry is gone (Ray shutting down): nothing to reach
-            pipeline.logger.debug("rltrace.ray: actor registry unreachable: %s", exc)
+            runtime.logger.debug("rltrace.ray: actor registry unreachable: %s", exc)
             return {}
 
     def actors(self, timeout_s: float = 10.0) -> list[Any]:
@@ -436,12 +437,12 @@ def flush_actors(*actors: Any, timeout_s: float = 30.0) -> int:
     ended = [x for x in silent if x["exited"] and x["unwritten"] == 0]
     lost = [x for x in silent if not (x["exited"] and x["unwritten"] == 0)]
     if ended:
-        pipeline.logger.debug("rltrace.ray: %d actors had ended and flushed at their exit: %s",
+        runtime.logger.debug("rltrace.ray: %d actors had ended and flushed at their exit: %s",
                               len(ended), ", ".join(f"rank {x['rank']} ({x['role']})"
                                                     for x in ended))
     if lost:
         _JOB.losses.update((x["actor_id"] or f"#{len(_JOB.losses)}", x) for x in lost)
-        pipeline.logger.warning(
+        runtime.logger.warning(
             "rltrace.ray: %d of %d actors did not answer the flush (killed, lost with their node, "
             "or still busy after %.0f s); what each recorded since its last export cycle (at "
             "most flush_interval_s) is not in its files: %s", len(lost), len(actors),
@@ -468,7 +469,7 @@ def _count_pooled_losses() -> None:
         lost.append(out)
         _JOB.losses[info["tally"]] = out
     if lost:
-        pipeline.logger.warning(
+        runtime.logger.warning(
             "rltrace.ray: %d pooled worker processes hold sessions not in their files (a remote "
             "function killed midway or still running, or left to the export cycle): %s",
             len(lost), "; ".join(map(_describe_loss, lost)))
@@ -488,7 +489,7 @@ def _publish_pooled_worker(info: dict[str, Any]) -> None:
         _internal_kv_put(f"{_kv_prefix()}/worker-info/{info['rank']}".encode(),
                          json.dumps(info).encode(), overwrite=True)
     except Exception as exc:
-        pipeline.logger.debug("rltrace.ray: pooled worker not published: %s", exc)
+        runtime.logger.debug("rltrace.ray: pooled worker not published: %s", exc)
 
 
 def _pooled_workers() -> list[dict[str, Any]]:
@@ -504,7 +505,7 @@ def _pooled_workers() -> list[dict[str, Any]]:
                 out.append(json.loads(value))
         return out
     except Exception as exc:
-        pipeline.logger.debug("rltrace.ray: pooled workers not read: %s", exc)
+        runtime.logger.debug("rltrace.ray: pooled workers not read: %s", exc)
         return []
 
 
@@ -558,7 +559,7 @@ def shutdown(*actors: Any, timeout_s: float = 30.0) -> int:
 
     confirmed = _JOB.flush_all(*actors, timeout_s=timeout_s)
     _unlabel_actor_creation()
-    ray_links.uninstall()
+    links.uninstall()
     _JOB.registry = None
     original = _JOB._original_shutdown or ray.shutdown
     original()
@@ -566,9 +567,9 @@ def shutdown(*actors: Any, timeout_s: float = 30.0) -> int:
 
 
 def _flush_here(_actor: Any) -> int:
-    p = pipeline.get_pipeline()
+    p = runtime.get_pipeline()
     timeout = p.cfg.otlp.timeout_s if p is not None and p.cfg.otlp.timeout_s is not None else 5.0
-    pipeline.flush(wait_s=timeout)  # files, session records, and what the OTLP sender holds
+    runtime.flush(wait_s=timeout)  # files, session records, and what the OTLP sender holds
     return os.getpid()
 
 
@@ -581,30 +582,30 @@ def _setup_worker(payload: dict[str, Any], user_hook: Any = None,
         _label_actor_creation()
     # registered before configure's own exit handler, so it runs after that flush (LIFO)
     atexit.register(_mark_exited)
-    sessions.offset_ids(os.getpid())  # task/session ids of its own never equal the driver's
+    runtime.RUNTIME.sessions.offset_ids(os.getpid())  # task/session ids of its own never equal the driver's
     data = dict(payload)
     if os.environ.get(RANK_ENV) is None:  # a pooled worker (remote functions, plain actors)
         data["rank"] = _pooled_worker_rank() if _enabled_here(data) else 0
-    pipeline.configure(data)  # RLTRACE_ROLE / RLTRACE_RANK of the actor's env win over data
-    p = pipeline.get_pipeline()
+    runtime.configure(data)  # RLTRACE_ROLE / RLTRACE_RANK of the actor's env win over data
+    p = runtime.get_pipeline()
     if p is not None:  # on the provider only: Ray's spans get it, rltrace's records need not
         info: dict[str, Any] = {"role": p.cfg.role, "rank": p.rank, "pid": os.getpid()}
         try:
             tally = SessionTally(p.log_dir / "ray" / f"tally-r{p.rank}-p{os.getpid()}.bin")
         except OSError as exc:
-            pipeline.logger.warning("rltrace.ray: no session tally in this worker (%s): a "
+            runtime.logger.warning("rltrace.ray: no session tally in this worker (%s): a "
                                     "ray.kill of it cannot be counted", exc)
         else:
             sp = p.session_processor
             if sp is not None:
-                sessions.REGISTRY.tally = sp.writer.tally = tally.view
+                runtime.RUNTIME.sessions.tally = sp.writer.tally = tally.view
             info["tally"] = str(tally.path)
             _WORKER_TALLY.append(tally)  # the map lives as long as the process
         if os.environ.get(RANK_ENV) is None and p.rank >= WORKER_RANK_BASE:
             _publish_pooled_worker(info)
         p.processor.add_span_processor(_StepFromCaller(info, flush_tasks))
         p.processor.add_span_processor(_JOB.submissions)
-        ray_links.install(_JOB.submissions)
+        links.install(_JOB.submissions)
     if user_hook is not None:
         if isinstance(user_hook, str):
             module, _, attr = user_hook.rpartition(".")
@@ -637,7 +638,7 @@ def _pooled_worker_rank() -> int:
         _internal_kv_put(f"{prefix}/next".encode(), str(rank + 1).encode(), overwrite=True)
         return rank
     except Exception as exc:
-        pipeline.logger.warning("rltrace.ray: no rank for this worker process from Ray's "
+        runtime.logger.warning("rltrace.ray: no rank for this worker process from Ray's "
                                 "key-value store (%s); it is rank 0, as the driver is", exc)
         return 0
 
@@ -709,7 +710,7 @@ def _task_field() -> str | None:
     task_id = sessions.get_task_id()
     if task_id is None or type(task_id) not in (int, str):
         return None
-    sc = sessions.REGISTRY.task_span_context(task_id, spread=True)
+    sc = runtime.RUNTIME.sessions.task_span_context(task_id, spread=True)
     if sc is None:
         caller = sessions.caller_task()  # a task this process runs for its own caller
         if caller is None or caller[0] != task_id:
@@ -771,7 +772,7 @@ class _StepFromCaller(SpanProcessor):
                 return  # an actor method: the actor is flushed by handle, at exit, each cycle
         except Exception:
             return
-        p = pipeline.get_pipeline()
+        p = runtime.get_pipeline()
         if p is None:
             return
         p.flush()  # the files and session records written, spans handed to the OTLP sender
@@ -792,5 +793,5 @@ def _announce_actor(info: dict[str, Any]) -> bool:
         registry = ray.get_actor(REGISTRY_NAME)
         registry.add.remote(actor_id, ctx.current_actor, info)
     except Exception as exc:  # no registry (ray.init not through rltrace.ray): flush by handle
-        pipeline.logger.debug("rltrace.ray: actor not announced: %s", exc)
+        runtime.logger.debug("rltrace.ray: actor not announced: %s", exc)
     return True

@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 
-from . import pipeline, recorder
+from .. import recorder, runtime
 
 __all__ = [
     "CapturedSpans",
@@ -102,14 +102,14 @@ class CapturedSpans:
 
     @property
     def log_dir(self) -> Path:
-        p = pipeline.get_pipeline()
+        p = runtime.get_pipeline()
         if p is None:
             raise RuntimeError("rltrace is not configured")
         return p.log_dir
 
     def spans(self) -> list[ReadableSpan]:
         """Flush rltrace and return every span finished so far, in end order."""
-        pipeline.flush()
+        runtime.flush()
         return list(self.exporter.get_finished_spans())
 
     def by_name(self, name: str) -> list[ReadableSpan]:
@@ -145,13 +145,13 @@ def capture_spans(log_root: str | Path | None = None, **config: Any) -> Iterator
         cap = CapturedSpans(Path(log_root))
         config.setdefault("fileroot", str(log_root))
         config.setdefault("flush_at_exit", False)
-        pipeline.configure(**config)
-        pipeline.add_span_processor(cap.processor)
+        runtime.configure(**config)
+        runtime.add_span_processor(cap.processor)
         try:
             yield cap
         finally:
-            pipeline.shutdown()
-            pipeline.remove_span_processor(cap.processor)
+            runtime.shutdown()
+            runtime.remove_span_processor(cap.processor)
 
 
 def read_jsonl(path: str | Path, *, strict: bool = False) -> list[dict[str, Any]]:

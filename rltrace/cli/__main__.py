@@ -1,0 +1,7 @@
+"""``python -m rltrace.cli``: the ``rltrace`` command."""
+
+import sys
+
+from .main import main
+
+sys.exit(main())

@@ -1,0 +1,565 @@
+"""The runtime: the one object that owns a process's tracing state and its lifecycle.
+
+``configure()`` builds a :class:`~rltrace.pipeline.Pipeline` (the export loop) and switches the
+recorder and the session registry on; ``shutdown()`` (also at interpreter exit and on SIGTERM)
+flushes and switches them off; a fork re-arms everything in the child through one ordered hook.
+The module functions at the bottom (``configure``, ``flush``, ``register_session``,
+``register_phase``, ...) are bound to the process's runtime, :data:`RUNTIME`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import sys
+import weakref
+from collections import deque
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.id_generator import IdGenerator
+
+from . import otel_compat, recorder
+from .checks import check_optional_int
+from .children import ChildConfig, parent_config
+from .config import ConfigError, TracerConfig, load_config, log_dir, redacted
+from .locks import FairRLock
+from .materialize import bound
+from .phases import PhaseRegistry
+from .pipeline import HELP_AT, WAKE_AT, Pipeline
+from .provider import DelegatingTracerProvider
+from .ranks import detect_rank
+from .recorder import _noop, internal_error
+from .sessions import SessionRegistry
+from .signals import TerminationHandler
+from .summary import reset_after_fork as reset_counters_after_fork
+from .version import __version__
+
+logger = logging.getLogger("rltrace")
+
+_FINAL_SWITCH_INTERVAL = 1e6  # seconds: no other thread is scheduled until this one blocks
+
+
+class Runtime:
+    """The owner of a process's tracing state.
+
+    It owns the recorder's switchboard (:class:`~rltrace.recorder.RecorderState`: the queue,
+    its bounds, the hot path's on/off), the phase registry, the session registry, the
+    :class:`~rltrace.pipeline.Pipeline` each ``configure`` builds, what is kept across
+    reconfiguration (the user's span and record processors), and the process's lifecycle: exit,
+    SIGTERM (:class:`~rltrace.signals.TerminationHandler`), fork (one ordered hook) and what
+    spawned children inherit (:class:`~rltrace.children.ChildConfig`).
+
+    The process has one, :data:`RUNTIME`, made over the recorder's :data:`~rltrace.recorder.STATE`
+    (the one state the hot path reads); ``rltrace.configure``, ``flush``, ``register_session``,
+    ``register_phase``, ... are bound methods of it and of its registries, as Logfire binds its
+    module functions to a default instance.  A second instance (``Runtime()``) has a state of
+    its own that no ``trace_scope`` writes to: it is for inspection and tests that do not record.
+    """
+
+    def __init__(self, *, state: recorder.RecorderState | None = None,
+                 sessions: SessionRegistry | None = None,
+                 phases: PhaseRegistry | None = None) -> None:
+        #: the hot path's switches and queue (the default runtime's is ``recorder.STATE``)
+        self.state = state if state is not None else recorder.RecorderState()
+        #: the phases sessions may run
+        self.phases = phases if phases is not None else \
+            sessions.phases if sessions is not None else PhaseRegistry()
+        #: the session registry ``configure`` switches on
+        self.sessions = sessions if sessions is not None else SessionRegistry(self.phases)
+        self.lock = FairRLock()
+        self.pipeline: Pipeline | None = None
+        self.config: TracerConfig | None = None
+        self.user_processors: list[SpanProcessor] = []
+        self.user_record_processors: list[Any] = []
+        self.children = ChildConfig()
+        self.termination = TerminationHandler(self._drain, self._main_holds_lock)
+        self._global_set = False
+        self._atexit = False
+        self._mp_hooked = False
+        _register_fork_hooks(self)
+
+    def _current_provider(self) -> TracerProvider | None:
+        p = self.pipeline
+        return p.provider if p is not None else None
+
+    # ---- configure ---------------------------------------------------------------------------
+
+    def configure(
+        self,
+        config: TracerConfig | Mapping[str, Any] | str | os.PathLike[str] | Any | None = None,
+        *,
+        rank: int | None = None,
+        role: str | None = None,
+        metric_readers: list[Any] | None = None,
+        sampler: Any = None,
+        clock: Callable[[], int] | None = None,
+        id_generator: IdGenerator | None = None,
+        **overrides: Any,
+    ) -> TracerConfig:
+        """Configure tracing for this process (call once per rank; calling again reconfigures).
+
+        ``config`` is a :class:`~rltrace.config.TracerConfig`, a dict, any dataclass with the
+        same keys (AReaL's ``PerfTracerConfig``), or a YAML path; ``RLTRACE_*`` environment
+        variables and keyword ``overrides`` (nested keys as ``session_tracer__enabled=True``)
+        win over it.  Rank and world size default from ``RANK``/``WORLD_SIZE``,
+        torch.distributed or JAX.  Rank 0 writes the effective config to
+        ``{log_dir}/config.yaml``.  ``metric_readers`` (OTel ``MetricReader`` objects) receive
+        the session metrics.  ``sampler`` (an OTel SDK ``Sampler``) decides which traces are
+        sent over OTel, once per trace (see :mod:`rltrace.sampling`; the local files always get
+        everything).  ``clock`` (epoch nanoseconds, ``time.time_ns`` by default) and
+        ``id_generator`` (an OTel ``IdGenerator``; random by default) are this pipeline's:
+        every rltrace record takes its times and ids from them, spans other instrumentation
+        starts through its tracer provider their ids (``rltrace.testing.IncrementingClock``
+        and ``SequentialIdGenerator`` make runs reproducible); a later ``configure`` without
+        them, or :func:`shutdown`, goes back to the defaults.  Raises
+        :class:`~rltrace.config.ConfigError` for bad input; the previous pipeline is left
+        intact in that case.
+        """
+        try:
+            return self._configure(config, rank=rank, role=role, metric_readers=metric_readers,
+                                   sampler=sampler, clock=clock, id_generator=id_generator,
+                                   **overrides)
+        finally:
+            if self.termination.pending:
+                self.termination.resume_pending()
+
+    def _configure(self, config: Any, *, rank: int | None, role: str | None,
+                   metric_readers: list[Any] | None, sampler: Any = None,
+                   clock: Callable[[], int] | None = None,
+                   id_generator: IdGenerator | None = None, **overrides: Any) -> TracerConfig:
+        reg, state = self.sessions, self.state
+        with self.lock:
+            _check_injected(clock, id_generator)
+            cfg = load_config(config, rank=rank, role=role, **overrides)
+            rk, world = detect_rank(cfg.rank, cfg.world_size)
+            new: Pipeline | None = None
+            if cfg.enabled or cfg.session_tracer.enabled:
+                logdir = log_dir(cfg)
+                _ensure_writable(logdir, cfg)
+                new = Pipeline(cfg, rk, world, logdir, self.user_processors, metric_readers,
+                               sampler, clock=clock, id_generator=id_generator, registry=reg,
+                               state=state,
+                               user_record_processors=self.user_record_processors,
+                               on_unlock=self.termination.resume_pending)
+                if rk == 0 and not cfg.per_process_files:
+                    _write_config(logdir, cfg, world)
+            old = self.pipeline
+            if old is not None:
+                state.enabled = False
+                old.close()
+            self.pipeline, self.config = new, cfg
+            _use_injected(new, old)
+            state.sampling = new.head_sampling if new is not None else None
+            state.on_start = new.on_start_hooks if new is not None else None
+            if new is None:
+                state.enabled = False
+                state.device = None
+                reg.enabled = False
+                state.wake = _noop
+                state.help = _noop
+                state.overflow = None
+                return cfg
+            state.cap = cfg.max_queue_size
+            state.dropped = 0  # counts are per pipeline; the old one reported its own at close
+            reg.misuse.clear()
+            state.wake_at = max(1, min(WAKE_AT, cfg.max_queue_size // 4))
+            state.help_at = max(state.wake_at + 1, HELP_AT)
+            state.wake = new.wake
+            state.help = new.help
+            state.overflow = new.overflow
+            state.span_api.max_events = bound(new.builder.limits.max_events)
+            new.start()
+            state.device = new.device_defaults
+            state.enabled = cfg.enabled
+            reg.enabled = cfg.session_tracer.enabled
+            if (cfg.set_global_provider and not self._global_set
+                    and isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)):
+                trace.set_tracer_provider(DelegatingTracerProvider(self._current_provider))
+                self._global_set = True
+            if not self._atexit:
+                atexit.register(self._at_exit)
+                self._atexit = True
+            if cfg.handle_sigterm:
+                self.termination.install()
+            self._hook_multiprocessing()
+            self.children.publish(cfg, rk, world)
+            return cfg
+
+    # ---- children ----------------------------------------------------------------------------
+
+    def configure_child(self, **overrides: Any) -> TracerConfig:
+        """Configure a *spawned* child process (multiprocessing ``spawn``, a subprocess) like its
+        parent.
+
+        The parent's effective config (same log dir, rank, exporters) is passed through the
+        environment by :func:`configure`; the child writes its own ``-p{pid}`` files.  Keyword
+        overrides apply on top.  Raises :class:`~rltrace.config.ConfigError` when no parent
+        configured rltrace.
+        """
+        data = parent_config()
+        self.sessions.offset_ids(os.getpid())
+        return self.configure(data, **overrides)
+
+    def _hook_multiprocessing(self) -> None:
+        """Flush in multiprocessing children before they leave through ``os._exit``.
+
+        ``Process._bootstrap`` clears the finalizers a child inherits and then runs the
+        after-fork hooks, so the exit flush is registered from such a hook.
+        """
+        if self._mp_hooked:
+            return
+        from multiprocessing import util
+
+        def in_child(runtime: Runtime) -> None:
+            if runtime.pipeline is not None:
+                util.Finalize(None, runtime.shutdown, exitpriority=100)
+
+        util.register_after_fork(self, in_child)
+        self._mp_hooked = True
+
+    # ---- SIGTERM -----------------------------------------------------------------------------
+
+    def _main_holds_lock(self) -> bool:
+        p = self.pipeline
+        return self.lock.held_by_me() or (p is not None and p._lock.held_by_me())
+
+    def _drain(self, final: bool) -> None:
+        """Write every finished record to disk, on the calling (main) thread.
+
+        ``final``: the process ends right after this returns.  Open sessions are written as
+        pending, OTLP gets its bounded chance, and the last check that nothing is left runs
+        with the GIL held until the caller's ``os.kill``: a record another thread finishes
+        after that check cannot exist, because no other thread runs again.
+        """
+        p = self.pipeline
+        if p is None:
+            return
+        state = self.state
+        if final and p.otlp is not None:
+            p.flush()
+            timeout = p.cfg.otlp.timeout_s if p.cfg.otlp.timeout_s is not None else 5.0
+            p.otlp.force_flush(int(timeout * 1000))
+        interval = sys.getswitchinterval()
+        closed = not (final and self.sessions.enabled)
+        with p._lock:  # fair: the exporter thread finishes the cycle it is in, then waits
+            for _ in range(1000):  # bounded: other threads may keep recording while we write
+                p.flush()
+                if final:
+                    sys.setswitchinterval(_FINAL_SWITCH_INTERVAL)
+                if not state.buffer:
+                    if closed:
+                        return  # final: the GIL stays with this thread until the process ends
+                    # sessions still open now are written as pending (open phases closed);
+                    # done last, so a session finalized while the records above were written
+                    # keeps its own status
+                    self.sessions.close_all()
+                    closed = True
+                    continue
+                sys.setswitchinterval(interval)
+
+    # ---- the public functions ----------------------------------------------------------------
+
+    def is_configured(self) -> bool:
+        """True while a pipeline is configured (span or session tracing enabled)."""
+        return self.pipeline is not None
+
+    def get_config(self) -> TracerConfig | None:
+        """The effective config of the last ``configure`` call (None before it)."""
+        return self.config
+
+    def get_pipeline(self) -> Pipeline | None:
+        """The active pipeline, if any (advanced use: log dir, provider, diagnostics)."""
+        return self.pipeline
+
+    def flush(self, wait_s: float = 0.0) -> None:
+        """Export everything recorded so far, now, on this thread: the trace files and session
+        records are written, and spans are handed to the OTLP sender (which sends them on its
+        own thread).  ``wait_s`` > 0 also waits, at most that long, until the OTLP sender has
+        sent what it holds (a dead collector costs that wait, never more)."""
+        p = self.pipeline
+        if p is not None:
+            p.flush()
+            if wait_s > 0 and p.otlp is not None:
+                p.otlp.force_flush(int(wait_s * 1000))
+
+    def save(self, step: int | None = None, force: bool = False) -> None:
+        """AReaL's ``save``: flush when ``force``, when ``step`` is None, or on the last step of
+        every ``save_interval`` (``(step + 1) % save_interval == 0``: steps 2, 5, 8, ... for 3)."""
+        check_optional_int("save", "step", step)
+        p = self.pipeline
+        if p is None:
+            return
+        if force or step is None or (step + 1) % p.cfg.save_interval == 0:
+            p.flush()
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        """Flush all buffered data and close the pipeline; tracing is off until ``configure``.
+
+        ``timeout`` bounds the wait for locks held elsewhere (used from the SIGTERM handler,
+        which may interrupt rltrace's own code on the main thread).
+        """
+        if not self.lock.acquire(timeout=-1 if timeout is None else timeout):
+            return
+        reg, state = self.sessions, self.state
+        try:
+            p = self.pipeline
+            if p is not None and reg.enabled:
+                reg.close_all()  # open sessions are written as pending, open phases closed
+            state.enabled = False
+            reg.enabled = False
+            state.wake = state.help = _noop
+            if p is not None:
+                p.close(timeout)  # (its last records still draw ids under its sampler)
+                _use_injected(None, p)
+            state.overflow = None
+            state.sampling = state.on_start = state.device = None
+            self.pipeline = None
+        finally:
+            self.lock.release()
+        if self.termination.pending:
+            self.termination.resume_pending()
+
+    def add_span_processor(self, processor: SpanProcessor) -> None:
+        """Add an OTel ``SpanProcessor`` that receives every span (kept across reconfiguration).
+
+        ``on_start(span, parent_context)`` is called as each rltrace span starts, on the
+        starting thread (the span is rltrace's live span: ``set_attribute``,
+        ``get_span_context``, ``name``); ``on_end`` gets the finished span as a
+        ``ReadableSpan`` from rltrace's exporter thread shortly after it ends.  Spans from other
+        instrumentation follow the SDK's usual calls.  With no processor added, rltrace spans
+        pay one attribute read for this.
+        """
+        with self.lock:
+            self.user_processors.append(processor)
+            p = self.pipeline
+            if p is not None:
+                p.add_user_processor(processor)
+                self.state.on_start = p.on_start_hooks
+
+    def remove_span_processor(self, processor: SpanProcessor) -> None:
+        """Stop delivering spans to ``processor`` (counterpart of :meth:`add_span_processor`)."""
+        with self.lock:
+            if processor in self.user_processors:
+                self.user_processors.remove(processor)
+            p = self.pipeline
+            if p is not None and processor in p.user_processors:
+                p.user_processors.remove(processor)
+                otel_compat.remove_span_processor(p.processor, processor)
+                p._refresh_direct()
+                self.state.on_start = p.on_start_hooks
+
+    def add_record_processor(self, processor: Any) -> None:
+        """Add a *record processor*: ``on_record(record)`` for every finished rltrace scope.
+
+        Record processors run on the exporter thread before any ``ReadableSpan`` is built, so
+        they cost the least (rltrace's own session metrics and stats bridge are record
+        processors).  A record has ``name``, ``category``, ``args``, ``start_ns``, ``end_ns``,
+        ``thread``, ``lane`` and ``extra``; ``record_attrs()`` gives its attributes (the
+        ``rl.*`` attributes of tasks, sessions and phases, and any set through
+        ``set_attribute``) and :func:`rltrace.steps.step_of` its training step.  Kept across
+        reconfiguration; an optional ``force_flush()`` runs on every explicit flush.
+        """
+        with self.lock:
+            self.user_record_processors.append(processor)
+            p = self.pipeline
+            if p is not None:
+                with p._lock:
+                    p.user_record_processors.append(processor)
+                    p.record_processors.append(processor)
+
+    def remove_record_processor(self, processor: Any) -> None:
+        """Stop calling ``processor`` (counterpart of :meth:`add_record_processor`)."""
+        with self.lock:
+            if processor in self.user_record_processors:
+                self.user_record_processors.remove(processor)
+            p = self.pipeline
+            if p is not None and processor in p.user_record_processors:
+                with p._lock:
+                    p.user_record_processors.remove(processor)
+                    p.record_processors.remove(processor)
+
+    def summary(self) -> str:
+        """The run summary so far: per-scope count/total/mean/p50/p99/share of wall, counters."""
+        p = self.pipeline
+        if p is None:
+            return "rltrace is not configured"
+        if p.summary is None:
+            return "the run summary is not collected: configure rltrace with print_summary=True"
+        p.flush()
+        return p.summary.render()
+
+    def tracer_provider(self) -> TracerProvider | None:
+        """The SDK ``TracerProvider`` of the current pipeline (None when not configured)."""
+        return self._current_provider()
+
+    def diagnostics(self) -> dict[str, Any]:
+        """Counters of the current pipeline: queued, dropped, exported and failed spans."""
+        p = self.pipeline
+        return p.diagnostics() if p is not None else {"queued": len(self.state.buffer),
+                                                      "dropped": self.state.dropped}
+
+    # ---- exit and fork -----------------------------------------------------------------------
+
+    def _at_exit(self) -> None:
+        cfg = self.config
+        if cfg is not None and cfg.flush_at_exit:
+            self.shutdown()
+        self.children.remove_secrets()  # none in a forked child: the parent's file is the parent's
+
+    def _before_fork(self) -> None:
+        p = self.pipeline
+        if p is not None:
+            p._lock.acquire()
+
+    def _after_fork_parent(self) -> None:
+        p = self.pipeline
+        if p is not None:
+            p._lock.release()
+
+    def _after_fork_child(self) -> None:
+        """The child side of the process's one fork hook, in order: the recorder (ids, lanes, an
+        empty queue), the registries, the run counters, this runtime's own locks and lifecycle,
+        then the pipeline (re-armed on files of the child's own, or switched off by
+        ``fork_mode``) and the user's record processors."""
+        state = self.state
+        if state is recorder.STATE:  # the recorder's module-level pieces are the default's
+            recorder.after_fork_in_child(state)
+            reset_counters_after_fork()
+        else:
+            state.buffer = deque()
+        self.phases.after_fork()
+        self.sessions.after_fork()
+        self.lock = FairRLock()  # another thread may have held it at fork time
+        self.children.after_fork_in_child()
+        self.termination.after_fork_in_child()
+        for proc in self.user_record_processors:
+            reset = getattr(proc, "reset_after_fork", None)
+            if reset is not None:
+                try:
+                    reset()
+                except Exception as exc:
+                    internal_error(f"{type(proc).__name__}.reset_after_fork", exc)
+        p = self.pipeline
+        if p is None:
+            return
+        if p.after_fork_in_child():
+            state.wake = p.wake
+            state.help = p.help
+            state.overflow = p.overflow
+        else:
+            state.enabled = False
+            self.sessions.enabled = False
+            state.wake = state.help = _noop
+            state.overflow = None
+            self.pipeline = None
+
+
+def _check_injected(clock: Any, id_generator: Any) -> None:
+    if clock is not None and not callable(clock):
+        raise ConfigError(f"rltrace.configure: clock must be a callable returning epoch nanoseconds "
+                          f"(like time.time_ns), got {type(clock).__name__} {clock!r}")
+    if id_generator is not None and not all(
+            callable(getattr(id_generator, m, None)) for m in ("generate_trace_id", "generate_span_id")):
+        raise ConfigError("rltrace.configure: id_generator must be an OpenTelemetry IdGenerator "
+                          "(generate_trace_id() and generate_span_id(), e.g. "
+                          "opentelemetry.sdk.trace.id_generator.RandomIdGenerator()), got "
+                          f"{type(id_generator).__name__}")
+
+
+def _use_injected(new: Pipeline | None, old: Pipeline | None) -> None:
+    """Point the recorder at ``new``'s clock and ids; back to the defaults when the pipeline that
+    injected them goes (a clock set by ``testing.deterministic`` is left alone otherwise)."""
+    clock = new.clock if new is not None else None
+    if clock is not None:
+        recorder.set_clock(clock)
+    elif old is not None and old.clock is not None:
+        recorder.set_clock(recorder.DEFAULT_CLOCK)
+    gen = new.id_generator if new is not None else None
+    if gen is not None:
+        recorder.set_id_source(recorder.id_source_of(gen))
+    elif old is not None and old.id_generator is not None:
+        recorder.set_id_source(recorder.DEFAULT_ID_SOURCE)
+
+
+def _register_fork_hooks(runtime: Runtime) -> None:
+    """The runtime's one fork hook, held through a weak reference (as the OTel SDK's batch
+    processor registers its own): a runtime that is gone costs a dead reference, nothing more."""
+    ref = weakref.WeakMethod
+
+    def call(method: Any) -> Callable[[], None]:
+        def hook() -> None:
+            bound = method()
+            if bound is not None:
+                bound()
+        return hook
+
+    os.register_at_fork(before=call(ref(runtime._before_fork)),
+                        after_in_parent=call(ref(runtime._after_fork_parent)),
+                        after_in_child=call(ref(runtime._after_fork_child)))
+
+
+def _ensure_writable(logdir: Path, cfg: TracerConfig) -> None:
+    try:
+        logdir.mkdir(parents=True, exist_ok=True)
+        probe = logdir / f".rltrace-write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(
+            f"rltrace config key 'fileroot': cannot write the log dir {str(logdir)!r} "
+            f"(fileroot={cfg.fileroot!r}): {exc.strerror or exc}. Set fileroot (or "
+            f"RLTRACE_FILEROOT) to a writable directory."
+        ) from None
+
+
+def _write_config(logdir: Path, cfg: TracerConfig, world_size: int) -> None:
+    import yaml
+
+    data = redacted(cfg)
+    data["world_size"] = world_size
+    data["rank"] = None
+    text = (f"# effective rltrace {__version__} configuration (secrets redacted)\n"
+            + yaml.safe_dump(data, sort_keys=False))
+    try:
+        (logdir / "config.yaml").write_text(text)
+    except OSError as exc:
+        logger.warning("rltrace: cannot write %s: %s", logdir / "config.yaml", exc)
+
+
+#: the process's runtime, over the recorder's state (the one the hot path reads)
+RUNTIME = Runtime(state=recorder.STATE)
+
+# the module functions: bound methods of the process's runtime and of its registries
+configure = RUNTIME.configure
+configure_child = RUNTIME.configure_child
+is_configured = RUNTIME.is_configured
+get_config = RUNTIME.get_config
+get_pipeline = RUNTIME.get_pipeline
+flush = RUNTIME.flush
+save = RUNTIME.save
+shutdown = RUNTIME.shutdown
+add_span_processor = RUNTIME.add_span_processor
+remove_span_processor = RUNTIME.remove_span_processor
+add_record_processor = RUNTIME.add_record_processor
+remove_record_processor = RUNTIME.remove_record_processor
+summary = RUNTIME.summary
+tracer_provider = RUNTIME.tracer_provider
+diagnostics = RUNTIME.diagnostics
+
+register_phase = RUNTIME.phases.register
+register_task = RUNTIME.sessions.register_task
+register_session = RUNTIME.sessions.register_session
+task_span_context = RUNTIME.sessions.task_span_context
+trace_session_phase = RUNTIME.sessions.trace_session_phase
+atrace_session_phase = RUNTIME.sessions.atrace_session_phase
+trace_session = RUNTIME.sessions.trace_session
+trace_session_event = RUNTIME.sessions.trace_session_event
+finalize_session = RUNTIME.sessions.finalize_session
+finalize_task = RUNTIME.sessions.finalize_task
+session_context = RUNTIME.sessions.session_context
+link_consumed = RUNTIME.sessions.link_consumed
