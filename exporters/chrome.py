@@ -42,6 +42,7 @@ from .values import (
     category_name,
     dumps_line,
     thread_name,
+    thread_names,
 )
 
 logger = logging.getLogger("rltrace")
@@ -94,7 +95,10 @@ class ChromeEncoder:
         tail = b'"rank":%d' % rank + (b',"role":' + _dumps(role) if role is not None else b"")
         self._args_tail = b"," + tail + b"}"  # appended to a non-empty args object
         self._args_only = b"{" + tail + b"}"  # args of an event without any
-        self._tids: dict[tuple[int, int, str], int] = {}
+        #: (thread ident, lane) -> (the thread's name when the track was named, its tid); a
+        #: new thread reusing an ident under another name gets a track of its own
+        self._tids: dict[tuple[int, int], tuple[str, int]] = {}
+        self._next_tid = 1
         self._names: dict[str, bytes] = {}
         self._cats: dict[Any, bytes] = {}
 
@@ -127,8 +131,15 @@ class ChromeEncoder:
         out.append(head + b'"process_labels","args":' + _dumps({"labels": label_text}) + b"}\n")
         out.append(head + b'"process_sort_index","args":' + _dumps({"sort_index": self.rank}) + b"}\n")
 
-    def _new_tid(self, pid: int, thread: int, lane: int, name: str, out: list[bytes]) -> int:
-        tid = self._tids[(thread, lane, name)] = len(self._tids) + 1
+    def _tid(self, pid: int, thread: int, lane: int, out: list[bytes]) -> int:
+        """The track of ``thread``'s ``lane``, named (metadata lines) the first time it is used."""
+        name = thread_name(thread)
+        known = self._tids.get((thread, lane))
+        if known is not None and known[0] == name:
+            return known[1]
+        tid = self._next_tid
+        self._next_tid = tid + 1
+        self._tids[(thread, lane)] = (name, tid)
         label = name if lane == 0 else f"{name} [{lane}]"
         head = b'{"pid":%d,"tid":%d,"ph":"M","name":' % (pid, tid)
         out.append(head + b'"thread_name","args":' + _dumps({"name": label}) + b"}\n")
@@ -158,17 +169,46 @@ class ChromeEncoder:
         """Forget named processes and tracks (after a fork, or for a new file)."""
         self._pid = -1
         self._tids = {}
+        self._next_tid = 1
 
     def encode(self, items: Sequence[Any], out: list[bytes]) -> None:
-        """Append the JSON lines for ``items`` (records or ``ReadableSpan``s) to ``out``."""
+        """Append the JSON lines for ``items`` (records or ``ReadableSpan``s) to ``out``.
+
+        A plain record (no attributes, events or error of its own: most scopes) is written
+        here, from the encoder's caches; everything else by :meth:`_encode_item`.
+        """
         pid = os.getpid()
         if pid != self._pid:
             self._pid = pid
             self._tids = {}
+            self._next_tid = 1
             self._process_metadata(pid, out)
-        encode_item = self._encode_item
+        tids, names, cats, thread_names_now = self._tids, self._names, self._cats, thread_names()
+        append, args_json, line = out.append, self.args_json, _X
         for item in items:
-            encode_item(item, pid, out)
+            try:
+                if item.extra is not None or item.slot_attrs:
+                    self._encode_item(item, pid, out)
+                    continue
+            except AttributeError:  # a ReadableSpan (of a record, or another instrumentation's)
+                self._encode_item(item, pid, out)
+                continue
+            thread, lane = item.thread, item.lane
+            known = tids.get((thread, lane))
+            if known is None or known[0] != thread_names_now.get(thread):
+                tid = self._tid(pid, thread, lane, out)
+            else:
+                tid = known[1]
+            name = names.get(item.name) or self._name(item.name)
+            try:
+                cat = cats.get(item.category)
+            except TypeError:  # an unhashable category object: named by _cat
+                cat = None
+            if cat is None:
+                cat = self._cat(item.category)
+            us = item.start_ns // 1000
+            d = item.end_ns - us * 1000
+            append(line % (pid, tid, us, d // 1000, d % 1000, name, cat, args_json(item.args)))
 
     def _encode_item(self, item: Any, pid: int, out: list[bytes]) -> None:
         """One record or ``ReadableSpan``."""
@@ -176,10 +216,7 @@ class ChromeEncoder:
         if isinstance(rec, ReadableSpan):
             self._encode_foreign(rec, pid, out)
             return
-        tname = thread_name(rec.thread)
-        tid = self._tids.get((rec.thread, rec.lane, tname))
-        if tid is None:
-            tid = self._new_tid(pid, rec.thread, rec.lane, tname, out)
+        tid = self._tid(pid, rec.thread, rec.lane, out)
         name = self._names.get(rec.name) or self._name(rec.name)
         cat = self._cat(rec.category)
         args = rec.args
@@ -221,6 +258,7 @@ class ChromeEncoder:
         if pid != self._pid:
             self._pid = pid
             self._tids = {}
+            self._next_tid = 1
             self._process_metadata(pid, out)
         for name, value in values.items():
             out.append(b'{"pid":%d,"tid":0,"ph":"C","ts":%d,"name":%s,"args":{"value":%s}}\n'

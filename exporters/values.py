@@ -168,8 +168,8 @@ def refresh_thread_names() -> None:
 
 
 def thread_names() -> dict[int, str]:
-    """The live map of thread idents to names that :func:`thread_name` reads (the compiled
-    Chrome encoder looks names up in it directly)."""
+    """The live map of thread idents to names that :func:`thread_name` reads (the Chrome
+    encoder's loop looks names up in it directly)."""
     return _last_names
 
 

@@ -23,6 +23,7 @@ from . import stats as stats_tracker  # AReaL's name for the same module
 from .config import ConfigError, DeviceConfig, ExportersConfig, OTLPConfig, SessionTracerConfig, TracerConfig
 from .phases import PhaseSpec, UnknownPhaseError
 from .profiling import profile_steps
+from .propagation import extract_context, inject_headers, server_span
 from .recorder import current_span
 from .runtime import (
     add_record_processor,

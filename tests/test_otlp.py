@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 import rltrace
-from rltrace import pipeline, runtime
+from rltrace import runtime
 from rltrace.testing.otlp_receiver import OTLPReceiver
 
 PROTOCOLS = ["grpc", "http/protobuf"]
@@ -147,7 +147,7 @@ def test_headers_and_compression_from_rltrace_config_reach_the_backend(
     assert all(r.protocol == ("grpc" if protocol == "grpc" else "http") for r in reqs)
     assert reqs[0].headers["authorization"] == "Bearer s3cret" and reqs[0].headers["x-team"] == "rl"
     assert reqs[0].compression == "gzip"
-    config_yaml = (pipeline.log_dir(rltrace.get_config()) / "config.yaml").read_text()  # type: ignore[arg-type]
+    config_yaml = (rltrace.config.log_dir(rltrace.get_config()) / "config.yaml").read_text()  # type: ignore[arg-type]
     assert "s3cret" not in config_yaml
 
 
@@ -167,7 +167,7 @@ def test_standard_otel_variables_configure_endpoint_protocol_and_headers(
     assert span.resource_attributes["service.name"] == "from-env"
     req = receiver.requests[0]
     assert req.protocol == "http" and req.headers["x-api-key"] == "k123" and req.compression == "gzip"
-    cfg_text = (pipeline.log_dir(rltrace.get_config()) / "config.yaml").read_text()  # type: ignore[arg-type]
+    cfg_text = (rltrace.config.log_dir(rltrace.get_config()) / "config.yaml").read_text()  # type: ignore[arg-type]
     assert "k123" not in cfg_text
 
 

@@ -332,7 +332,7 @@ def test_flush_and_reconfigure_racing_recording_threads_lose_and_duplicate_no_se
             t.join(60)
     assert not errors and not any(t.is_alive() for t in threads), errors
     rltrace.shutdown()
-    log_dir = pipeline.log_dir(rltrace.get_config())  # type: ignore[arg-type]
+    log_dir = rltrace.config.log_dir(rltrace.get_config())  # type: ignore[arg-type]
     ids = Counter(r["session_id"] for f in log_dir.rglob("sessions-*.jsonl") for r in _records(f))
     expected = [s for ks in finalized for s in ks]
     assert len(expected) > 100
@@ -353,7 +353,7 @@ def test_a_flush_that_raced_configure_does_not_drop_spans_of_the_new_pipeline(tm
     assert stale is not None
     stale.flush()  # ... and then that flush() ran
     rltrace.shutdown()
-    log_dir = pipeline.log_dir(rltrace.get_config())  # type: ignore[arg-type]
+    log_dir = rltrace.config.log_dir(rltrace.get_config())  # type: ignore[arg-type]
     names = Counter(e["name"] for f in log_dir.rglob("traces-*.jsonl") for e in _records(f))
     assert names["recorded.after.reconfigure"] == 1
 
@@ -477,7 +477,7 @@ def test_a_burst_beyond_the_queue_keeps_one_record_per_session_with_the_queue_bo
     diag = rltrace.diagnostics()
     rltrace.flush()
     written = rltrace.diagnostics()["sessions"]["written"]
-    log_dir = pipeline.log_dir(rltrace.get_config())  # type: ignore[arg-type]
+    log_dir = rltrace.config.log_dir(rltrace.get_config())  # type: ignore[arg-type]
     records = [r for f in log_dir.rglob("sessions-*.jsonl") for r in _records(f)]
     rltrace.shutdown()
     assert diag["dropped"] > 0 and diag["backpressure_cycles"] > 0, diag  # it was overloaded

@@ -24,7 +24,7 @@ CHILD = textwrap.dedent("""
                       handle_sigterm=False, session_tracer={"enabled": True, "flush_threshold": 1})
     p = rltrace.runtime.get_pipeline()
     tally = SessionTally(sys.argv[2])
-    runtime.RUNTIME.sessions.tally = p.session_processor.writer.tally = tally.view
+    rltrace.runtime.RUNTIME.sessions.tally = p.session_processor.writer.tally = tally.view
 
     def session(finalize=True):
         sid = rltrace.register_session()
