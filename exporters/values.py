@@ -59,6 +59,7 @@ def utf8(s: str) -> str:
 
 def attr_value(value: Any) -> Any:
     """Convert ``value`` into an OTel attribute value (str, bool, int, float or a sequence)."""
+    # the common cases first, inline (this runs for every attribute); the rest in _other_value
     t = type(value)
     if t is str:
         return utf8(value) if len(value) <= MAX_STRING else text(value)
@@ -66,6 +67,13 @@ def attr_value(value: Any) -> Any:
         return value
     if t is int:
         return value if -_I64 <= value < _I64 else str(value)
+    return _other_value(value)
+
+
+def _other_value(value: Any) -> Any:
+    """:func:`attr_value` past the exact str/bool/int/float types: None, enums (by value),
+    subclasses of those types (numpy's ``float64``, ``IntEnum``...), bytes, sequences, and
+    anything else (arrays, tensors, objects)."""
     if value is None:
         return "None"
     if isinstance(value, Enum):
@@ -81,11 +89,23 @@ def attr_value(value: Any) -> Any:
     if isinstance(value, (bytes, bytearray)):
         return text(bytes(value))
     if isinstance(value, (list, tuple)):
-        items = [attr_value(v) for v in value[:MAX_SEQUENCE]]
-        kinds = {type(v) for v in items}
-        if len(kinds) <= 1 and not (kinds & {tuple, list}) and len(value) <= MAX_SEQUENCE:
-            return tuple(items)
-        return text(value)
+        return _sequence_value(value)
+    return _object_value(value)
+
+
+def _sequence_value(value: list[Any] | tuple[Any, ...]) -> Any:
+    """A list or tuple as a tuple of converted items when they are all of one scalar type and at
+    most ``MAX_SEQUENCE``; otherwise its text (OTel attributes hold only homogeneous sequences)."""
+    items = [attr_value(v) for v in value[:MAX_SEQUENCE]]
+    kinds = {type(v) for v in items}
+    if len(kinds) <= 1 and not (kinds & {tuple, list}) and len(value) <= MAX_SEQUENCE:
+        return tuple(items)
+    return text(value)
+
+
+def _object_value(value: Any) -> Any:
+    """Any other object: an array or tensor (see :func:`_array_like`), a scalar with ``.item()``
+    (numpy/torch scalars) by its item, else its text."""
     if hasattr(value, "shape") and hasattr(value, "tolist"):
         return _array_like(value)
     if hasattr(value, "item") and callable(value.item):

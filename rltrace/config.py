@@ -366,72 +366,114 @@ def _build(cls: type, data: Mapping[str, Any], *, prefix: str, source: str) -> A
 def _coerce(tp: Any, value: Any, key: str, source: str) -> Any:
     """Check ``value`` against annotation ``tp``; convert strings from env/YAML where safe."""
     origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for a in args:
-            if a is type(None):
-                continue
-            try:
-                return _coerce(a, value, key, source)
-            except ConfigError as exc:
-                errors.append(exc)
-        raise errors[0]
+        return _coerce_union(typing.get_args(tp), value, key, source)
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        if isinstance(value, tp):
-            return value
-        if value is None:  # e.g. AReaL's ``session_tracer: null``: the section's defaults (off)
-            return tp()
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            value = dataclass_to_dict(value)
-        if not isinstance(value, Mapping):
-            raise _type_error(key, value, f"a mapping of {tp.__name__} keys", source)
-        return _build(tp, value, prefix=key + ".", source=source)
+        return _coerce_section(tp, value, key, source)
     if tp is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.strip().lower() in _BOOLS:
-            return _BOOLS[value.strip().lower()]
-        raise _type_error(key, value, "a boolean (true/false)", source)
+        return _coerce_bool(value, key, source)
     if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, str):
-            try:
-                return int(value.strip())
-            except ValueError:
-                pass
-        raise _type_error(key, value, "an integer", source)
+        return _coerce_int(value, key, source)
     if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value.strip())
-            except ValueError:
-                pass
-        raise _type_error(key, value, "a number", source)
+        return _coerce_float(value, key, source)
     if tp is str:
-        if isinstance(value, str):
-            return value
-        if isinstance(value, os.PathLike):
-            return os.fspath(value)
-        raise _type_error(key, value, "a string", source)
+        return _coerce_str(value, key, source)
     if origin is dict:
-        if isinstance(value, str):  # "k1=v1,k2=v2" as in OTEL_EXPORTER_OTLP_HEADERS
-            value = _parse_kv(value, key, source)
-        if not isinstance(value, Mapping):
-            raise _type_error(key, value, "a mapping of strings", source)
-        return {str(k): str(v) for k, v in value.items()}
+        return _coerce_str_dict(value, key, source)
     if origin is list:
-        if isinstance(value, str):
-            value = [v for v in value.replace(",", " ").split() if v]
-        if not isinstance(value, (list, tuple)):
-            raise _type_error(key, value, "a list", source)
-        return [_coerce(args[0], v, f"{key}[{i}]", source) for i, v in enumerate(value)]
+        return _coerce_list(typing.get_args(tp)[0], value, key, source)
     return value
+
+
+def _coerce_union(args: tuple[Any, ...], value: Any, key: str, source: str) -> Any:
+    """An ``X | Y | None`` value: ``None`` where allowed, else the first member type that accepts it.
+
+    When no member accepts the value, the first member's error is raised.
+    """
+    if value is None and type(None) in args:
+        return None
+    errors = []
+    for a in args:
+        if a is type(None):
+            continue
+        try:
+            return _coerce(a, value, key, source)
+        except ConfigError as exc:
+            errors.append(exc)
+    raise errors[0]
+
+
+def _coerce_section(tp: type, value: Any, key: str, source: str) -> Any:
+    """A nested config section (dataclass ``tp``) from an instance, ``None``, a dataclass or a mapping."""
+    if isinstance(value, tp):
+        return value
+    if value is None:  # e.g. AReaL's ``session_tracer: null``: the section's defaults (off)
+        return tp()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = dataclass_to_dict(value)
+    if not isinstance(value, Mapping):
+        raise _type_error(key, value, f"a mapping of {tp.__name__} keys", source)
+    return _build(tp, value, prefix=key + ".", source=source)
+
+
+def _coerce_bool(value: Any, key: str, source: str) -> bool:
+    """A boolean, or one of the words in ``_BOOLS`` (any case, surrounding blanks ignored)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in _BOOLS:
+        return _BOOLS[value.strip().lower()]
+    raise _type_error(key, value, "a boolean (true/false)", source)
+
+
+def _coerce_int(value: Any, key: str, source: str) -> int:
+    """An integer (not a bool), or a string that parses as one."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            pass
+    raise _type_error(key, value, "an integer", source)
+
+
+def _coerce_float(value: Any, key: str, source: str) -> float:
+    """A number (int or float, not a bool) as a float, or a string that parses as one."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value.strip())
+        except ValueError:
+            pass
+    raise _type_error(key, value, "a number", source)
+
+
+def _coerce_str(value: Any, key: str, source: str) -> Any:
+    """A string, or a path-like object as its ``os.fspath``."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    raise _type_error(key, value, "a string", source)
+
+
+def _coerce_str_dict(value: Any, key: str, source: str) -> dict[str, str]:
+    """A ``dict[str, str]`` from a mapping or a ``"k1=v1,k2=v2"`` string (keys and values stringified)."""
+    if isinstance(value, str):  # "k1=v1,k2=v2" as in OTEL_EXPORTER_OTLP_HEADERS
+        value = _parse_kv(value, key, source)
+    if not isinstance(value, Mapping):
+        raise _type_error(key, value, "a mapping of strings", source)
+    return {str(k): str(v) for k, v in value.items()}
+
+
+def _coerce_list(item_tp: Any, value: Any, key: str, source: str) -> list[Any]:
+    """A list of ``item_tp`` from a list, a tuple or a comma/blank separated string; items coerced."""
+    if isinstance(value, str):
+        value = [v for v in value.replace(",", " ").split() if v]
+    if not isinstance(value, (list, tuple)):
+        raise _type_error(key, value, "a list", source)
+    return [_coerce(item_tp, v, f"{key}[{i}]", source) for i, v in enumerate(value)]
 
 
 _BOOLS = {"1": True, "true": True, "yes": True, "on": True,

@@ -53,51 +53,106 @@ def holder(run: Run, rank: int, step: int) -> dict[str, Any] | None:
 
 
 def analyze(run: Run) -> dict[str, Any]:
+    """The stragglers section of the report (see the module docstring)."""
     k = run.options.k
     ranks, steps, m = matrix(run)
     med, mad = median_mad(m)
     mad_used = max(mad, MAD_FLOOR * med) if math.isfinite(med) else math.nan
     threshold = med + k * mad_used if math.isfinite(med) else math.nan
-    per_step = []
+    per_step = [_step_row(run, ranks, st, m[:, j]) for j, st in enumerate(steps)]
+    outliers = _outliers(run, ranks, steps, m, per_step, med, mad_used, threshold)
+    total_wait, total_idle, total_step = _totals(run, ranks, per_step)
+    return {
+        "k": k, "median_s": fnum(med), "mad_s": fnum(mad), "threshold_s": fnum(threshold),
+        "ranks": ranks, "per_step": per_step, "per_rank": _per_rank(ranks, m, outliers), "outliers": outliers,
+        "total_barrier_wait_s": total_wait, "total_idle_rank_s": total_idle,
+        "total_step_s": total_step,
+        "barrier_wait_share": fnum(total_wait / total_step) if total_step > 0 else None,
+        "_matrix": (ranks, steps, m),
+    }
+
+
+def _fastest_slowest(col: np.ndarray, have: np.ndarray) -> tuple[int, int]:
+    """Row indices of the fastest and the slowest rank among those with a rollout time (``have``)."""
+    return int(have[np.argmin(col[have])]), int(have[np.argmax(col[have])])
+
+
+def _step_row(run: Run, ranks: list[int], st: int, col: np.ndarray) -> dict[str, Any]:
+    """One step: each rank's rollout seconds (``col``), and where any rank has one, the fastest and
+    slowest rank, the barrier wait, the idle rank time and the session that held the step."""
+    have = np.flatnonzero(np.isfinite(col))
+    row: dict[str, Any] = {"step": st, "rollout_s": {str(ranks[i]): float(col[i]) for i in have}}
+    if not have.size:
+        return row
+    fast_i, slow_i = _fastest_slowest(col, have)
+    fast, slow = float(col[fast_i]), float(col[slow_i])
+    row.update(fastest_rank=ranks[fast_i], slowest_rank=ranks[slow_i], fastest_s=fast,
+               slowest_s=slow, barrier_wait_s=slow - fast,
+               idle_rank_s=float(np.sum(slow - col[have])),
+               slowest_over_fastest=fnum(slow / fast) if fast > 0 else None)
+    row["held_by"] = holder(run, ranks[slow_i], st)
+    return row
+
+
+def _totals(run: Run, ranks: list[int], per_step: list[dict[str, Any]]) -> tuple[float, float, float]:
+    """Over the steps with rollout times: barrier wait, idle rank time and step time (the longest
+    step scope of the step's ranks, else its slowest rollout), in seconds."""
     total_wait = total_idle = total_step = 0.0
+    for row in per_step:
+        if "slowest_s" not in row:
+            continue
+        st, slow = row["step"], row["slowest_s"]
+        total_wait += row["barrier_wait_s"]
+        total_idle += row["idle_rank_s"]
+        durs = [run.steps_info[(r, st)].dur_us / 1e6 for r in ranks if (r, st) in run.steps_info]
+        total_step += max(durs) if durs else slow
+    return total_wait, total_idle, total_step
+
+
+def _outliers(run: Run, ranks: list[int], steps: list[int], m: np.ndarray, per_step: list[dict[str, Any]],
+              med: float, mad_used: float, threshold: float) -> list[dict[str, Any]]:
+    """The (rank, step) rollout times above ``threshold``, by step then slowest first, each with
+    the sessions that finished their own work last there (none when the threshold is NaN)."""
+    outliers: list[dict[str, Any]] = []
+    if not math.isfinite(threshold):
+        return outliers
+    for i, j in zip(*np.nonzero(np.nan_to_num(m, nan=-np.inf) > threshold), strict=True):
+        r, st = ranks[int(i)], steps[int(j)]
+        v = float(m[i, j])
+        latest = sorted(run.reader.latest.get((r, st), []), reverse=True)
+        outliers.append({
+            "step": st, "rank": r, "rollout_s": v, "median_s": med,
+            "excess_mads": fnum((v - med) / mad_used) if mad_used > 0 else None,
+            "slowest_rank_of_step": per_step[int(j)].get("slowest_rank") == r,
+            "sessions": [run.explain(b) for _, _, b in latest],
+        })
+    outliers.sort(key=lambda o: (o["step"], -o["rollout_s"]))
+    return outliers
+
+
+def _rank_tallies(ranks: list[int], m: np.ndarray) -> tuple[dict[int, int], dict[int, list[float]]]:
+    """Over the steps where two or more ranks have a rollout time: per rank, how often it was the
+    slowest, and its rollout time over the fastest rank's in each (when the fastest's is > 0)."""
     slowest_count = dict.fromkeys(ranks, 0)
     ratios: dict[int, list[float]] = {r: [] for r in ranks}
-    for j, st in enumerate(steps):
+    for j in range(m.shape[1]):
         col = m[:, j]
         have = np.flatnonzero(np.isfinite(col))
-        row: dict[str, Any] = {"step": st, "rollout_s": {str(ranks[i]): float(col[i]) for i in have}}
-        if have.size:
-            fast_i = int(have[np.argmin(col[have])])
-            slow_i = int(have[np.argmax(col[have])])
-            fast, slow = float(col[fast_i]), float(col[slow_i])
-            row.update(fastest_rank=ranks[fast_i], slowest_rank=ranks[slow_i], fastest_s=fast,
-                       slowest_s=slow, barrier_wait_s=slow - fast,
-                       idle_rank_s=float(np.sum(slow - col[have])),
-                       slowest_over_fastest=fnum(slow / fast) if fast > 0 else None)
-            if have.size > 1:
-                slowest_count[ranks[slow_i]] += 1
-                for i in have:
-                    if fast > 0:
-                        ratios[ranks[i]].append(float(col[i]) / fast)
-            row["held_by"] = holder(run, ranks[slow_i], st)
-            total_wait += slow - fast
-            total_idle += row["idle_rank_s"]
-            durs = [run.steps_info[(r, st)].dur_us / 1e6 for r in ranks if (r, st) in run.steps_info]
-            total_step += max(durs) if durs else slow
-        per_step.append(row)
-    outliers: list[dict[str, Any]] = []
-    if math.isfinite(threshold):
-        for i, j in zip(*np.nonzero(np.nan_to_num(m, nan=-np.inf) > threshold), strict=True):
-            r, st = ranks[int(i)], steps[int(j)]
-            v = float(m[i, j])
-            latest = sorted(run.reader.latest.get((r, st), []), reverse=True)
-            outliers.append({
-                "step": st, "rank": r, "rollout_s": v, "median_s": med,
-                "excess_mads": fnum((v - med) / mad_used) if mad_used > 0 else None,
-                "slowest_rank_of_step": per_step[int(j)].get("slowest_rank") == r,
-                "sessions": [run.explain(b) for _, _, b in latest],
-            })
-        outliers.sort(key=lambda o: (o["step"], -o["rollout_s"]))
+        if have.size <= 1:
+            continue
+        fast_i, slow_i = _fastest_slowest(col, have)
+        fast = float(col[fast_i])
+        slowest_count[ranks[slow_i]] += 1
+        if fast > 0:
+            for i in have:
+                ratios[ranks[i]].append(float(col[i]) / fast)
+    return slowest_count, ratios
+
+
+def _per_rank(ranks: list[int], m: np.ndarray, outliers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per rank: steps with a rollout time, mean rollout, median ratio to the fastest rank, steps
+    where it was the slowest, and its outlier steps."""
+    slowest_count, ratios = _rank_tallies(ranks, m)
     per_rank = []
     for ri, r in enumerate(ranks):
         row_vals = m[ri][np.isfinite(m[ri])]
@@ -108,11 +163,4 @@ def analyze(run: Run) -> dict[str, Any]:
             "slowest_in_steps": slowest_count[r],
             "outlier_steps": sum(1 for o in outliers if o["rank"] == r),
         })
-    return {
-        "k": k, "median_s": fnum(med), "mad_s": fnum(mad), "threshold_s": fnum(threshold),
-        "ranks": ranks, "per_step": per_step, "per_rank": per_rank, "outliers": outliers,
-        "total_barrier_wait_s": total_wait, "total_idle_rank_s": total_idle,
-        "total_step_s": total_step,
-        "barrier_wait_share": fnum(total_wait / total_step) if total_step > 0 else None,
-        "_matrix": (ranks, steps, m),
-    }
+    return per_rank

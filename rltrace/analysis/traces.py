@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,53 +119,16 @@ class TraceReader:
                     self.windows[key] = (s, e) if w is None else (min(w[0], s), max(w[1], e))
 
     def read(self, fi: int, path: Path, skipped: Skipped, progress: Progress) -> None:
+        """Aggregate one trace file's events (``fi``: its index); malformed ones are skipped and reported."""
         rank_of_file = file_rank(path, fi)
         while len(self.file_ranks) <= fi:
             self.file_ranks.append(rank_of_file)
-        scopes, extent, windows = self.scopes, self.extent, self.windows
-        prefix, train = self.train_prefix, self._train
         for lineno, ev in iter_objects(path, skipped, progress):
             try:
                 ph = ev.get("ph")
                 if ph == "X":
                     self.events += 1
-                    ts = ev.get("ts")
-                    if ts is None:
-                        continue
-                    ts = float(ts)
-                    dur = float(ev.get("dur") or 0.0)
-                    key = (fi, ev.get("pid"))
-                    if windows is not None:
-                        w = windows.get(key)
-                        if w is None or ts < w[0] or ts > w[1]:
-                            continue
-                    name = ev.get("name")
-                    if type(name) is not str:
-                        name = str(name)
-                    q = scopes.get(name)
-                    if q is None:
-                        if len(scopes) < MAX_SCOPE_NAMES:
-                            q = scopes[name] = BoundedQuantiles()
-                        else:
-                            q = scopes.get(OTHER) or scopes.setdefault(OTHER, BoundedQuantiles())
-                    buf = q.buffer
-                    buf.append(dur)
-                    if len(buf) >= q.exact_limit:
-                        q.maybe_flush()
-                    end = ts + dur
-                    e = extent.get(key)
-                    if e is None:
-                        extent[key] = [ts, end]
-                    else:
-                        if ts < e[0]:
-                            e[0] = ts
-                        if end > e[1]:
-                            e[1] = end
-                    if name.startswith(prefix) or name == self.step_scope:
-                        train.append((fi, ev.get("pid"), ev.get("tid"), ts, dur, name,
-                                      _step_arg(ev.get("args"))))
-                    elif name.startswith(TOOL_PHASES) or "gen_ai.tool.name" in (ev.get("args") or ()):
-                        self._tool(ev, dur)
+                    self._complete(fi, ev)
                 elif ph == "C":
                     self.events += 1
                     self._counter(fi, ev)
@@ -174,6 +138,52 @@ class TraceReader:
                     self.events += 1
             except BAD_EVENT as exc:
                 skipped.add(f"{path}:{lineno}: malformed trace event ({exc!r}), skipped")
+
+    def _complete(self, fi: int, ev: dict[str, Any]) -> None:
+        """A complete (``X``) event of file ``fi`` inside its process's window: its duration into its
+        scope's statistics, its process's extent, and the train.* scope or tool call records."""
+        ts = ev.get("ts")
+        if ts is None:
+            return
+        ts = float(ts)
+        dur = float(ev.get("dur") or 0.0)
+        key = (fi, ev.get("pid"))
+        windows = self.windows
+        if windows is not None:
+            w = windows.get(key)
+            if w is None or ts < w[0] or ts > w[1]:
+                return
+        name = ev.get("name")
+        if type(name) is not str:
+            name = str(name)
+        q = self.scopes.get(name)
+        if q is None:
+            q = self._new_scope(name)
+        buf = q.buffer
+        buf.append(dur)
+        if len(buf) >= q.exact_limit:
+            q.maybe_flush()
+        end = ts + dur
+        e = self.extent.get(key)
+        if e is None:
+            self.extent[key] = [ts, end]
+        else:
+            if ts < e[0]:
+                e[0] = ts
+            if end > e[1]:
+                e[1] = end
+        if name.startswith(self.train_prefix) or name == self.step_scope:
+            self._train.append((fi, ev.get("pid"), ev.get("tid"), ts, dur, name, _step_arg(ev.get("args"))))
+        elif name.startswith(TOOL_PHASES) or "gen_ai.tool.name" in (ev.get("args") or ()):
+            self._tool(ev, dur)
+
+    def _new_scope(self, name: str) -> BoundedQuantiles:
+        """The statistics of a scope name not seen yet (past ``MAX_SCOPE_NAMES`` names: ``OTHER``'s)."""
+        scopes = self.scopes
+        if len(scopes) < MAX_SCOPE_NAMES:
+            q = scopes[name] = BoundedQuantiles()
+            return q
+        return scopes.get(OTHER) or scopes.setdefault(OTHER, BoundedQuantiles())
 
     def _meta(self, fi: int, ev: dict[str, Any]) -> None:
         if ev.get("name") == "process_labels":
@@ -242,12 +252,24 @@ class TraceReader:
     def step_infos(self) -> dict[tuple[int, int], StepInfo]:
         """(rank, step) -> :class:`StepInfo` for every selected step scope in the traces."""
         by_proc = step_windows(self._train, self.step_scope)
-        others = [(fi, pid, tid, ts, dur, name) for fi, pid, tid, ts, dur, name, _ in self._train
-                  if name != self.step_scope]
+        infos = self._selected_steps(by_proc)
+        starts = {proc: [s for s, _, _ in lst] for proc, lst in by_proc.items()}
+        for fi, pid, ts, dur, name, depth in self._train_scopes_with_depth():
+            info = self._enclosing_step(infos, by_proc, starts, fi, pid, ts, dur)
+            if info is None:
+                continue
+            if name == self.rollout_scope:
+                _add_rollout(info, ts, dur)
+            if depth == 0:
+                info.breakdown[name] = info.breakdown.get(name, 0.0) + dur
+        return infos
+
+    def _selected_steps(self, by_proc: dict[tuple[int, Any], list[tuple[float, float, int]]]
+                        ) -> dict[tuple[int, int], StepInfo]:
+        """A :class:`StepInfo` per rank and selected step: the hull of that step's windows over the
+        rank's processes."""
         infos: dict[tuple[int, int], StepInfo] = {}
-        starts: dict[tuple[int, Any], list[float]] = {}
         for proc, lst in by_proc.items():
-            starts[proc] = [s for s, _, _ in lst]
             for s, e, n in lst:
                 if n not in self.steps:
                     continue
@@ -259,7 +281,13 @@ class TraceReader:
                     end = max(info.start_us + info.dur_us, e)
                     info.start_us = min(info.start_us, s)
                     info.dur_us = end - info.start_us
-        # depth among train.* scopes on one lane: only direct children count in the breakdown
+        return infos
+
+    def _train_scopes_with_depth(self) -> Iterator[tuple[int, Any, float, float, str, int]]:
+        """The train.* scopes other than the step scope, by lane (file, pid, tid) and start, each as
+        (file index, pid, ts, dur, name, depth): how many of them it is nested in on its lane."""
+        others = [(fi, pid, tid, ts, dur, name) for fi, pid, tid, ts, dur, name, _ in self._train
+                  if name != self.step_scope]
         others.sort(key=lambda t: (t[0], str(t[1]), str(t[2]), t[3], -t[4]))
         stack: list[float] = []
         lane = None
@@ -273,24 +301,21 @@ class TraceReader:
                 stack.pop()
             depth = len(stack)
             stack.append(end)
-            found = by_proc.get((fi, pid))
-            if not found:
-                continue
-            i = bisect_right(starts[(fi, pid)], ts) - 1
-            if i < 0 or ts + dur > found[i][1] + 1.0:
-                continue
-            info = infos.get((self.rank_of(fi, pid), found[i][2]))
-            if info is None:
-                continue
-            if name == self.rollout_scope:
-                info.rollout_scopes += 1
-                info.rollout_dur_us = dur
-                lo, hi = info.rollout_start_us, info.rollout_end_us
-                info.rollout_start_us = ts if lo is None else min(lo, ts)
-                info.rollout_end_us = end if hi is None else max(hi, end)
-            if depth == 0:
-                info.breakdown[name] = info.breakdown.get(name, 0.0) + dur
-        return infos
+            yield fi, pid, ts, dur, name, depth
+
+    def _enclosing_step(self, infos: dict[tuple[int, int], StepInfo],
+                        by_proc: dict[tuple[int, Any], list[tuple[float, float, int]]],
+                        starts: dict[tuple[int, Any], list[float]], fi: int, pid: Any, ts: float,
+                        dur: float) -> StepInfo | None:
+        """The selected step whose window (of process ``(fi, pid)``) holds the scope at ``ts`` lasting
+        ``dur`` (ending up to 1 µs past the window counts), or None."""
+        found = by_proc.get((fi, pid))
+        if not found:
+            return None
+        i = bisect_right(starts[(fi, pid)], ts) - 1
+        if i < 0 or ts + dur > found[i][1] + 1.0:
+            return None
+        return infos.get((self.rank_of(fi, pid), found[i][2]))
 
     def rank_step_windows(self) -> dict[int, list[tuple[float, float, int]]]:
         """rank -> sorted (start, end, step) µs windows of every step (selected or not)."""
@@ -312,6 +337,16 @@ class TraceReader:
             d = out.setdefault(name, {})
             d[r] = d.get(r, 0.0) + (c.last - c.base)
         return out
+
+
+def _add_rollout(info: StepInfo, ts: float, dur: float) -> None:
+    """Widen the step's rollout to a rollout scope at ``ts`` lasting ``dur`` (and count it)."""
+    info.rollout_scopes += 1
+    info.rollout_dur_us = dur
+    end = ts + dur
+    lo, hi = info.rollout_start_us, info.rollout_end_us
+    info.rollout_start_us = ts if lo is None else min(lo, ts)
+    info.rollout_end_us = end if hi is None else max(hi, end)
 
 
 def step_windows(events: list[tuple[int, Any, Any, float, float, str, Any]],

@@ -131,33 +131,49 @@ class _Step:
 
 
 def _merge_steps(states: list[RankState]) -> list[_Step]:
+    """The last ``STEPS_SHOWN`` steps' figures summed over all ranks, oldest step first."""
     steps: dict[Any, _Step] = {}
     for st in states:
-        for e in st.doc.get("steps") or ():
-            s = steps.setdefault(e.get("step"), _Step(e.get("step")))
-            s.done += int(e.get("done") or 0)
-            s.by_status.update(e.get("by_status") or {})
-            for b, c in e.get("hist") or ():
-                s.hist[int(b)] += int(c)
-            s.max_s = max(s.max_s, float(e.get("max_s") or 0.0))
         open_ = st.doc.get("open") or {}
-        for e in open_.get("by_step") or ():
-            if e.get("step") == "older":
-                continue
-            s = steps.setdefault(e.get("step"), _Step(e.get("step")))
-            s.open += int(e.get("open") or 0)
-            for b, c in e.get("age_hist") or ():
-                s.age_hist[int(b)] += int(c)
-        for item in open_.get("listed") or ():
-            listed = steps.get(item.get("step"))
-            if listed is not None:
-                age = float(item.get("age_s") or 0.0)
-                listed.oldest_s = age if listed.oldest_s is None else max(listed.oldest_s, age)
+        _add_finished(steps, st.doc.get("steps") or ())
+        _add_in_flight(steps, open_.get("by_step") or ())
+        _add_listed_ages(steps, open_.get("listed") or ())
     for s in steps.values():
         if s.oldest_s is None and s.age_hist:
             s.oldest_s = bucket_upper(max(s.age_hist))
     ordered = sorted(steps.values(), key=lambda s: s.step if isinstance(s.step, int) else -math.inf)
     return ordered[-STEPS_SHOWN:]
+
+
+def _add_finished(steps: dict[Any, _Step], entries: Iterable[dict[str, Any]]) -> None:
+    """Add one rank's finished sessions per step (counts, statuses, duration histogram, max)."""
+    for e in entries:
+        s = steps.setdefault(e.get("step"), _Step(e.get("step")))
+        s.done += int(e.get("done") or 0)
+        s.by_status.update(e.get("by_status") or {})
+        for b, c in e.get("hist") or ():
+            s.hist[int(b)] += int(c)
+        s.max_s = max(s.max_s, float(e.get("max_s") or 0.0))
+
+
+def _add_in_flight(steps: dict[Any, _Step], entries: Iterable[dict[str, Any]]) -> None:
+    """Add one rank's sessions in flight per step (count and age histogram); ``older`` is skipped."""
+    for e in entries:
+        if e.get("step") == "older":
+            continue
+        s = steps.setdefault(e.get("step"), _Step(e.get("step")))
+        s.open += int(e.get("open") or 0)
+        for b, c in e.get("age_hist") or ():
+            s.age_hist[int(b)] += int(c)
+
+
+def _add_listed_ages(steps: dict[Any, _Step], listed: Iterable[dict[str, Any]]) -> None:
+    """Raise each known step's oldest age to its listed sessions' exact ages (unknown steps ignored)."""
+    for item in listed:
+        s = steps.get(item.get("step"))
+        if s is not None:
+            age = float(item.get("age_s") or 0.0)
+            s.oldest_s = age if s.oldest_s is None else max(s.oldest_s, age)
 
 
 def _spark(s: _Step, points: list[float]) -> str:
@@ -181,9 +197,7 @@ def _spark(s: _Step, points: list[float]) -> str:
 
 def render(states: list[RankState], logdir: Path | str, *, interval_s: float = 1.0) -> Any:
     """The frame for ``states`` as a ``rich`` renderable (a group of tables)."""
-    from rich import box
     from rich.console import Group
-    from rich.table import Table
     from rich.text import Text
 
     title = Text.assemble(("rltrace top", "bold"), f"  {logdir}  ")
@@ -193,121 +207,197 @@ def render(states: list[RankState], logdir: Path | str, *, interval_s: float = 1
                     "and live_interval_s > 0)")
         return Group(title, hint)
     live = [s for s in states if s.state == "live"]
-    newest = min(s.age_s for s in states)
-    if live:
-        title.append(f"{len(live)}/{len(states)} rank file(s) live", style="bold green")
-    elif all(s.state == "closed" for s in states):
-        title.append(f"run finished: not live (last update {_fmt_s(newest)} ago)", style="bold yellow")
-    else:
-        title.append(f"not live: last update {_fmt_s(newest)} ago (the run stopped or is stuck)",
-                     style="bold red")
+    status, style = _run_status(states, live)
+    title.append(status, style=style)
     doc0 = states[0].doc
     title.append(f"  experiment {doc0.get('experiment')} / {doc0.get('trial')}")
+    parts: list[Any] = [title, _ranks_table(states, live), _tail_table(_merge_steps(states))]
+    items = _oldest_in_flight(live or states)
+    if items:
+        parts.append(_oldest_table(items))
+    parts.append(_footer(states, interval_s))
+    return Group(*parts)
 
-    ref = live or states
-    steps_now: list[int] = [s.doc["step"] for s in ref if isinstance(s.doc.get("step"), int)]
-    max_step = max(steps_now) if steps_now else None
+
+def _table(title: str) -> Any:
+    """An empty table in the view's style: a rule under the header, the title on the left, tight padding."""
+    from rich import box
+    from rich.table import Table
+
+    return Table(box=box.SIMPLE_HEAD, title=title, title_justify="left", pad_edge=False,
+                 collapse_padding=True)
+
+
+def _run_status(states: list[RankState], live: list[RankState]) -> tuple[str, str]:
+    """The title's word on the run and its style: live, finished, or stopped/stuck since when."""
+    newest = min(s.age_s for s in states)
+    if live:
+        return f"{len(live)}/{len(states)} rank file(s) live", "bold green"
+    if all(s.state == "closed" for s in states):
+        return f"run finished: not live (last update {_fmt_s(newest)} ago)", "bold yellow"
+    return f"not live: last update {_fmt_s(newest)} ago (the run stopped or is stuck)", "bold red"
+
+
+def _phases(states: list[RankState]) -> list[str]:
+    """The phase columns: the usual first phases where any rank has them, then the others by name."""
     phases: list[str] = [p for p in _FIRST_PHASES if any(p in (s.doc.get("open") or {}).get("by_phase", {})
                                                           for s in states)]
     extra = sorted({p for s in states for p in (s.doc.get("open") or {}).get("by_phase", {})} - set(phases))
-    phases += extra
+    return phases + extra
 
-    # role, host and pid only when they tell ranks apart (a narrow terminal keeps the figures)
-    show_role = any(s.doc.get("role") for s in states)
-    show_host = len({s.doc.get("host") for s in states}) > 1
-    show_pid = len({(s.rank, s.doc.get("role")) for s in states}) < len(states)
-    ranks = Table(box=box.SIMPLE_HEAD, title="ranks", title_justify="left", pad_edge=False,
-                  collapse_padding=True)
-    cols = ["rank", *(["role"] if show_role else []), *(["host"] if show_host else []),
-            *(["pid"] if show_pid else []), "step", "lag", "flight", *phases, "idle", "oldest", "done",
+
+def _who_columns(states: list[RankState]) -> list[str]:
+    """Of role, host and pid, those that tell ranks apart (a narrow terminal keeps the figures)."""
+    shown = {"role": any(s.doc.get("role") for s in states),
+             "host": len({s.doc.get("host") for s in states}) > 1,
+             "pid": len({(s.rank, s.doc.get("role")) for s in states}) < len(states)}
+    return [k for k, on in shown.items() if on]
+
+
+def _newest_step(states: list[RankState]) -> int | None:
+    """The highest integer step among ``states`` (``None`` when none has one)."""
+    steps_now: list[int] = [s.doc["step"] for s in states if isinstance(s.doc.get("step"), int)]
+    return max(steps_now) if steps_now else None
+
+
+def _ranks_table(states: list[RankState], live: list[RankState]) -> Any:
+    """One row per rank file: step and lag behind the newest live step, sessions in flight by phase,
+    finished sessions and their rates, the file's age and state."""
+    max_step = _newest_step(live or states)
+    phases = _phases(states)
+    who = _who_columns(states)
+    ranks = _table("ranks")
+    cols = ["rank", *who, "step", "lag", "flight", *phases, "idle", "oldest", "done",
             "acc%", "fail%", "upd", "state"]
     for name in cols:
         ranks.add_column(name, justify="left" if name in ("role", "host", "state") else "right",
                          no_wrap=True)
-    tot_done, tot_status, missed = 0, Counter[str](), 0
     for s in states:
-        d = s.doc
-        open_ = d.get("open") or {}
-        fin = d.get("finished") or {}
-        by_status = Counter(fin.get("by_status") or {})
-        done = int(fin.get("total") or 0)
-        tot_done += done
-        tot_status.update(by_status)
-        missed += int(fin.get("missed") or 0)
-        step = d.get("step")
-        behind = max_step - step if isinstance(step, int) and max_step is not None else None
-        approx = "~" if (open_.get("sampled_every") or 1) > 1 else ""
-        by_phase = open_.get("by_phase") or {}
-        state = s.state
-        style = {"stale": "red", "closed": "dim"}.get(state)
-        if state == "live" and behind:
-            state, style = "behind", "yellow"
-        who = [str(d.get(k) or "-") for k, on in (("role", show_role), ("host", show_host),
-                                                   ("pid", show_pid)) if on]
-        ranks.add_row(
-            str(s.rank), *who,
-            str(step) if step is not None else "-", str(behind) if behind is not None else "-",
-            str(open_.get("sessions", 0)), *(f"{approx}{by_phase.get(p, 0)}" for p in phases),
-            f"{approx}{open_.get('between_phases', 0)}", _fmt_s(open_.get("oldest_age_s")), str(done),
-            _pct(by_status.get("accepted", 0), by_status.total()),
-            _pct(by_status.get("failed", 0), by_status.total()),
-            _fmt_s(s.age_s), state, style=style,
-        )
+        cells, style = _rank_row(s, max_step, phases, who)
+        ranks.add_row(*cells, style=style)
+    return ranks
 
-    merged = _merge_steps(states)
+
+def _rank_row(s: RankState, max_step: int | None, phases: list[str],
+              who: list[str]) -> tuple[list[str], str | None]:
+    """The ranks table's cells for one rank file, and the row's style (``~``: counts from a sample)."""
+    d = s.doc
+    open_ = d.get("open") or {}
+    fin = d.get("finished") or {}
+    by_status = Counter(fin.get("by_status") or {})
+    done = int(fin.get("total") or 0)
+    step = d.get("step")
+    behind = max_step - step if isinstance(step, int) and max_step is not None else None
+    approx = "~" if (open_.get("sampled_every") or 1) > 1 else ""
+    by_phase = open_.get("by_phase") or {}
+    state, style = _rank_state(s.state, behind)
+    cells = [
+        str(s.rank), *(str(d.get(k) or "-") for k in who),
+        str(step) if step is not None else "-", str(behind) if behind is not None else "-",
+        str(open_.get("sessions", 0)), *(f"{approx}{by_phase.get(p, 0)}" for p in phases),
+        f"{approx}{open_.get('between_phases', 0)}", _fmt_s(open_.get("oldest_age_s")), str(done),
+        _pct(by_status.get("accepted", 0), by_status.total()),
+        _pct(by_status.get("failed", 0), by_status.total()),
+        _fmt_s(s.age_s), state,
+    ]
+    return cells, style
+
+
+def _rank_state(state: str, behind: int | None) -> tuple[str, str | None]:
+    """A rank's state cell and row style: a live rank behind the newest step shows as ``behind``."""
+    if state == "live" and behind:
+        return "behind", "yellow"
+    return state, {"stale": "red", "closed": "dim"}.get(state)
+
+
+def _cdf_range(merged: list[_Step]) -> tuple[float, float]:
+    """The durations the CDF column spans: from the shortest bucket seen to the longest, at least 2x."""
     top_edge = max([bucket_upper(max(s.hist)) for s in merged if s.hist]
                    + [bucket_upper(max(s.age_hist)) for s in merged if s.age_hist] + [EDGES[0]])
-    tail = Table(box=box.SIMPLE_HEAD, title="long tail: session duration by step (submit to finalize)",
-                 title_justify="left", pad_edge=False,
-                  collapse_padding=True)
-    for name in ("step", "done", "flight", "p50", "p90", "p99", "max", "oldest", ">p90prev"):
-        tail.add_column(name, justify="right", no_wrap=True)
     lows = [min(h) for s in merged for h in (s.hist, s.age_hist) if h]
     lo = max(EDGES[0], EDGES[min(lows) - 1] if lows and min(lows) > 0 else EDGES[0])
-    top_edge = max(top_edge, lo * 2)
-    points = [lo * (top_edge / lo) ** (i / (CDF_WIDTH - 1)) for i in range(CDF_WIDTH)]
-    tail.add_column(f"CDF {_fmt_s(lo)}..{_fmt_s(top_edge)}", no_wrap=True)
-    for i, row in enumerate(merged):
-        prev = Counter[int]()
-        for p in merged[:i]:
-            prev.update(p.hist)
-        p90 = _quantile(prev, 0.9)
-        over = None
-        if p90 is not None and row.open:
-            over = sum(c for b, c in row.age_hist.items() if (EDGES[b - 1] if b > 0 else 0.0) >= p90)
-        current = i == len(merged) - 1 and row.open > 0
-        tail.add_row(
-            str(row.step) if row.step is not None else "-", str(row.done), str(row.open),
-            *(_fmt_s(min(q, row.max_s)) if q is not None else "-"
-              for q in (_quantile(row.hist, x) for x in (0.5, 0.9, 0.99))),
-            _fmt_s(row.max_s) if row.done else "-", _fmt_s(row.oldest_s) if row.open else "-",
-            str(over) if over is not None else "-", _spark(row, points),
-            style="bold" if current else None,
-        )
+    return lo, max(top_edge, lo * 2)
 
-    oldest = Table(box=box.SIMPLE_HEAD, title="oldest sessions in flight", title_justify="left",
-                   pad_edge=False,
-                  collapse_padding=True)
+
+def _tail_table(merged: list[_Step]) -> Any:
+    """The long tail: per step, duration quantiles, the oldest in flight, how many in flight are
+    already older than the previous steps' P90, and the duration CDF (the current step in bold)."""
+    lo, top_edge = _cdf_range(merged)
+    points = [lo * (top_edge / lo) ** (i / (CDF_WIDTH - 1)) for i in range(CDF_WIDTH)]
+    tail = _table("long tail: session duration by step (submit to finalize)")
+    for name in ("step", "done", "flight", "p50", "p90", "p99", "max", "oldest", ">p90prev"):
+        tail.add_column(name, justify="right", no_wrap=True)
+    tail.add_column(f"CDF {_fmt_s(lo)}..{_fmt_s(top_edge)}", no_wrap=True)
+    prev = Counter[int]()  # the durations of the steps above the row
+    for i, row in enumerate(merged):
+        current = i == len(merged) - 1 and row.open > 0
+        tail.add_row(*_tail_cells(row, _quantile(prev, 0.9), points), style="bold" if current else None)
+        prev.update(row.hist)
+    return tail
+
+
+def _tail_cells(row: _Step, p90_prev: float | None, points: list[float]) -> list[str]:
+    """The long-tail table's cells for one step (quantiles capped at the step's longest duration)."""
+    over = _older_than(row, p90_prev)
+    return [
+        str(row.step) if row.step is not None else "-", str(row.done), str(row.open),
+        *(_fmt_s(min(q, row.max_s)) if q is not None else "-"
+          for q in (_quantile(row.hist, x) for x in (0.5, 0.9, 0.99))),
+        _fmt_s(row.max_s) if row.done else "-", _fmt_s(row.oldest_s) if row.open else "-",
+        str(over) if over is not None else "-", _spark(row, points),
+    ]
+
+
+def _older_than(row: _Step, p90_prev: float | None) -> int | None:
+    """Sessions of the step in flight whose age bucket starts at or above ``p90_prev`` (``None``
+    when there is no previous P90 or nothing in flight)."""
+    if p90_prev is None or not row.open:
+        return None
+    return sum(c for b, c in row.age_hist.items() if (EDGES[b - 1] if b > 0 else 0.0) >= p90_prev)
+
+
+def _oldest_in_flight(states: list[RankState]) -> list[tuple[RankState, dict[str, Any]]]:
+    """The sessions in flight the rank files list, with their rank, oldest first."""
+    items = [(s, it) for s in states for it in (s.doc.get("open") or {}).get("listed") or ()]
+    items.sort(key=lambda x: -float(x[1].get("age_s") or 0.0))
+    return items
+
+
+def _oldest_table(items: list[tuple[RankState, dict[str, Any]]]) -> Any:
+    """The first ``OLDEST_SHOWN`` of ``items``: session, task, step, age, open phases and turn."""
+    oldest = _table("oldest sessions in flight")
     for name in ("rank", "session", "task", "step", "age", "open phases", "phase age", "turn"):
         oldest.add_column(name, justify="left" if name == "open phases" else "right", no_wrap=True)
-    items = [(s, it) for s in live or states for it in (s.doc.get("open") or {}).get("listed") or ()]
-    items.sort(key=lambda x: -float(x[1].get("age_s") or 0.0))
     for s, it in items[:OLDEST_SHOWN]:
         oldest.add_row(str(s.rank), str(it.get("session_id")), str(it.get("task_id")),
                        str(it.get("step")), _fmt_s(it.get("age_s")), ",".join(it.get("phases") or ()) or "-",
                        _fmt_s(it.get("phase_age_s")), str(it.get("turn")))
+    return oldest
 
-    rated = tot_status.total()
-    foot = Text(f"finished {tot_done} sessions: accepted {_pct(tot_status.get('accepted', 0), rated)}, "
-                f"rejected {_pct(tot_status.get('rejected', 0), rated)}, "
-                f"failed {_pct(tot_status.get('failed', 0), rated)}"
+
+def _finished_totals(states: list[RankState]) -> tuple[int, Counter[str], int]:
+    """Finished sessions over all rank files: the count, the count by status, and those missed
+    (in bursts, so in neither the rates nor the step figures)."""
+    done, by_status, missed = 0, Counter[str](), 0
+    for s in states:
+        fin = s.doc.get("finished") or {}
+        by_status.update(Counter(fin.get("by_status") or {}))
+        done += int(fin.get("total") or 0)
+        missed += int(fin.get("missed") or 0)
+    return done, by_status, missed
+
+
+def _footer(states: list[RankState], interval_s: float) -> Any:
+    """The last line: finished sessions and their acceptance, rejection and failure rates."""
+    from rich.text import Text
+
+    done, by_status, missed = _finished_totals(states)
+    rated = by_status.total()
+    return Text(f"finished {done} sessions: accepted {_pct(by_status.get('accepted', 0), rated)}, "
+                f"rejected {_pct(by_status.get('rejected', 0), rated)}, "
+                f"failed {_pct(by_status.get('failed', 0), rated)}"
                 + (f" ({missed} in bursts not in the rates and step figures)" if missed else "")
                 + f"   refresh {interval_s:g}s, Ctrl-C quits", style="dim")
-    parts: list[Any] = [title, ranks, tail]
-    if items:
-        parts.append(oldest)
-    parts.append(foot)
-    return Group(*parts)
 
 
 class TopView:

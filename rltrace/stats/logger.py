@@ -182,6 +182,14 @@ class StatsLogger:
         self.sinks: list[Sink] = []
         if rank != 0:
             return
+        self._apply_arguments(console=console, jsonl=jsonl, otel=otel, wandb=wandb, tensorboard=tensorboard)
+        self._open_sinks(exp_config, stream)
+        self.sinks.extend(sinks)
+
+    def _apply_arguments(self, *, console: bool | None, jsonl: bool | None, otel: bool | None,
+                         wandb: Any, tensorboard: Any) -> None:
+        """Let the keyword arguments given (not None) override the config's sink switches."""
+        cfg = self.config
         if console is not None:
             cfg.console = console
         if jsonl is not None:
@@ -192,6 +200,10 @@ class StatsLogger:
             cfg.wandb = _wandb_arg(wandb)
         if tensorboard is not None:
             cfg.tensorboard = _tensorboard_arg(tensorboard, self.log_dir)
+
+    def _open_sinks(self, exp_config: Any, stream: IO[str] | None) -> None:
+        """Start the sinks the config turns on, in order: console, jsonl, W&B, TensorBoard, OTel."""
+        cfg = self.config
         if cfg.console:
             self._open("console", lambda: ConsoleSink(stream))
         if cfg.jsonl:
@@ -204,7 +216,6 @@ class StatsLogger:
             from .otel_sink import OTelMetricsSink
 
             self._open("otel", OTelMetricsSink)
-        self.sinks.extend(sinks)
 
     @staticmethod
     def _log_dir(cfg: StatsLoggerConfig, tracer: TracerConfig | None, p: Any) -> Path:

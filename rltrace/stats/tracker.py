@@ -401,47 +401,54 @@ class StatsTracker:
         """
         for hook in list(self.before_export):
             hook(self)
-        with self._lock:
-            deferred, self._deferred = self._deferred, []
-        resolved = [(d.key, d.resolve()) for d in deferred]  # device reads, outside the lock
+        resolved = self._resolve_deferred()
+        chosen = _selector(key)
         dropped: list[str] = []
         with self._lock:
             for k, part in resolved:
                 agg = self._aggs.get(k)
                 if agg is not None:
                     agg.add(*part)
-
-            def chosen(k: str) -> bool:
-                return key is None or k == key or k.startswith(key + "/")
-
-            out = {}
-            for k, a in self._aggs.items():
-                if chosen(k):
-                    out[k] = Aggregate(a.kind, a.total, a.count, a.lo, a.hi)
+            out = {k: Aggregate(a.kind, a.total, a.count, a.lo, a.hi)
+                   for k, a in self._aggs.items() if chosen(k)}
             if reset:
-                for k in out:
-                    del self._aggs[k]
-                for d in [d for d in self._masks if chosen(d)]:
-                    del self._masks[d]
-                for k in [k for k in self._counts if chosen(k)]:
-                    del self._counts[k]
-                for d in list(self._waiting):
-                    keep = []
-                    for w in self._waiting[d]:
-                        if chosen(w.key) or chosen(d):
-                            dropped.append(w.key)
-                        else:
-                            keep.append(w)
-                    if keep:
-                        self._waiting[d] = keep
-                    else:
-                        del self._waiting[d]
+                self._drop_locked(out, chosen)
+                dropped = self._drop_waiting_locked(chosen)
         if dropped:
-            log.warning(
-                "rltrace.stats: %d stat value(s) of %s had no denominator mask of their index at "
-                "export and were left out (as AReaL leaves them out); call stats.denominator() "
-                "once per stats.stat() of each key", len(dropped), ", ".join(sorted(set(dropped))))
+            _warn_left_out(dropped)
         return out
+
+    def _resolve_deferred(self) -> list[tuple[str, Partial]]:
+        """Take the values still on a device and read them back, outside the lock (device reads)."""
+        with self._lock:
+            deferred, self._deferred = self._deferred, []
+        return [(d.key, d.resolve()) for d in deferred]
+
+    def _drop_locked(self, exported: dict[str, Aggregate], chosen: Callable[[str], bool]) -> None:
+        """Drop the exported values, and the masks and stat counts of the chosen keys (lock held)."""
+        for k in exported:
+            del self._aggs[k]
+        for d in [d for d in self._masks if chosen(d)]:
+            del self._masks[d]
+        for k in [k for k in self._counts if chosen(k)]:
+            del self._counts[k]
+
+    def _drop_waiting_locked(self, chosen: Callable[[str], bool]) -> list[str]:
+        """Drop the stats still waiting for a mask whose key or denominator is chosen (lock held);
+        returns their keys, one per value dropped."""
+        dropped: list[str] = []
+        for d in list(self._waiting):
+            keep = []
+            for w in self._waiting[d]:
+                if chosen(w.key) or chosen(d):
+                    dropped.append(w.key)
+                else:
+                    keep.append(w)
+            if keep:
+                self._waiting[d] = keep
+            else:
+                del self._waiting[d]
+        return dropped
 
     def export(self, key: str | None = None, reduce_group: Any = None,
                reset: bool = True) -> dict[str, float]:
@@ -475,6 +482,23 @@ def _reduce_and_finalize(aggs: dict[str, Aggregate], reduce_group: Any) -> dict[
     if reducer is not None:
         aggs = allreduce(aggs, reducer)
     return finalize(aggs)
+
+
+def _selector(key: str | None) -> Callable[[str], bool]:
+    """Whether a full key is ``key`` or below it (every key when ``key`` is None)."""
+
+    def chosen(k: str) -> bool:
+        return key is None or k == key or k.startswith(key + "/")
+
+    return chosen
+
+
+def _warn_left_out(dropped: list[str]) -> None:
+    """Warn that stat values still waiting for their denominator's mask were left out of an export."""
+    log.warning(
+        "rltrace.stats: %d stat value(s) of %s had no denominator mask of their index at "
+        "export and were left out (as AReaL leaves them out); call stats.denominator() "
+        "once per stats.stat() of each key", len(dropped), ", ".join(sorted(set(dropped))))
 
 
 #: the tracker behind the module-level functions (``stats.scalar``, ``stats.export``, ...)
