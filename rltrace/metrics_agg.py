@@ -8,7 +8,7 @@ bucket histograms with the reader's boundaries, count, sum, min, max; a monotoni
 counter) in plain lists, per metric reader and in the reader's temporality, and adds the
 finished points to what each reader collects (:func:`rltrace.otel_compat.add_collect_source`).
 Readers see ``rl.session.duration``, ``rl.phase.duration`` and ``rl.sessions`` exactly as if
-they had been recorded one by one (``tests/test_metrics_agg.py`` compares the two), from
+they had been recorded one by one (``tests/sessions/test_metrics_agg.py`` compares the two), from
 OTLP's periodic reader, a Prometheus reader or an in-memory one alike.
 
 Where a reader asks for an aggregation this module does not reproduce (exponential

@@ -3,7 +3,7 @@
 The hot path needs what the public API offers only at a higher cost (a contextvar ``get`` and
 ``set`` instead of ``context.get_current()``/``attach()`` with their token bookkeeping), and a
 few things have no public API at all.  Everything private is taken here, once, with a fallback
-where one exists; ``tests/test_otel_compat.py`` fails on an API/SDK version that breaks any of
+where one exists; ``tests/api/test_otel_compat.py`` fails on an API/SDK version that breaks any of
 them, so an upgrade that changes them is caught in CI, not in a user's training run.
 
 - ``SPAN_KEY``: the context key under which the current span lives

@@ -12,7 +12,7 @@ concatenated messages of one type merges them: repeated fields append).
 Records this fast path does not cover (events, links, an error or status, more attributes
 than the span limits allow, a value-length limit) go through the SDK path
 (``SpanBuilder.build`` and ``encode_spans``), so every span is encoded exactly as the SDK
-would encode it; ``tests/test_otlp_encode.py`` checks both against the SDK's own encoding.
+would encode it; ``tests/export/otlp/test_otlp_encode.py`` checks both against the SDK's own encoding.
 Foreign ``ReadableSpan``s (other instrumentation's spans ended through rltrace's provider)
 are encoded by the SDK's encoder and sent in the same request.
 """

@@ -16,6 +16,8 @@ import rltrace
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
+#: child-process workloads and helpers the tests run (``tests/helpers/``)
+HELPERS = REPO / "tests" / "helpers"
 PERFETTO_CHECK = Path(
     os.environ.get("RLTRACE_PERFETTO_CHECK", SHARED / "tools" / "perfetto" / "perfetto_check.py")
 )

@@ -265,8 +265,9 @@ def labelled_options(actor_cls: Any, options: dict[str, Any],
 def _label_actor_creation() -> None:
     """Every actor this process creates goes through ``ActorClass._remote`` (``.remote()`` and
     ``.options(...).remote()`` alike): wrapped to add :func:`labelled_options`.  Ray has no
-    public hook for actor creation options; ``tests/test_ray.py`` fails on a Ray release where
-    this stops working (a plain ``Reward.remote()`` actor must get its own role and rank)."""
+    public hook for actor creation options; ``tests/integrations/ray/test_ray.py`` fails on a
+    Ray release where this stops working (a plain ``Reward.remote()`` actor must get its own
+    role and rank)."""
     from ray.actor import ActorClass
 
     original = ActorClass._remote
@@ -296,7 +297,7 @@ def _unlabel_actor_creation() -> None:
 class _Job:
     """The driver's side of one traced Ray job: the registry actors announce themselves to, and
     ``ray.shutdown`` wrapped to flush them first.  (At driver exit Ray ends the job's actors
-    gracefully: each flushes at its own exit, tested in ``tests/test_ray.py``.)"""
+    gracefully: each flushes at its own exit, tested in ``tests/integrations/ray/test_ray.py``.)"""
 
     def __init__(self) -> None:
         self.registry: Any = None

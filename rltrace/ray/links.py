@@ -10,7 +10,7 @@ own trace are left out: that relation is already its tree.
 
 Ray has no public hook for what a ``.remote()`` call returns: ``RemoteFunction._remote`` and
 ``ActorMethod._remote`` are wrapped (as Ray's own tracing wraps them) and ``ray.get`` is
-replaced by a wrapper while the job runs; ``tests/test_ray.py`` fails on a Ray release where
+replaced by a wrapper while the job runs; ``tests/integrations/ray/test_ray.py`` fails on a Ray release where
 this stops working.  ``await ref`` in async code and a ``get`` imported before
 :func:`~rltrace.ray.init` (``from ray import get``) add no links.
 """

@@ -1,4 +1,4 @@
-"""One rank of a real torch.distributed (gloo) job, for tests/test_multirank.py.
+"""One rank of a real torch.distributed (gloo) job, for tests/files/chrome/test_multirank.py.
 
 Usage: ``python dist_worker.py FILEROOT PORT RANK WORLD``.  Initialises the process group over
 TCP on 127.0.0.1 (rank/world given to torch only: RANK/WORLD_SIZE are not set), configures

@@ -1,4 +1,4 @@
-"""A traced training process that leaves in a chosen way, for tests/test_reliability_exit.py.
+"""A traced training process that leaves in a chosen way, for tests/reliability/test_exit_paths.py.
 
 Usage: ``python exit_workload.py FILEROOT MODE [SPANS DONE OPEN]``.
 

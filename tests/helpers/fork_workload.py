@@ -1,4 +1,4 @@
-"""Forked and spawned children of a traced process, for tests/test_reliability_fork.py.
+"""Forked and spawned children of a traced process, for tests/reliability/test_fork.py.
 
 Usage: ``python fork_workload.py FILEROOT MODE``; prints one JSON line describing what it did.
 The parent records spans and sessions that are *not* flushed before it forks (hour-long flush

@@ -1,4 +1,4 @@
-"""One rank of a multi-process run, for tests/test_multirank.py.
+"""One rank of a multi-process run, for tests/files/chrome/test_multirank.py.
 
 Usage: ``python rank_worker.py FILEROOT EXPERIMENT TRIAL RANK WORLD_SIZE``.  Configures rltrace
 for RANK, records a ``before_barrier`` scope around a pipe handshake (prints ``ready``, then

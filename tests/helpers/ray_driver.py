@@ -1,4 +1,5 @@
-"""A small async RL job on a real local Ray cluster, traced with ``rltrace.ray`` (tests/test_ray.py).
+"""A small async RL job on a real local Ray cluster, traced with ``rltrace.ray``
+(tests/integrations/ray/test_ray.py).
 
 Run as ``python ray_driver.py OUT_DIR``: a driver with two rollout actors (one sync, one
 async; rank 2 planted slow: every generate takes 30 ms more; the sync one called through an

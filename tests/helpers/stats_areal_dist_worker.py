@@ -1,4 +1,4 @@
-"""One gloo rank for tests/test_stats_areal_compat.py: ``export_all``'s ``reduce_group``.
+"""One gloo rank for tests/compat/areal/test_stats_areal_compat.py: ``export_all``'s ``reduce_group``.
 
 Usage: ``python stats_areal_dist_worker.py MODE PORT RANK WORLD``, MODE ``local`` or ``group``.
 Both modes initialise a torch.distributed gloo world of WORLD ranks (so a default group

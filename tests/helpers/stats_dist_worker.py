@@ -1,4 +1,4 @@
-"""One rank of a real multi-process stats reduction, for tests/test_stats_distributed.py.
+"""One rank of a real multi-process stats reduction, for tests/stats/test_stats_distributed.py.
 
 Usage: ``python stats_dist_worker.py torch|jax FILEROOT PORT RANK WORLD``.  Each rank records
 its own data (:func:`rank_data`; some keys and a named tracker exist on some ranks only),

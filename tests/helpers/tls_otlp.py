@@ -1,4 +1,4 @@
-"""A minimal OTLP backend over TLS (HTTPS and gRPC with TLS) for tests/test_security.py.
+"""A minimal OTLP backend over TLS (HTTPS and gRPC with TLS) for tests/reliability/test_security.py.
 
 :func:`self_signed_cert` makes a certificate for ``127.0.0.1`` with the ``openssl`` command;
 :class:`TLSOTLPBackend` serves OTLP/HTTP on HTTPS and OTLP/gRPC with TLS on loopback ports,

@@ -29,13 +29,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import REPO
 from opentelemetry.trace import format_span_id, format_trace_id
 
 import rltrace
 from rltrace import perf_tracer
 from rltrace.perf_tracer import atrace_session_phase, session_context, trace_session
 
-REPO = Path(__file__).resolve().parents[1]
 PHOENIX_VERSION = "20.26.1"
 START_DEADLINE_S = 120.0  # ~10-20 s usually; the first start of a fresh install is slower
 SPAN_DEADLINE_S = 15.0

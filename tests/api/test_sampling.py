@@ -299,8 +299,8 @@ def test_an_unknown_env_sampler_is_warned_about_and_the_default_kept_as_the_sdk_
 def test_session_mode_across_processes_each_decides_its_part_the_same_by_ratio(
         tmp_path: Path, receiver: OTLPReceiver) -> None:
     """A driver's tasks whose sessions run in another process (``rltrace.ray``'s propagator;
-    both sides here on two pipelines one after the other, as ``tests/test_caller_task.py``
-    does; ``tests/test_ray.py`` runs the propagation on real actors).  Each side decides its
+    both sides here on two pipelines one after the other, as ``tests/sessions/test_caller_task.py``
+    does; ``tests/integrations/ray/test_ray.py`` runs the propagation on real actors).  Each side decides its
     part: by the task's trace id (the same decision on both sides), or, in the actor, a failed
     session keeps the sessions of the task open with it.  The driver sends the span of every
     task it drops (its sessions ran elsewhere), so what the actor keeps has its parent.  The

@@ -22,10 +22,11 @@ from typing import Any
 
 import orjson
 import pytest
+from conftest import HELPERS
 
 from rltrace.testing import read_jsonl
 
-HELPER = Path(__file__).parent / "helpers" / "exit_workload.py"
+HELPER = HELPERS / "exit_workload.py"
 SPANS, DONE, OPEN = 300, 40, 3
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 import pytest
-from conftest import clean_env, one_session
+from conftest import REPO, clean_env, one_session
 from opentelemetry.sdk.metrics.export import MetricReader
 
 import rltrace
@@ -493,7 +493,7 @@ def test_a_burst_of_one_million_sessions_leaves_one_million_records_on_disk(tmp_
     import json
     import subprocess
 
-    bench = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_burst.py"
+    bench = REPO / "benchmarks" / "bench_burst.py"
     out = subprocess.run([sys.executable, str(bench), "--sessions", "1000000"], capture_output=True,
                          text=True, timeout=900, cwd=str(tmp_path))
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]

@@ -13,13 +13,13 @@ from typing import Any
 
 import orjson
 import pytest
-from conftest import perfetto_check
+from conftest import HELPERS, perfetto_check
 
 from rltrace.cli.convert import convert
 from rltrace.config import TracerConfig, current_user, log_dir
 from rltrace.testing import read_jsonl
 
-WORKER = Path(__file__).with_name("helpers") / "rank_worker.py"
+WORKER = HELPERS / "rank_worker.py"
 WORLD = 2
 EXPERIMENT, TRIAL = "multirank", "trial0"
 PROCESS_NAMES = "select name from process where pid is not null and pid != 0 order by name"
@@ -129,7 +129,7 @@ def test_rank_and_world_size_come_from_an_initialised_torch_distributed_group(tm
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    worker = Path(__file__).parent / "helpers" / "dist_worker.py"
+    worker = HELPERS / "dist_worker.py"
     procs = [subprocess.Popen([sys.executable, str(worker), str(tmp_path), str(port), str(r), "2"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
              for r in range(2)]

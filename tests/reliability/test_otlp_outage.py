@@ -1,4 +1,4 @@
-"""Backend faults beyond tests/test_otlp.py (issue 8, item 4): a collector answering with errors,
+"""Backend faults beyond tests/export/otlp/test_otlp.py (issue 8, item 4): a collector answering with errors,
 a collector restarted mid-run, and memory while the backend is away for a long burst.
 
 Against the real in-process receiver (:class:`rltrace.testing.otlp_receiver.OTLPReceiver`).  Step times

@@ -15,15 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import HELPERS
 
 import rltrace
 from rltrace import live as live_mod
 from rltrace.config import ConfigError, current_user
 from rltrace.runtime import get_pipeline
 
-HELPERS = Path(__file__).resolve().parent / "helpers"
 sys.path.insert(0, str(HELPERS))
-from live_run import expected  # noqa: E402
+from live_run import expected
 
 
 def wait_for(cond: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:

@@ -4,7 +4,7 @@ The caller's task travels beside ``traceparent`` (``CallerContextPropagator``); 
 a session registered without a task joins it: a child of the caller's ``rl.task`` span, in
 its trace, with the caller's task id in its record.  Here both sides run in one process, on
 two pipelines one after the other (the caller's task is gone from the registry when the
-callee runs, as it is in another process); ``tests/test_ray.py`` does it across real Ray
+callee runs, as it is in another process); ``tests/integrations/ray/test_ray.py`` does it across real Ray
 actors.  No Ray cluster is needed: the propagator is plain OpenTelemetry.
 """
 

@@ -22,13 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import clean_env
+from conftest import HELPERS, clean_env
 
 import rltrace
 from rltrace import pipeline, runtime
 from rltrace.testing import read_jsonl
 
-HELPER = Path(__file__).parent / "helpers" / "exit_workload.py"
+HELPER = HELPERS / "exit_workload.py"
 
 
 @pytest.fixture(autouse=True)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import HELPERS
 
 np = pytest.importorskip("numpy", reason="rltrace report needs the analysis extra")
 pytest.importorskip("matplotlib", reason="rltrace report needs the analysis extra")
@@ -17,7 +18,7 @@ pytest.importorskip("rich", reason="rltrace report needs the analysis extra")
 
 import orjson  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).parent / "helpers"))
+sys.path.insert(0, str(HELPERS))
 from synth_run import SynthSpec, SynthTruth, meta_events, session_record, write_run, x_event  # noqa: E402
 
 from rltrace.analysis import ReportOptions, StepRange, build_report, load_run, report  # noqa: E402

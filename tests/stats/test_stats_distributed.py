@@ -17,12 +17,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import HELPERS
 
 from rltrace import stats
 from rltrace.stats.reduce import Aggregate, allreduce
 from rltrace.testing import read_jsonl
 
-HELPERS = Path(__file__).with_name("helpers")
 WORKER = HELPERS / "stats_dist_worker.py"
 sys.path.insert(0, str(HELPERS))
 from stats_dist_worker import rank_data  # noqa: E402

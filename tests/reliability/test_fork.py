@@ -20,11 +20,12 @@ from typing import Any
 
 import orjson
 import pytest
+from conftest import HELPERS
 
 from rltrace.cli.convert import convert
 from rltrace.testing import read_jsonl
 
-HELPER = Path(__file__).parent / "helpers" / "fork_workload.py"
+HELPER = HELPERS / "fork_workload.py"
 PARENT_SPANS = 40
 
 

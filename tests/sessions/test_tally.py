@@ -1,6 +1,6 @@
 """Session tallies survive a SIGKILL: the counts a killed process left say exactly how many of
 its sessions never reached its files (what ``rltrace.ray`` reports for a ``ray.kill``-ed actor;
-``tests/test_ray.py`` checks that end to end on a real Ray cluster)."""
+``tests/integrations/ray/test_ray.py`` checks that end to end on a real Ray cluster)."""
 
 from __future__ import annotations
 

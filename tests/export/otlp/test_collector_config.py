@@ -19,12 +19,12 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
+from conftest import REPO
 
 import rltrace
 from rltrace import perf_tracer
 from rltrace.testing import capture_spans
 
-REPO = Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO / "collector-config"
 COMPOSE_FILE = REPO / "docker-compose.yml"
 COLLECTOR_FILE = CONFIG_DIR / "otel-collector.yaml"

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import HELPERS
 
 pytest.importorskip("numpy", reason="rltrace report needs the analysis extra")
 pytest.importorskip("matplotlib", reason="rltrace report needs the analysis extra")
@@ -20,11 +21,10 @@ pytest.importorskip("jinja2", reason="rltrace report needs the analysis extra")
 
 import orjson
 
-HELPERS = Path(__file__).parent / "helpers"
 sys.path.insert(0, str(HELPERS))
-from synth_run import GrpoSpec, grpo_ids, write_grpo_run  # noqa: E402
+from synth_run import GrpoSpec, grpo_ids, write_grpo_run
 
-from rltrace.config import current_user  # noqa: E402
+from rltrace.config import current_user
 
 SPEC = GrpoSpec()
 Report = tuple[dict[str, Any], list[dict[str, Any]], Path]

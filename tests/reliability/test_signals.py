@@ -19,8 +19,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import HELPERS
 
-SWEEP = Path(__file__).resolve().parent / "helpers" / "signal_sweep.py"
+SWEEP = HELPERS / "signal_sweep.py"
 RUNS = 60  # per mode: 300 signal timings in all
 
 
@@ -63,7 +64,7 @@ def test_sigterm_from_torchrun_loses_no_session_on_any_rank(tmp_path: Path) -> N
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    worker = Path(__file__).resolve().parent / "helpers" / "torchrun_worker.py"
+    worker = HELPERS / "torchrun_worker.py"
     env = {**_env(), "OMP_NUM_THREADS": "1"}
     err = open(tmp_path / "stderr.txt", "w")  # noqa: SIM115 - a file: a full pipe would block the workers
     proc = subprocess.Popen(

@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import HELPERS
 
 pytest.importorskip("matplotlib", reason="rltrace report needs the analysis extra")
 pytest.importorskip("jinja2", reason="rltrace report needs the analysis extra")
 
-sys.path.insert(0, str(Path(__file__).parent / "helpers"))
+sys.path.insert(0, str(HELPERS))
 from synth_run import GrpoSpec, SynthSpec, grpo_ids, write_grpo_run, write_run
 
 from rltrace.analysis import report

@@ -21,12 +21,12 @@ import pytest
 
 pytest.importorskip("ray")
 
-from conftest import perfetto_check
+from conftest import REPO, perfetto_check
 
 from rltrace.ray import WORKER_RANK_BASE
 from rltrace.tally import read_tally
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 DRIVER = ROOT / "tests" / "helpers" / "ray_driver.py"
 SECRET = "ray-secret-7f3a"
 STEPS, SESSIONS = 3, 4

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import HELPERS
 
 torch = pytest.importorskip("torch", reason="AReaL's stats_tracker API takes torch tensors")
 
@@ -40,7 +41,6 @@ import rltrace  # noqa: E402
 from rltrace import stats  # noqa: E402
 from rltrace.stats import tracker as rl_tracker_module  # noqa: E402
 
-HELPERS = Path(__file__).resolve().with_name("helpers")
 sys.path.insert(0, str(HELPERS))
 import areal_wheel  # noqa: E402
 from stats_areal_dist_worker import rank_data  # noqa: E402

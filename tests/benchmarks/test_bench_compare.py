@@ -15,8 +15,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-BENCH = ROOT / "benchmarks" / "bench_compare.py"
+from conftest import REPO
+
+BENCH = REPO / "benchmarks" / "bench_compare.py"
 
 
 def test_a_small_comparison_runs_every_contender_and_writes_the_readme_table(tmp_path: Path) -> None:

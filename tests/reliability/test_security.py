@@ -2,8 +2,8 @@
 auth headers from rltrace's config or the standard ``OTEL_EXPORTER_OTLP_*`` variables.
 
 Published ports binding 127.0.0.1 are checked by
-``tests/test_collector_config.py::test_every_published_port_is_bound_to_loopback_by_default``
-(and the in-process receiver refuses non-loopback hosts, tests/test_otlp_receiver.py); the TLS
+``tests/export/otlp/test_collector_config.py::test_every_published_port_is_bound_to_loopback_by_default``
+(and the in-process receiver refuses non-loopback hosts, tests/export/otlp/test_otlp_receiver.py); the TLS
 backends here bind 127.0.0.1 only.
 """
 
@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import clean_env
+from conftest import HELPERS, clean_env
 
 import rltrace
 from rltrace import runtime
 from rltrace.testing.otlp_receiver import OTLPReceiver
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(HELPERS.parent))
 from helpers.tls_otlp import TLSOTLPBackend, self_signed_cert
 
 SECRETS = {

@@ -14,10 +14,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import HELPERS
 
 pytest.importorskip("matplotlib", reason="rltrace report needs the analysis extra")
 
-sys.path.insert(0, str(Path(__file__).parent / "helpers"))
+sys.path.insert(0, str(HELPERS))
 from synth_run import SynthSpec, write_run
 
 RANKS, STEPS, PER_STEP = 4, 10, 25_000  # 250k sessions per rank

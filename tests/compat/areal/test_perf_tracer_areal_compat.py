@@ -17,14 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import REPO
 
 import rltrace
 from rltrace import perf_tracer
 from rltrace.cli.convert import convert
 from rltrace.perf_tracer import Category, SessionTraceEvent
 from tests.helpers import areal_wheel
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 # AReaL's config classes have this shape (api/cli_args.py); the wheel's own are used when present

@@ -14,13 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import SHARED
 
 import rltrace
 from rltrace import stats
 from rltrace.stats import StatsLogger
 from rltrace.testing import read_jsonl
 
-READ_OFFLINE = Path(__file__).resolve().parents[2] / "shared" / "tools" / "wandb" / "read_offline_run.py"
+READ_OFFLINE = SHARED / "tools" / "wandb" / "read_offline_run.py"
 
 
 @pytest.fixture(autouse=True)
