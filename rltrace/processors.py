@@ -1,11 +1,17 @@
-"""Span processors rltrace installs in its pipeline.
+"""Span processors rltrace installs in its pipeline, over one batching mechanism.
 
-:class:`BoundedBatchProcessor` sends spans to a network exporter (OTLP) from its own thread
-through a bounded queue, counting every span it drops or fails to send.
-:class:`QueuedExportProcessor` hands finished spans to an exporter in batches on rltrace's
-background exporter thread (the one that builds spans from the recorder), so exporting costs
-the training loop nothing and needs no extra thread.  Spans that other OTel instrumentation
-ends on any thread are queued the same way.
+:class:`BatchQueue` is how every exporter is fed: a queue of spans (or rltrace records) taken in
+batches of at most ``max_batch``, each handed to the exporter, with exact accounting of what
+was exported, what failed, and what an exporter that keeps a failed batch holds for its retry
+(as the SDK's shared ``BatchProcessor`` serves both its span and log processors).  Two
+schedules drain it:
+
+* :class:`QueuedExportProcessor` on rltrace's exporter thread, at the end of each export cycle
+  (files: the Chrome trace), so exporting needs no thread of its own;
+* :class:`BoundedBatchProcessor` on a sender thread of its own, behind a bounded queue that
+  never blocks the caller (the network: OTLP), counting what it drops.
+
+Spans that other OTel instrumentation ends on any thread are queued the same way.
 """
 
 from __future__ import annotations
@@ -32,61 +38,130 @@ logger = logging.getLogger("rltrace")
 MAX_REQUEST_BYTES = 3 << 20
 
 
-class QueuedExportProcessor(SpanProcessor):
-    """Collects ended spans; :meth:`drain` exports everything collected so far in one batch."""
+class BatchQueue:
+    """Spans (or records) queued for one exporter, exported in batches, each one counted.
 
-    def __init__(self, exporter: SpanExporter, max_batch: int = 16_384) -> None:
-        self.exporter = exporter
+    :meth:`drain` takes batches of at most ``max_batch`` and hands each to ``send``, which
+    returns how many of the batch were accepted (the rest: ``failed``); an exporter that keeps
+    what it could not write and retries it (``holds_on_failure``: a file on a full disk) has
+    them ``held`` instead, counted as exported once a later batch goes through.  A drain that
+    runs past its deadline leaves the rest queued; an export still in flight when its owner
+    gives up on it can be written off as failed (:meth:`write_off_inflight`).
+    """
+
+    def __init__(self, max_batch: int, *, holds_on_failure: bool = False) -> None:
         self.max_batch = max_batch
-        self._queue: deque[ReadableSpan] = deque()
-        self._lock = threading.RLock()  # reentrant: the SIGTERM flush may interrupt a drain
+        self.holds_on_failure = holds_on_failure
         self.exported = 0
         self.failed = 0
         self.held = 0
+        self.reset()
+
+    def reset(self) -> None:
+        """An empty queue and a fresh lock (a new object, or a forked child: the parent's spans
+        are the parent's)."""
+        self.items: deque[Any] = deque()
+        self.lock = threading.RLock()  # reentrant: the SIGTERM flush may interrupt a drain
+        self.inflight = 0
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def drain(self, send: Callable[[list[Any]], int], deadline: float | None = None) -> None:
+        """Export what is queued, batch by batch, until empty (or past ``deadline``, a
+        ``time.monotonic()`` value)."""
+        with self.lock:
+            q = self.items
+            while q and not (deadline is not None and time.monotonic() > deadline):
+                n = min(len(q), self.max_batch)
+                batch = list(islice(iter(q.popleft, None), n))  # n pops, in C
+                self.inflight = n
+                sent = send(batch)
+                if self.inflight:  # not already written off by a timed-out shutdown
+                    self.inflight = 0
+                    self._count(n, sent)
+
+    def _count(self, n: int, sent: int) -> None:
+        if sent == n:
+            self.exported += n + self.held
+            self.held = 0
+        elif self.holds_on_failure:
+            self.held += n  # kept by the exporter and retried, not lost
+        else:
+            self.exported += sent
+            self.failed += n - sent
+
+    def settle_held(self) -> None:
+        """What the exporter held has now been written (its flush succeeded)."""
+        with self.lock:
+            self.exported += self.held
+            self.held = 0
+
+    def write_off_inflight(self) -> int:
+        """Count an export still hanging as failed; returns how many spans that was."""
+        stuck, self.inflight = self.inflight, 0
+        self.failed += stuck
+        return stuck
+
+
+def _export_result(exporter: Any, batch: Any, count: int, name: str) -> int:
+    """``exporter.export(batch)`` as the number of spans accepted: all or none (an exporter
+    that raises has failed: it must never take tracing down)."""
+    try:
+        ok = exporter.export(batch) is SpanExportResult.SUCCESS
+    except Exception as exc:
+        logger.warning("rltrace: %s failed: %r", name, exc)
+        ok = False
+    return count if ok else 0
+
+
+class QueuedExportProcessor(SpanProcessor):
+    """Collects ended spans; :meth:`drain` exports them on the calling thread (the pipeline's
+    exporter thread, or a flush), through a :class:`BatchQueue`."""
+
+    def __init__(self, exporter: SpanExporter, max_batch: int = 16_384) -> None:
+        self.exporter = exporter
+        self.batches = BatchQueue(max_batch,
+                                  holds_on_failure=getattr(exporter, "holds_on_failure", False))
         self._closed = False
+
+    @property
+    def exported(self) -> int:
+        return self.batches.exported
+
+    @property
+    def failed(self) -> int:
+        return self.batches.failed
+
+    @property
+    def held(self) -> int:
+        return self.batches.held
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         return None
 
     def on_end(self, span: ReadableSpan) -> None:
         if not self._closed:
-            self._queue.append(span)
+            self.batches.items.append(span)
 
     def on_end_batch(self, spans: list[Any],
                      on_error: Callable[[Exception], None] | None = None) -> None:
         """:meth:`on_end` for each of ``spans`` (the pipeline's export cycle hands them over
         at once; queueing them cannot fail, so ``on_error`` is never called)."""
         if not self._closed:
-            self._queue.extend(spans)
+            self.batches.items.extend(spans)
 
     def drain(self) -> None:
         """Export the queued spans (called by the exporter thread or a flush)."""
-        with self._lock:
-            q = self._queue
-            while q:
-                n = min(len(q), self.max_batch)
-                batch = list(islice(iter(q.popleft, None), n))  # n pops, in C (only here)
-                try:
-                    result = self.exporter.export(batch)
-                except Exception as exc:  # an exporter must never take tracing down
-                    logger.warning("rltrace: %s failed: %r", type(self.exporter).__name__, exc)
-                    result = SpanExportResult.FAILURE
-                if result is SpanExportResult.SUCCESS:
-                    self.exported += n + self.held
-                    self.held = 0
-                elif getattr(self.exporter, "holds_on_failure", False):
-                    self.held += n  # kept by the exporter and retried, not lost
-                else:
-                    self.failed += n
+        exporter, name = self.exporter, type(self.exporter).__name__
+        self.batches.drain(lambda batch: _export_result(exporter, batch, len(batch), name))
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         self.drain()
         flush = getattr(self.exporter, "force_flush", None)
         ok = bool(flush(timeout_millis)) if flush is not None else True
-        if ok and self.held:  # what a disk fault held back has now been written
-            with self._lock:
-                self.exported += self.held
-                self.held = 0
+        if ok and self.batches.held:  # what a disk fault held back has now been written
+            self.batches.settle_held()
         return ok
 
     def shutdown(self) -> None:
@@ -99,12 +174,11 @@ class QueuedExportProcessor(SpanProcessor):
 
         (The exporter is reset by its owner, which knows where the child should write.)
         """
-        self._queue = deque()
-        self._lock = threading.RLock()
+        self.batches.reset()
 
     def stats(self) -> dict[str, Any]:
-        out = {"exported": self.exported, "failed": self.failed, "held": self.held,
-               "queued": len(self._queue)}
+        b = self.batches
+        out = {"exported": b.exported, "failed": b.failed, "held": b.held, "queued": len(b)}
         extra = getattr(self.exporter, "stats", None)
         if extra is not None:
             out.update(extra())
@@ -136,22 +210,29 @@ class BoundedBatchProcessor(SpanProcessor):
         self.schedule_delay_s = schedule_delay_s
         self.shutdown_timeout_s = shutdown_timeout_s
         self.name = name
-        self.exported = 0
+        #: ReadableSpans, or records (:attr:`takes_records`), queued for the sender thread
+        self.batches = BatchQueue(max_export_batch_size)
+        #: spans refused because the queue was full, or left in it at shutdown
         self.dropped = 0
-        self.failed = 0
         #: spans not sent because their trace was not sampled
         self.unsampled = 0
         #: whether the last export succeeded (the collector answers)
         self.last_ok = True
         self._init_runtime()
 
+    @property
+    def exported(self) -> int:
+        return self.batches.exported
+
+    @property
+    def failed(self) -> int:
+        return self.batches.failed
+
     def _init_runtime(self) -> None:
-        self._queue: deque[Any] = deque()  # ReadableSpans, or records
+        self.batches.reset()
         self._wake = threading.Event()
         self._idle = threading.Event()
         self._idle.set()
-        self._export_lock = threading.Lock()
-        self._inflight = 0
         self._stop = False
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._thread.start()
@@ -176,7 +257,7 @@ class BoundedBatchProcessor(SpanProcessor):
         elif not span.context.trace_flags.sampled:  # a foreign span recorded, not sampled
             self.unsampled += 1
             return
-        q = self._queue
+        q = self.batches.items
         if self._stop or len(q) >= self.max_queue_size:
             self.dropped += 1
             return
@@ -184,13 +265,16 @@ class BoundedBatchProcessor(SpanProcessor):
         if len(q) >= self.max_export_batch_size and not self._wake.is_set():
             self._wake.set()  # once: the sender clears it, then empties the queue
 
+    # Complexity D (21) on purpose: one pass over a cycle's records with the queue's free room
+    # and the next batch mark kept in locals, so the OTLP intake costs no Python call per span;
+    # the per-record steps are on_end's (its unit tests and the OTLP tests cover both paths).
     def on_end_batch(self, records: list[Any],
                      on_error: Callable[[Exception], None] | None = None) -> None:
         """:meth:`on_end` for each of the pipeline's ``records`` (one export cycle at once):
         unsampled records are counted, the rest queued up to ``max_queue_size``, the sender
         woken as the queue reaches a batch.  A record that raises is handed to ``on_error``
         (the pipeline counts it) and the others go on, as with one ``on_end`` each."""
-        q = self._queue
+        q = self.batches.items
         if self.encoder is None:  # records become ReadableSpans: one at a time, as on_end
             for rec in records:
                 try:
@@ -245,21 +329,18 @@ class BoundedBatchProcessor(SpanProcessor):
             self._export_all()
 
     def _export_all(self, deadline: float | None = None) -> None:
-        with self._export_lock:
-            q = self._queue
-            while q and not (deadline is not None and time.monotonic() > deadline):
-                self._idle.clear()
-                n = min(len(q), self.max_export_batch_size)
-                batch = list(islice(iter(q.popleft, None), n))  # n pops, in C (as one by one)
-                self._inflight = n
-                with instrumentation_suppressed():  # an instrumented HTTP client stays quiet
-                    sent = self._send(batch)
-                self.last_ok = sent == n
-                if self._inflight:  # not already written off by a timed-out shutdown
-                    self._inflight = 0
-                    self.exported += sent
-                    self.failed += n - sent
+        with self.batches.lock:
+            self.batches.drain(self._send_one, deadline)
             self._idle.set()
+
+    def _send_one(self, batch: list[Any]) -> int:
+        """One batch of :meth:`_export_all`, with instrumentation suppressed (an instrumented
+        HTTP client stays quiet); notes whether the collector took it."""
+        self._idle.clear()
+        with instrumentation_suppressed():
+            sent = self._send(batch)
+        self.last_ok = sent == len(batch)
+        return sent
 
     def _send(self, batch: list[Any]) -> int:
         """Export ``batch``; returns how many of its spans the exporter accepted.  An encoded
@@ -287,11 +368,11 @@ class BoundedBatchProcessor(SpanProcessor):
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         deadline = time.monotonic() + timeout_millis / 1000
-        if not self._export_lock.acquire(timeout=max(0.0, timeout_millis / 1000)):
+        if not self.batches.lock.acquire(timeout=max(0.0, timeout_millis / 1000)):
             return False
-        self._export_lock.release()
+        self.batches.lock.release()
         self._export_all(deadline)
-        return not self._queue
+        return not self.batches.items
 
     def send_now(self, timeout_s: float) -> bool:
         """Send what is queued on this thread, waiting at most ``timeout_s``, while the collector
@@ -308,8 +389,8 @@ class BoundedBatchProcessor(SpanProcessor):
         self._thread.join(self.shutdown_timeout_s)
         if not self._thread.is_alive():
             self._export_all(time.monotonic() + self.shutdown_timeout_s)
-        self.dropped += len(self._queue)  # could not be sent in time
-        self._queue.clear()
+        self.dropped += len(self.batches.items)  # could not be sent in time
+        self.batches.items.clear()
         try:
             try:
                 self.exporter.shutdown(timeout_millis=int(self.shutdown_timeout_s * 1000))  # type: ignore[call-arg]
@@ -318,8 +399,7 @@ class BoundedBatchProcessor(SpanProcessor):
         except Exception as exc:
             logger.debug("rltrace: %s exporter shutdown raised %r", self.name, exc)
         self._thread.join(1.0)
-        stuck, self._inflight = self._inflight, 0
-        self.failed += stuck  # an export still hanging after shutdown: written off
+        self.batches.write_off_inflight()  # an export still hanging after shutdown
 
     def reset_after_fork(self) -> None:
         """In a forked child: the parent's queue is the parent's; start a fresh worker."""
@@ -327,7 +407,7 @@ class BoundedBatchProcessor(SpanProcessor):
 
     def stats(self) -> dict[str, Any]:
         out = {"exported": self.exported, "dropped": self.dropped, "failed": self.failed,
-               "queued": len(self._queue), "unsampled": self.unsampled}
+               "queued": len(self.batches.items), "unsampled": self.unsampled}
         enc = self.encoder
         if enc is not None:  # spans encoded from records directly / through the SDK's encoder
             out.update(encoded_direct=enc.fast, encoded_by_sdk=enc.slow)

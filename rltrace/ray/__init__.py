@@ -425,30 +425,45 @@ def flush_actors(*actors: Any, timeout_s: float = 30.0) -> int:
     if not refs:
         return 0
     ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    answered = _answered(ready)
+    silent = [_loss(a, infos.get(_actor_id(a) or "")) for a, ref in zip(actors, refs, strict=True)
+              if ref not in answered]
+    _report_silent(silent, len(actors), timeout_s)
+    return len(answered)
+
+
+def _answered(ready: list[Any]) -> set[Any]:
+    """The flush calls among ``ready`` that returned (an actor that died meanwhile: nothing to
+    flush there)."""
+    import ray
+
     answered = set()
     for ref in ready:
         try:
             ray.get(ref)
             answered.add(ref)
-        except Exception:  # an actor that died meanwhile: nothing to flush there
+        except Exception:
             pass
-    silent = [_loss(a, infos.get(_actor_id(a) or "")) for a, ref in zip(actors, refs, strict=True)
-              if ref not in answered]
-    # an actor that ended gracefully (its handles out of scope, exit_actor) flushed at its exit
+    return answered
+
+
+def _report_silent(silent: list[dict[str, Any]], asked: int, timeout_s: float) -> None:
+    """Actors that did not answer a flush: those that ended gracefully (their handles out of
+    scope, ``exit_actor``) flushed at their exit; the others are counted in :func:`losses` and
+    named in one warning."""
     ended = [x for x in silent if x["exited"] and x["unwritten"] == 0]
     lost = [x for x in silent if not (x["exited"] and x["unwritten"] == 0)]
     if ended:
         runtime.logger.debug("rltrace.ray: %d actors had ended and flushed at their exit: %s",
-                              len(ended), ", ".join(f"rank {x['rank']} ({x['role']})"
-                                                    for x in ended))
+                             len(ended), ", ".join(f"rank {x['rank']} ({x['role']})"
+                                                   for x in ended))
     if lost:
         _JOB.losses.update((x["actor_id"] or f"#{len(_JOB.losses)}", x) for x in lost)
         runtime.logger.warning(
             "rltrace.ray: %d of %d actors did not answer the flush (killed, lost with their node, "
             "or still busy after %.0f s); what each recorded since its last export cycle (at "
-            "most flush_interval_s) is not in its files: %s", len(lost), len(actors),
+            "most flush_interval_s) is not in its files: %s", len(lost), asked,
             timeout_s, "; ".join(map(_describe_loss, lost)))
-    return len(answered)
 
 
 def _count_pooled_losses() -> None:

@@ -372,46 +372,9 @@ class SessionRegistry:
             type_error("trace_session_event", "method", "a str", method,
                        "use 'mark_finalized', 'mark_<phase>_start' or 'mark_<phase>_end'")
         if method == "mark_finalized":
-            status = payload.pop("status", None)
-            if status not in FINAL_SET:
-                check_status(status)
-            reason = payload.pop("reason", None)
-            if payload:
-                raise TypeError(f"rltrace mark_finalized: unexpected arguments {sorted(payload)}; "
-                                "use status= and reason=")
-            if not self.enabled:
-                return None
-            if session_id is None and task_id is None:
-                session_id = SESSION_CV.get()
-                if session_id is None:
-                    task_id = TASK_CV.get()
-            if session_id is not None:
-                sess = self.sessions.get(session_id)
-                if sess is not None:
-                    self._finalize(sess, status, reason)
-                else:
-                    self.finalize_session(session_id, status, reason)  # counts the misuse
-            elif task_id is not None:
-                self.finalize_task(task_id, status, reason)
-            else:
-                raise ValueError("rltrace mark_finalized: no session_id or task_id given and none "
-                                 "in context; pass session_id= or task_id=")
-            return None
+            return self._finalized_event(session_id, task_id, payload)
         if method.startswith("mark_") and (method.endswith("_start") or method.endswith("_end")):
-            start = method.endswith("_start")
-            spec = self.phases.get(method[5:-6] if start else method[5:-4])
-            if not self.enabled:
-                return None
-            if session_id is None and task_id is not None:
-                return [self._phase_event(s, spec, start, dict(payload))
-                        for s in self.open_sessions(task_id)]
-            handle = payload.get("handle")
-            if not start and isinstance(handle, PhaseScope):
-                payload.pop("handle")
-                handle.end(payload=payload)  # exactly that execution; idempotent once closed
-                return handle
-            sess = self._session_for(session_id, method)
-            return None if sess is None else self._phase_event(sess, spec, start, payload)
+            return self._phase_edge_event(method, session_id, task_id, payload)
         methods = [f"mark_{p}_{edge}" for p in self.phases.names() for edge in ("start", "end")]
         raise ValueError(
             f"rltrace trace_session_event: unknown method {method!r}"
@@ -419,6 +382,53 @@ class SessionRegistry:
             f"'mark_<phase>_start' or 'mark_<phase>_end' with a phase registered by "
             f"rltrace.register_phase"
         )
+
+    def _finalized_event(self, session_id: Any, task_id: Any, payload: dict[str, Any]) -> None:
+        """``mark_finalized``: the session given (or in context), else every open session of the
+        task given (or in context)."""
+        status = payload.pop("status", None)
+        if status not in FINAL_SET:
+            check_status(status)
+        reason = payload.pop("reason", None)
+        if payload:
+            raise TypeError(f"rltrace mark_finalized: unexpected arguments {sorted(payload)}; "
+                            "use status= and reason=")
+        if not self.enabled:
+            return
+        if session_id is None and task_id is None:
+            session_id = SESSION_CV.get()
+            if session_id is None:
+                task_id = TASK_CV.get()
+        if session_id is not None:
+            sess = self.sessions.get(session_id)
+            if sess is not None:
+                self._finalize(sess, status, reason)
+            else:
+                self.finalize_session(session_id, status, reason)  # counts the misuse
+        elif task_id is not None:
+            self.finalize_task(task_id, status, reason)
+        else:
+            raise ValueError("rltrace mark_finalized: no session_id or task_id given and none "
+                             "in context; pass session_id= or task_id=")
+
+    def _phase_edge_event(self, method: str, session_id: Any, task_id: Any,
+                          payload: dict[str, Any]) -> Any:
+        """``mark_<phase>_start`` (a handle; a list of them for a task) or ``mark_<phase>_end``
+        (that handle's execution, else the oldest open one of the phase)."""
+        start = method.endswith("_start")
+        spec = self.phases.get(method[5:-6] if start else method[5:-4])
+        if not self.enabled:
+            return None
+        if session_id is None and task_id is not None:
+            return [self._phase_event(s, spec, start, dict(payload))
+                    for s in self.open_sessions(task_id)]
+        handle = payload.get("handle")
+        if not start and isinstance(handle, PhaseScope):
+            payload.pop("handle")
+            handle.end(payload=payload)  # exactly that execution; idempotent once closed
+            return handle
+        sess = self._session_for(session_id, method)
+        return None if sess is None else self._phase_event(sess, spec, start, payload)
 
     def _phase_event(self, sess: SessionScope, spec: PhaseSpec, start: bool,
                      payload: dict[str, Any]) -> Any:
