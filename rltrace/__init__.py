@@ -31,6 +31,7 @@ from .runtime import (
     atrace_session_phase,
     configure,
     configure_child,
+    counter,
     diagnostics,
     flush,
     get_config,
@@ -53,7 +54,6 @@ from .session_metrics import SessionMetricsProcessor
 from .sessions import get_session_id, get_task_id, set_session_id, set_task_id
 from .spans import Category, atrace_scope, instant, trace_perf, trace_scope
 from .steps import current_step, step
-from .summary import counter
 from .version import __version__
 
 __all__ = [

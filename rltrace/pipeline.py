@@ -45,7 +45,7 @@ from .recorder import RecordBase, RecorderState, internal_error
 from .sampling import HeadSampling, TaskTailSampler, head_sampler
 from .session_metrics import SessionMetricsProcessor
 from .sessions import SessionRegistry
-from .summary import ScopeSummary, counters_snapshot
+from .summary import Counters, ScopeSummary
 from .version import __version__
 
 logger = logging.getLogger("rltrace")
@@ -73,7 +73,7 @@ class Pipeline:
         user_processors: list[SpanProcessor], metric_readers: list[Any] | None = None,
         sampler: Any = None, *, clock: Callable[[], int] | None = None,
         id_generator: IdGenerator | None = None, registry: SessionRegistry, state: RecorderState,
-        user_record_processors: list[Any] | None = None,
+        counters: Counters | None = None, user_record_processors: list[Any] | None = None,
         on_unlock: Callable[[], None] | None = None,
     ) -> None:
         self.cfg = cfg
@@ -81,6 +81,8 @@ class Pipeline:
         self.registry = registry
         #: the recorder state whose queue this pipeline drains
         self.state = state
+        #: the user's counters, written to the Chrome trace as counter tracks
+        self.counters = counters if counters is not None else Counters()
         #: config-wide device options by category (None: none configured)
         self.device_defaults = device.DeviceDefaults.of(cfg.device)
         self.rank = rank
@@ -156,7 +158,7 @@ class Pipeline:
             )
         self.summary: ScopeSummary | None = None
         if cfg.print_summary:  # collected only when asked for (it costs the exporter thread)
-            self.summary = ScopeSummary()
+            self.summary = ScopeSummary(counters=self.counters)
             self.record_processors.append(self.summary)
         self._counters_seen: dict[str, float] = {}
         self.user_record_processors = list(user_record_processors or ())
@@ -431,7 +433,7 @@ class Pipeline:
         for q in self.queued:
             q.drain()
         if self.chrome is not None:
-            counts = counters_snapshot()
+            counts = self.counters.snapshot()
             changed = {k: v for k, v in counts.items() if self._counters_seen.get(k) != v}
             if changed:
                 self.chrome.write_counters(changed, time.time_ns())

@@ -36,7 +36,7 @@ from .ranks import detect_rank
 from .recorder import _noop, internal_error
 from .sessions import SessionRegistry
 from .signals import TerminationHandler
-from .summary import reset_after_fork as reset_counters_after_fork
+from .summary import Counters
 from .version import __version__
 
 logger = logging.getLogger("rltrace")
@@ -76,6 +76,8 @@ class Runtime:
         self.config: TracerConfig | None = None
         self.user_processors: list[SpanProcessor] = []
         self.user_record_processors: list[Any] = []
+        #: the user's counters (``rltrace.counter``), kept across reconfiguration
+        self.counters = Counters()
         self.children = ChildConfig()
         self.termination = TerminationHandler(self._drain, self._main_holds_lock)
         self._global_set = False
@@ -143,7 +145,7 @@ class Runtime:
                 _ensure_writable(logdir, cfg)
                 new = Pipeline(cfg, rk, world, logdir, self.user_processors, metric_readers,
                                sampler, clock=clock, id_generator=id_generator, registry=reg,
-                               state=state,
+                               state=state, counters=self.counters,
                                user_record_processors=self.user_record_processors,
                                on_unlock=self.termination.resume_pending)
                 if rk == 0 and not cfg.per_process_files:
@@ -423,15 +425,15 @@ class Runtime:
 
     def _after_fork_child(self) -> None:
         """The child side of the process's one fork hook, in order: the recorder (ids, lanes, an
-        empty queue), the registries, the run counters, this runtime's own locks and lifecycle,
+        empty queue), the counters, the registries, this runtime's own locks and lifecycle,
         then the pipeline (re-armed on files of the child's own, or switched off by
         ``fork_mode``) and the user's record processors."""
         state = self.state
         if state is recorder.STATE:  # the recorder's module-level pieces are the default's
             recorder.after_fork_in_child(state)
-            reset_counters_after_fork()
         else:
             state.buffer = deque()
+        self.counters.after_fork()
         self.phases.after_fork()
         self.sessions.after_fork()
         self.lock = FairRLock()  # another thread may have held it at fork time
@@ -563,3 +565,4 @@ finalize_session = RUNTIME.sessions.finalize_session
 finalize_task = RUNTIME.sessions.finalize_task
 session_context = RUNTIME.sessions.session_context
 link_consumed = RUNTIME.sessions.link_consumed
+counter = RUNTIME.counters.get

@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["Counter", "ScopeSummary", "counter", "counters_snapshot"]
+__all__ = ["Counter", "Counters", "ScopeSummary"]
 
 _RESERVOIR = 2048
 
@@ -39,24 +39,38 @@ class Counter:
         return self._value
 
 
-_COUNTERS: dict[str, Counter] = {}
-_COUNTERS_LOCK = threading.Lock()
+class Counters:
+    """The named counters of a process (the runtime owns them: ``rltrace.counter`` is
+    :meth:`get` of ``RUNTIME.counters``); kept across reconfiguration."""
 
+    def __init__(self) -> None:
+        self._counters: dict[str, Counter] = {}
+        self._lock = threading.Lock()
 
-def counter(name: str) -> Counter:
-    """The counter named ``name`` (created on first use)."""
-    if type(name) is not str or not name:
-        raise TypeError(f"rltrace.counter: name must be a non-empty str, got {name!r}")
-    c = _COUNTERS.get(name)
-    if c is None:
-        with _COUNTERS_LOCK:
-            c = _COUNTERS.setdefault(name, Counter(name))
-    return c
+    def get(self, name: str) -> Counter:
+        """The counter named ``name`` (created on first use)."""
+        if type(name) is not str or not name:
+            raise TypeError(f"rltrace.counter: name must be a non-empty str, got {name!r}")
+        c = self._counters.get(name)
+        if c is None:
+            with self._lock:
+                c = self._counters.setdefault(name, Counter(name))
+        return c
 
+    def snapshot(self) -> dict[str, float]:
+        """Current totals of every counter."""
+        return {name: c.value for name, c in list(self._counters.items())}
 
-def counters_snapshot() -> dict[str, float]:
-    """Current totals of every counter."""
-    return {name: c.value for name, c in list(_COUNTERS.items())}
+    def clear(self) -> None:
+        """Forget every counter (tests that must not see another test's counters)."""
+        with self._lock:
+            self._counters = {}
+
+    def after_fork(self) -> None:
+        """In a forked child: fresh locks (another thread may have held one at the fork)."""
+        self._lock = threading.Lock()
+        for c in list(self._counters.values()):
+            c._lock = threading.Lock()
 
 
 class _Stat:
@@ -73,8 +87,10 @@ class _Stat:
 class ScopeSummary:
     """Record processor aggregating scope durations by name (bounded memory)."""
 
-    def __init__(self, max_names: int = 10_000) -> None:
+    def __init__(self, max_names: int = 10_000, counters: Counters | None = None) -> None:
         self.max_names = max_names
+        #: the counters whose totals the summary shows with their rates (None: none)
+        self.counters = counters
         self.started_ns = time.time_ns()
         self._stats: dict[str, _Stat] = {}
         self._rng = random.Random(0)
@@ -131,7 +147,7 @@ class ScopeSummary:
             lines.append(f"{r['name'][:31]:<32}{r['count']:>9}{r['total_s']:>10.3f}"
                          f"{r['mean_s'] * 1e3:>10.3f}{r['p50_s'] * 1e3:>10.3f}"
                          f"{r['p99_s'] * 1e3:>10.3f}{r['wall_share'] * 100:>8.1f}")
-        counts = counters_snapshot()
+        counts = self.counters.snapshot() if self.counters is not None else {}
         if counts:
             lines.append(f"{'counter':<32}{'total':>14}{'per s':>14}")
             for name, v in sorted(counts.items()):
@@ -146,12 +162,3 @@ def _q(sorted_values: list[int], q: float) -> float:
     lo = int(pos)
     hi = min(lo + 1, len(sorted_values) - 1)
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
-
-
-def reset_after_fork() -> None:
-    """In a forked child (the runtime's fork hook): fresh locks for the counters."""
-    global _COUNTERS_LOCK
-    _COUNTERS_LOCK = threading.Lock()
-    for c in list(_COUNTERS.values()):
-        c._lock = threading.Lock()
-

@@ -306,7 +306,8 @@ def test_save_interval_writes_on_the_last_step_of_each_interval_as_areal(tmp_pat
 _ROLE_SCRIPT = """
 import sys
 from rltrace import perf_tracer
-from tests.test_perf_tracer_areal_compat import _config, SessionTracerConfig
+sys.path.insert(0, "tests")  # conftest, which the test module imports
+from tests.compat.areal.test_perf_tracer_areal_compat import _config, SessionTracerConfig
 root, role = sys.argv[1], sys.argv[2]
 tracer = perf_tracer.configure(_config(__import__("pathlib").Path(root),
                                session_tracer=SessionTracerConfig(True, 1)), rank=0, role=role)
