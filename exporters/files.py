@@ -1,4 +1,10 @@
-"""Append-only JSON-lines files shared by the exporters: crash-, disk- and deletion-tolerant.
+"""Append-only JSON-lines files shared by the exporters: crash-, disk- and deletion-tolerant,
+and never written through a link they did not make.
+
+Files are opened with ``O_NOFOLLOW`` (a symbolic link planted where a log file goes is refused,
+its target untouched) and must be regular files (a FIFO or device planted there is refused);
+whole-file writes (:func:`write_atomically`) go to a fresh temporary name (``O_EXCL``, random)
+renamed over the target, which replaces a planted link instead of writing through it.
 
 :class:`LineFile` appends whole lines and flushes per batch (a crash leaves every complete
 line valid).  When a write fails (unwritable directory, full disk, file-size limit) it warns
@@ -9,8 +15,11 @@ the file is deleted while open it is recreated (``on_reopen`` lets the caller re
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import secrets
+import stat
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -22,25 +31,74 @@ logger = logging.getLogger("rltrace")
 DEFAULT_PENDING_CAP = 64 * 1024 * 1024
 
 
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+
+
+class UnsafeFileError(OSError):
+    """A log file's path holds something rltrace will not write through (a symbolic link, a
+    FIFO, a device, a directory)."""
+
+
+def _refuse(path: Path, what: str) -> UnsafeFileError:
+    return UnsafeFileError(errno.ELOOP if what == "a symbolic link" else errno.EINVAL,
+                           f"{path} is {what}, not a file rltrace made: it will not write through "
+                           f"it (remove it, or choose another fileroot)")
+
+
+def open_no_follow(path: Path, flags: int, mode: int = 0o666) -> int:
+    """``os.open(path, flags)`` that refuses a symbolic link and anything but a regular file
+    (a planted FIFO does not block the open); returns the descriptor."""
+    try:
+        fd = os.open(path, flags | _NOFOLLOW | _CLOEXEC | _NONBLOCK, mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or (exc.errno == errno.EMLINK and path.is_symlink()):
+            raise _refuse(path, "a symbolic link") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise _refuse(path, "not a regular file")
+    if _NONBLOCK:
+        os.set_blocking(fd, True)
+    return fd
+
+
 def open_for_append(path: Path) -> BinaryIO:
-    """Open ``path`` for appending whole lines, creating its directory.
+    """Open ``path`` for appending whole lines, creating its directory; never through a link.
 
     If a previous writer crashed mid-line, the cut-off fragment is ended with a newline first,
     so the first new line stays valid JSON (readers skip the fragment and say so).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fh = open(path, "ab", buffering=0)  # noqa: SIM115 - the caller keeps it open
+    fd = open_no_follow(path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
+    fh = open(fd, "ab", buffering=0)  # noqa: SIM115 - the caller keeps it open
     try:
-        size = os.fstat(fh.fileno()).st_size
-        if size:
-            with open(path, "rb") as rd:
-                rd.seek(size - 1)
-                if rd.read(1) != b"\n":
-                    fh.write(b"\n")
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            fh.write(b"\n")
     except OSError:
         fh.close()
         raise
     return fh
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data``: written to a fresh, unpredictable name beside it
+    (``O_EXCL``; the umask applies), then renamed over it, so a reader sees the old file or the
+    new one, and a link planted at ``path`` is replaced, never written through."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 class LineFile:
@@ -100,8 +158,9 @@ class LineFile:
         except OSError as exc:
             if not self._warned:
                 self._warned = True
+                why = str(exc) if isinstance(exc, UnsafeFileError) else exc.strerror or exc
                 logger.warning("rltrace: cannot write %s: %s. Keeping up to %d MiB in memory and "
-                               "retrying; training continues.", self.path, exc.strerror or exc,
+                               "retrying; training continues.", self.path, why,
                                self.pending_cap >> 20)
             while self._pending_bytes > self.pending_cap and self._pending:
                 dropped = self._pending.popleft()

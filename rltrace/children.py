@@ -1,9 +1,9 @@
 """What a spawned child inherits from its parent: the effective config (through the environment)
-and the secrets it needs (through a private file whose path is all the environment holds).
+and the secrets it needs (served from the parent's memory: :mod:`rltrace.secret_server`).
 
 OTLP headers from the standard ``OTEL_EXPORTER_OTLP_HEADERS`` are the user's own environment and
-reach children as usual; headers given to ``configure`` are written to an owner-only file in an
-owner-only directory, replaced on reconfigure and removed at exit.
+reach children as usual; headers given to ``configure`` never reach the environment or a file
+that could outlive the parent: the environment holds only where to ask for them.
 """
 
 from __future__ import annotations
@@ -11,55 +11,61 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from . import secret_server
 from .config import ConfigError, TracerConfig, dataclass_to_dict
 
 logger = logging.getLogger("rltrace")
 
 PARENT_CONFIG_ENV = "RLTRACE_PARENT_CONFIG"
-#: path of a private (0600) file holding the secrets children need (OTLP headers given in the
-#: config); the environment never carries them, and the file goes when the parent exits
-PARENT_SECRETS_ENV = "RLTRACE_PARENT_SECRETS"
+#: where a child asks for the secrets it needs (OTLP headers given in the config): the name of
+#: the parent's abstract socket (or, off Linux, of an owner-only file removed at exit)
+PARENT_SECRETS_ENV = secret_server.ENV
 
 
 class ChildConfig:
-    """The config this process hands its children, and the secrets file it owns, if any."""
+    """The config this process hands its children, and how it serves them its secrets."""
 
     def __init__(self) -> None:
-        self._secrets_files: list[Path] = []  # this process's file, if any
+        self._server: secret_server.SecretServer | None = None
+        self._file: Path | None = None  # the fallback off Linux
 
     def publish(self, cfg: TracerConfig, rank: int, world_size: int) -> None:
-        """Put the config children inherit into the environment, its secrets in a 0600 file."""
+        """Put the config children inherit into the environment; serve its secrets."""
         data = _child_config(cfg, rank, world_size)
         headers = data.get("otlp", {}).pop("headers", None)
         self.remove_secrets()
         if headers:
-            folder = Path(tempfile.mkdtemp(prefix="rltrace-secrets-"))  # mode 0700
-            path = folder / "otlp-headers.json"
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as fh:
-                json.dump({"otlp": {"headers": headers}}, fh)
-            self._secrets_files.append(path)
-            os.environ[PARENT_SECRETS_ENV] = str(path)
+            secret_server.remove_stale_files()  # what killed runs of older versions left
+            payload = {"otlp": {"headers": headers}}
+            if secret_server.abstract_sockets():
+                self._server = secret_server.SecretServer(payload)
+                os.environ[PARENT_SECRETS_ENV] = self._server.address
+            else:
+                self._file = secret_server.write_file(payload)
+                os.environ[PARENT_SECRETS_ENV] = str(self._file)
         os.environ[PARENT_CONFIG_ENV] = json.dumps(data)
 
     def remove_secrets(self) -> None:
-        """Remove this process's secrets file (and its folder) and its path from the environment."""
+        """Stop serving the secrets (and remove the fallback file) and forget where they were."""
         os.environ.pop(PARENT_SECRETS_ENV, None)
-        while self._secrets_files:
-            path = self._secrets_files.pop()
-            for p in (path, path.parent):
-                try:
-                    p.unlink() if p.is_file() else p.rmdir()
-                except OSError:
-                    pass
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+        path, self._file = self._file, None
+        if path is not None:
+            secret_server.remove_file(path)
 
     def after_fork_in_child(self) -> None:
-        """In a forked child: the parent's file is the parent's to remove."""
-        self._secrets_files.clear()
+        """In a forked child: the parent serves its secrets; the inherited socket is closed here
+        (without shutting it down: that would stop the parent's), so it never outlives the
+        parent in this child."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.close_inherited()
+        self._file = None
 
 
 def parent_config() -> dict[str, Any]:
@@ -86,14 +92,13 @@ def _child_config(cfg: TracerConfig, rank: int, world_size: int) -> dict[str, An
 
 
 def _read_parent_secrets() -> dict[str, Any]:
-    path = os.environ.get(PARENT_SECRETS_ENV)
-    if not path:
+    address = os.environ.get(PARENT_SECRETS_ENV)
+    if not address:
         return {}
     try:
-        with open(path) as fh:
-            return dict(json.load(fh))
+        return secret_server.fetch(address)
     except (OSError, ValueError) as exc:
-        logger.warning("rltrace.configure_child: cannot read the parent's OTLP headers from %s (%s); "
-                       "the child exports without them (did the parent exit already?)", path,
+        logger.warning("rltrace.configure_child: cannot get the parent's OTLP headers from %s (%s); "
+                       "the child exports without them (did the parent exit already?)", address,
                        getattr(exc, "strerror", None) or exc)
         return {}

@@ -579,10 +579,11 @@ def _check_values(cfg: TracerConfig) -> None:
          f"must be >= 1, got {cfg.world_size}")
     for key in ("experiment_name", "trial_name"):
         v = getattr(cfg, key)
-        need(bool(v) and "/" not in v and v not in (".", ".."), key,
-             f"must be a non-empty name without '/', got {v!r}")
-    need(cfg.role is None or (bool(cfg.role) and "/" not in cfg.role and cfg.role not in (".", "..")),
-         "role", f"must be a non-empty name without '/' (it names a folder), got {cfg.role!r}")
+        need(folder_name_ok(v), key, f"must be a non-empty name without '/' or NUL, got {v!r}")
+    for key in ("role", "user"):
+        v = getattr(cfg, key)
+        need(v is None or folder_name_ok(v), key,
+             f"must be a non-empty name without '/' or NUL (it names a folder), got {v!r}")
     need(cfg.fork_mode in ("trace", "disable"), "fork_mode",
          f"must be 'trace' or 'disable', got {cfg.fork_mode!r}")
     proto = cfg.otlp.protocol
@@ -609,6 +610,13 @@ def _check_values(cfg: TracerConfig) -> None:
 # derived values
 
 
+def folder_name_ok(name: str) -> bool:
+    """Whether ``name`` can name one folder of the log dir: not empty, ``.`` or ``..``, and
+    without a path separator or a NUL byte."""
+    return bool(name) and name not in (".", "..") and "/" not in name and "\\" not in name \
+        and "\0" not in name
+
+
 def current_user() -> str:
     """The login name used in the log dir (``unknown`` when none can be found)."""
     try:
@@ -623,8 +631,14 @@ def _suggest(value: Any, choices: tuple[str, ...]) -> str:
 
 
 def log_dir(cfg: TracerConfig) -> Path:
-    """``{fileroot}/logs/{user}/{experiment_name}/{trial_name}/`` (not created)."""
+    """``{fileroot}/logs/{user}/{experiment_name}/{trial_name}/`` (not created).  A login name
+    from the environment (``LOGNAME``, ``USER``) that cannot name a folder raises
+    :class:`ConfigError`."""
     user = cfg.user or current_user()
+    if not folder_name_ok(user):
+        raise ConfigError(
+            f"rltrace: the login name {user!r} (from LOGNAME / USER) cannot name the log dir's "
+            f"user folder; set the config key 'user' (or RLTRACE_USER) to a plain name")
     return Path(cfg.fileroot).expanduser() / "logs" / user / cfg.experiment_name / cfg.trial_name
 
 

@@ -37,6 +37,8 @@ from typing import Any
 
 import orjson
 
+from rltrace.exporters.files import write_atomically
+
 from .sessions import SessionRegistry
 
 __all__ = ["EDGES", "FORMAT", "LIST_CAP", "STEPS_KEPT", "LivePublisher", "bucket_upper"]
@@ -342,13 +344,10 @@ class LivePublisher:
 
     def _write(self, data: bytes) -> None:
         path = self.path
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         if not self._dir_made:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._dir_made = True
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
+        write_atomically(path, data)
 
 
 def live_path(log_dir: Path, file_name: str) -> Path:

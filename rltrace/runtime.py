@@ -16,17 +16,17 @@ import sys
 import weakref
 from collections import deque
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 
+from . import logdir as logdir_room
 from . import otel_compat, recorder
 from .checks import check_optional_int
 from .children import ChildConfig, parent_config
-from .config import ConfigError, TracerConfig, load_config, log_dir, redacted
+from .config import ConfigError, TracerConfig, load_config
 from .locks import FairRLock
 from .materialize import bound
 from .phases import PhaseRegistry
@@ -37,7 +37,6 @@ from .recorder import _noop, internal_error
 from .sessions import SessionRegistry
 from .signals import TerminationHandler
 from .summary import Counters
-from .version import __version__
 
 logger = logging.getLogger("rltrace")
 
@@ -141,15 +140,14 @@ class Runtime:
             rk, world = detect_rank(cfg.rank, cfg.world_size)
             new: Pipeline | None = None
             if cfg.enabled or cfg.session_tracer.enabled:
-                logdir = log_dir(cfg)
-                _ensure_writable(logdir, cfg)
+                logdir = logdir_room.prepare(cfg)
                 new = Pipeline(cfg, rk, world, logdir, self.user_processors, metric_readers,
                                sampler, clock=clock, id_generator=id_generator, registry=reg,
                                state=state, counters=self.counters,
                                user_record_processors=self.user_record_processors,
                                on_unlock=self.termination.resume_pending)
                 if rk == 0 and not cfg.per_process_files:
-                    _write_config(logdir, cfg, world)
+                    logdir_room.write_config(logdir, cfg, world)
             old = self.pipeline
             if old is not None:
                 state.enabled = False
@@ -503,34 +501,6 @@ def _register_fork_hooks(runtime: Runtime) -> None:
     os.register_at_fork(before=call(ref(runtime._before_fork)),
                         after_in_parent=call(ref(runtime._after_fork_parent)),
                         after_in_child=call(ref(runtime._after_fork_child)))
-
-
-def _ensure_writable(logdir: Path, cfg: TracerConfig) -> None:
-    try:
-        logdir.mkdir(parents=True, exist_ok=True)
-        probe = logdir / f".rltrace-write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as exc:
-        raise ConfigError(
-            f"rltrace config key 'fileroot': cannot write the log dir {str(logdir)!r} "
-            f"(fileroot={cfg.fileroot!r}): {exc.strerror or exc}. Set fileroot (or "
-            f"RLTRACE_FILEROOT) to a writable directory."
-        ) from None
-
-
-def _write_config(logdir: Path, cfg: TracerConfig, world_size: int) -> None:
-    import yaml
-
-    data = redacted(cfg)
-    data["world_size"] = world_size
-    data["rank"] = None
-    text = (f"# effective rltrace {__version__} configuration (secrets redacted)\n"
-            + yaml.safe_dump(data, sort_keys=False))
-    try:
-        (logdir / "config.yaml").write_text(text)
-    except OSError as exc:
-        logger.warning("rltrace: cannot write %s: %s", logdir / "config.yaml", exc)
 
 
 #: the process's runtime, over the recorder's state (the one the hot path reads)

@@ -72,6 +72,10 @@ class SecretServer:
                 except OSError:
                     pass
 
+    def close_inherited(self) -> None:
+        """In a forked child: close this process's copy of the socket (the parent serves)."""
+        self._sock.close()
+
     def close(self) -> None:
         """Stop serving; the name is gone with the socket."""
         self._stopped = True

@@ -282,9 +282,7 @@ if __name__ == "__main__":
                       otlp={"endpoint": endpoint, "protocol": "http/protobuf", "timeout_s": 5.0,
                             "headers": {"x-api-key": secret}})
     dump(out + "/parent.json")
-    path = os.environ["RLTRACE_PARENT_SECRETS"]
-    info = {"secrets_file": path, "file_mode": stat.S_IMODE(os.stat(path).st_mode),
-            "dir_mode": stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode)}
+    info = {"secrets_address": os.environ["RLTRACE_PARENT_SECRETS"]}
     for method, target, args in (("fork", forked, (out + "/fork.json",)),
                                  ("spawn", spawned, (out + "/spawn.json", endpoint))):
         p = mp.get_context(method).Process(target=target, args=args)
@@ -302,12 +300,14 @@ if __name__ == "__main__":
 def test_children_get_the_otlp_headers_without_them_in_any_environment_or_file(tmp_path: Path) -> None:
     script = tmp_path / "children.py"
     script.write_text(textwrap.dedent(CHILDREN))
-    root, dumps = tmp_path / "run", tmp_path / "env"
+    root, dumps, tmp = tmp_path / "run", tmp_path / "env", tmp_path / "tmp"
     dumps.mkdir()
+    tmp.mkdir()
     with OTLPReceiver() as rx:
         proc = subprocess.run(
             [sys.executable, str(script), str(root), rx.http_endpoint, CONFIG_HEADER_SECRET, str(dumps)],
-            capture_output=True, text=True, timeout=240, env=_env({}), cwd=str(tmp_path))
+            capture_output=True, text=True, timeout=240, env=_env({"TMPDIR": str(tmp)}),
+            cwd=str(tmp_path))
         assert proc.returncode == 0, proc.stderr
         rx.wait_for_spans("spawned.child", timeout=30)
         reqs = rx.requests
@@ -315,9 +315,10 @@ def test_children_get_the_otlp_headers_without_them_in_any_environment_or_file(t
     assert (info["fork"], info["spawn"], info["subprocess"]) == (0, 0, 0), (info, proc.stderr)
     # the spawned child authenticated with the parent's header: it did get the secret ...
     assert reqs and all(r.headers.get("x-api-key") == CONFIG_HEADER_SECRET for r in reqs)
-    # ... from an owner-only file, removed when the parent exited
-    assert (info["file_mode"], info["dir_mode"]) == (0o600, 0o700)
-    assert not Path(info["secrets_file"]).exists() and not Path(info["secrets_file"]).parent.exists()
+    # ... from the parent's memory (an abstract socket: no file anywhere), gone with the parent
+    assert info["secrets_address"].startswith("abstract:")
+    assert list(tmp.iterdir()) == []
+    assert not _socket_answers(info["secrets_address"])
     # no environment holds it: the parent's own, a forked, a spawned and a subprocess child's
     envs = {p.stem: p.read_text() for p in dumps.glob("*.json")}
     assert set(envs) == {"parent", "fork", "spawn", "subprocess"}
@@ -329,3 +330,96 @@ def test_children_get_the_otlp_headers_without_them_in_any_environment_or_file(t
     for p in files:
         assert CONFIG_HEADER_SECRET.encode() not in p.read_bytes(), f"the secret is written to {p}"
     assert CONFIG_HEADER_SECRET not in proc.stdout + proc.stderr
+
+
+def _socket_answers(address: str) -> bool:
+    """Whether something still listens at a parent's secrets address."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        try:
+            sock.connect("\0" + address.removeprefix("abstract:"))
+        except OSError:
+            return False
+    return True
+
+
+KILLED_PARENT = """
+import os, signal, subprocess, sys, time
+import rltrace
+
+fileroot, endpoint, secret, how = sys.argv[1:5]
+rltrace.configure(fileroot=fileroot, experiment_name="sec", trial_name="killed",
+                  otlp={"endpoint": endpoint, "protocol": "http/protobuf", "timeout_s": 5.0,
+                        "headers": {"x-api-key": secret}})
+child = ("import rltrace; rltrace.configure_child(); "
+         "p = rltrace.runtime.get_pipeline(); "
+         "print(p.cfg.otlp.headers.get('x-api-key') == sys.argv[1], flush=True)")
+out = subprocess.run([sys.executable, "-c", "import sys; " + child, secret], capture_output=True,
+                     text=True, timeout=60)
+print(out.stdout.strip(), os.environ["RLTRACE_PARENT_SECRETS"], flush=True)
+if how == "exit":
+    os._exit(0)
+os.kill(os.getpid(), {"kill": signal.SIGKILL, "term": signal.SIGTERM}[how])
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("how", ["kill", "term", "exit"])
+def test_no_secret_outlives_a_parent_killed_terminated_or_exited(tmp_path: Path, how: str) -> None:
+    """The child got the header from its parent; once the parent is gone (SIGKILL, SIGTERM,
+    os._exit) nothing holds it: no file in the temp dir, no socket answering."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    with OTLPReceiver() as rx:
+        proc = subprocess.run(
+            [sys.executable, "-c", KILLED_PARENT, str(tmp_path / "run"), rx.http_endpoint,
+             CONFIG_HEADER_SECRET, how], capture_output=True, text=True, timeout=120,
+            env=_env({"TMPDIR": str(tmp)}), cwd=str(tmp_path))
+    got, address = proc.stdout.split()
+    assert got == "True", proc.stderr  # the child authenticated with the parent's header
+    assert proc.returncode == {"kill": -9, "term": -15, "exit": 0}[how], proc.stderr
+    assert list(tmp.iterdir()) == []
+    assert not _socket_answers(address)
+    assert CONFIG_HEADER_SECRET not in proc.stderr
+
+
+def test_secrets_left_by_killed_runs_of_older_versions_are_removed(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Owner-only folders in the temp dir: one of a pid that no longer runs, one of a live
+    process (kept), one without a pid untouched for two days (an older version's: removed)."""
+    import tempfile
+    import time
+
+    from rltrace import secret_server
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    folders = {name: tmp_path / f"rltrace-secrets-{name}" for name in
+               (f"{dead}-abc", f"{os.getpid()}-def", "old_xyz")}
+    for folder in folders.values():
+        folder.mkdir(mode=0o700)
+        (folder / "otlp-headers.json").write_text("{}")
+    old = time.time() - 2 * 24 * 3600
+    os.utime(folders["old_xyz"], (old, old))
+    assert secret_server.remove_stale_files() == 2
+    assert [p.name for p in tmp_path.iterdir()] == [f"rltrace-secrets-{os.getpid()}-def"]
+
+
+def test_off_linux_the_fallback_file_is_owner_only_and_removed(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import stat
+    import tempfile
+
+    from rltrace import secret_server
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    path = secret_server.write_file({"otlp": {"headers": {"x-api-key": CONFIG_HEADER_SECRET}}})
+    assert path.parent.name.startswith(f"rltrace-secrets-{os.getpid()}-")
+    assert (stat.S_IMODE(path.stat().st_mode), stat.S_IMODE(path.parent.stat().st_mode)) == (0o600, 0o700)
+    assert secret_server.fetch(str(path)) == {"otlp": {"headers": {"x-api-key": CONFIG_HEADER_SECRET}}}
+    secret_server.remove_file(path)
+    assert list(tmp_path.iterdir()) == []
+
