@@ -74,6 +74,18 @@ _I = b'{"pid":%d,"tid":%d,"ph":"i","s":"t","ts":%d,"name":%s,"cat":%s,"args":%s}
 _CACHE_MAX = 4096
 
 
+class _SpanTimes:
+    """A ``ReadableSpan``'s name and times in a record's field names (for its marker line)."""
+
+    def __init__(self, span: ReadableSpan) -> None:
+        self.name = span.name
+        self.start_ns = span.start_time or 0
+        self.end_ns = span.end_time or self.start_ns
+        self.category = (span.attributes or {}).get(_CATEGORY, "otel")
+        self.thread = 0
+        self.lane = 0
+
+
 class ChromeEncoder:
     """Encodes spans as Chrome-trace JSON lines; remembers the tracks it has already named.
 
@@ -99,6 +111,10 @@ class ChromeEncoder:
         #: new thread reusing an ident under another name gets a track of its own
         self._tids: dict[tuple[int, int], tuple[str, int]] = {}
         self._next_tid = 1
+        #: records written with a marker in place of attributes that could not be encoded
+        self.unencodable = 0
+        #: records not written at all (not even their marker could be)
+        self.dropped = 0
         self._names: dict[str, bytes] = {}
         self._cats: dict[Any, bytes] = {}
 
@@ -186,12 +202,8 @@ class ChromeEncoder:
         tids, names, cats, thread_names_now = self._tids, self._names, self._cats, thread_names()
         append, args_json, line = out.append, self.args_json, _X
         for item in items:
-            try:
-                if item.extra is not None or item.slot_attrs:
-                    self._encode_item(item, pid, out)
-                    continue
-            except AttributeError:  # a ReadableSpan (of a record, or another instrumentation's)
-                self._encode_item(item, pid, out)
+            if getattr(item, "slot_attrs", True) or item.extra is not None:
+                self._encode_isolated(item, pid, out)  # not plain (or a ReadableSpan)
                 continue
             thread, lane = item.thread, item.lane
             known = tids.get((thread, lane))
@@ -208,7 +220,48 @@ class ChromeEncoder:
                 cat = self._cat(item.category)
             us = item.start_ns // 1000
             d = item.end_ns - us * 1000
-            append(line % (pid, tid, us, d // 1000, d % 1000, name, cat, args_json(item.args)))
+            try:
+                args = args_json(item.args)
+            except Exception as exc:  # one bad value costs its own args, never a neighbour
+                args = self._unencodable(exc)
+            append(line % (pid, tid, us, d // 1000, d % 1000, name, cat, args))
+
+    def _encode_isolated(self, item: Any, pid: int, out: list[bytes]) -> None:
+        """:meth:`_encode_item` into lines of its own: a record whose attributes cannot be
+        encoded is written with a marker in their place (counted in ``unencodable``), and its
+        neighbours, the process and track names are unaffected."""
+        lines: list[bytes] = []
+        try:
+            self._encode_item(item, pid, lines)
+        except Exception as exc:
+            lines = self._marker_lines(item, pid, exc)
+        out.extend(lines)
+
+    def _marker_lines(self, item: Any, pid: int, exc: Exception) -> list[bytes]:
+        """The record's slice with ``args`` replaced by the marker (nothing if even that fails)."""
+        rec = getattr(item, "rltrace_record", item)
+        lines: list[bytes] = []
+        try:
+            marker = self._unencodable(exc)
+            if isinstance(rec, ReadableSpan):
+                rec = _SpanTimes(rec)
+            tid = self._tid(pid, getattr(rec, "thread", 0), getattr(rec, "lane", 0), lines)
+            us = rec.start_ns // 1000
+            d = rec.end_ns - us * 1000
+            lines.append(_X % (pid, tid, us, d // 1000, d % 1000, self._name(rec.name),
+                               self._cat(getattr(rec, "category", None)), marker))
+        except Exception:
+            self.dropped += 1
+            return []
+        return lines
+
+    def _unencodable(self, exc: Exception) -> bytes:
+        self.unencodable += 1
+        if self.unencodable == 1:
+            logger.warning("rltrace: a span's attributes could not be encoded (%s: %s); it is written "
+                           "with a marker in their place, its neighbours as they are (counted in "
+                           "rltrace.diagnostics())", type(exc).__name__, exc)
+        return _dumps({"rl.unencodable": f"{type(exc).__name__}: {exc}"[:200]})
 
     def _encode_item(self, item: Any, pid: int, out: list[bytes]) -> None:
         """One record or ``ReadableSpan``."""
@@ -332,8 +385,10 @@ class ChromeTraceExporter(SpanExporter):
     holds_on_failure = True
 
     def stats(self) -> dict[str, int]:
-        """Bytes held back by a disk fault and lines dropped past the in-memory cap."""
-        return {"held_bytes": self.file.pending_bytes, "lost": self.file.lost_lines}
+        """Bytes held back by a disk fault, lines dropped past the in-memory cap, records written
+        with a marker for attributes that could not be encoded, and records not written."""
+        return {"held_bytes": self.file.pending_bytes, "lost": self.file.lost_lines,
+                "unencodable": self.encoder.unencodable, "unwritable": self.encoder.dropped}
 
     def reset_after_fork(self, path: str | os.PathLike[str] | None = None) -> None:
         """In a forked child: fresh lock, names written again, optionally a per-process file."""

@@ -95,8 +95,12 @@ def _other_value(value: Any) -> Any:
 
 def _sequence_value(value: list[Any] | tuple[Any, ...]) -> Any:
     """A list or tuple as a tuple of converted items when they are all of one scalar type and at
-    most ``MAX_SEQUENCE``; otherwise its text (OTel attributes hold only homogeneous sequences)."""
-    items = [attr_value(v) for v in value[:MAX_SEQUENCE]]
+    most ``MAX_SEQUENCE``; otherwise its text (OTel attributes hold only homogeneous sequences;
+    nested sequences, a list that holds itself among them, are never descended into)."""
+    head = value[:MAX_SEQUENCE]
+    if any(type(v) in _CONTAINERS for v in head):
+        return text(value)
+    items = [attr_value(v) for v in head]
     kinds = {type(v) for v in items}
     if len(kinds) <= 1 and not (kinds & {tuple, list}) and len(value) <= MAX_SEQUENCE:
         return tuple(items)
@@ -114,6 +118,61 @@ def _object_value(value: Any) -> Any:
         except Exception:
             return text(value)
     return text(value)
+
+
+_CONTAINERS = (list, tuple, dict)
+_PLAIN = frozenset((str, int, float, bool, type(None)))
+#: values converted at export by library code only (arrays, tensors, numpy scalars, bytes)
+_LIBRARY = (bytes, bytearray)
+
+
+def recorded(args: Mapping[Any, Any]) -> dict[Any, Any]:
+    """A copy of ``args`` safe to hold until export, made where it is recorded.
+
+    Plain values (str, int, float, bool, None) and lists and tuples of them are kept as they are
+    (one level deep, as ever); arrays, tensors, numpy scalars and bytes too (their conversion at
+    export is the library's own code, and a tensor on a GPU is not read back here).  Anything
+    else is converted now, on the caller's thread: an object to its text (its ``__str__`` runs
+    here, never on the exporter), a container holding such values (or itself) element by
+    element, ``MAX_DEPTH`` deep, deeper ones to their text.  Never raises.
+    """
+    out = dict(args)
+    for k, v in out.items():
+        if type(v) not in _PLAIN:
+            out[k] = _recorded_value(v, 0)
+    if not all(type(k) is str for k in out):
+        out = {(k if type(k) in _PLAIN else text(k)): v for k, v in out.items()}
+    return out
+
+
+def recorded_value(value: Any) -> Any:
+    """One value as :func:`recorded` keeps it."""
+    return value if type(value) in _PLAIN else _recorded_value(value, 0)
+
+
+def _recorded_value(value: Any, depth: int) -> Any:
+    t = type(value)
+    if t in _PLAIN or isinstance(value, _LIBRARY) or _is_array_like(value):
+        return value
+    if t is list or t is tuple:
+        if all(type(v) in _PLAIN for v in value):
+            return value
+        if depth >= MAX_DEPTH:
+            return text(value)
+        return t(_recorded_value(v, depth + 1) for v in value)
+    if isinstance(value, Mapping):
+        if depth >= MAX_DEPTH:
+            return text(value)
+        return {(k if type(k) in _PLAIN else text(k)): _recorded_value(v, depth + 1)
+                for k, v in value.items()}
+    if isinstance(value, Enum):
+        return _recorded_value(value.value, depth + 1) if depth < MAX_DEPTH else text(value)
+    return text(value)
+
+
+def _is_array_like(value: Any) -> bool:
+    """Arrays, tensors and numpy/torch/jax scalars: their own libraries convert them."""
+    return hasattr(type(value), "dtype") or (hasattr(value, "shape") and hasattr(value, "tolist"))
 
 
 def flatten_into(out: dict[str, Any], prefix: str, mapping: Mapping[Any, Any], depth: int = 0) -> None:

@@ -32,6 +32,8 @@ from opentelemetry.trace import (
 )
 from opentelemetry.trace.status import Status, StatusCode
 
+from rltrace.exporters.values import recorded, recorded_value
+
 from .otel_compat import SPAN_KEY as _SPAN_KEY
 from .otel_compat import (
     ctx_get,
@@ -533,7 +535,7 @@ class Scope(ScopeCore, Span):
         if self.end_ns:
             _after_end(self, "set_attribute")
             return
-        self.extras().setdefault("attrs", {})[key] = value
+        self.extras().setdefault("attrs", {})[key] = recorded_value(value)
 
     def set_attributes(self, attributes: Any) -> None:
         for k, v in attributes.items():
@@ -550,7 +552,7 @@ class Scope(ScopeCore, Span):
             span_api.dropped_events += 1  # bounded memory: the span limits' event count
             return
         self._event(name, timestamp if timestamp is not None else now_ns(),
-                    dict(attributes) if attributes else None, None)
+                    recorded(attributes) if attributes else None, None)
 
     def _event(self, name: str, ts: int, attrs: Any, category: Any) -> None:
         self.extras().setdefault("events", []).append((name, ts, attrs, category))

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from enum import Enum
 from typing import Any, TypeVar, overload
 
+from rltrace.exporters.values import recorded
+
 from . import recorder
 from .checks import check_scope_args
 from .device import DeviceScope, sync_needed
@@ -54,7 +56,7 @@ def _device_scope(name: str, category: Any, args: Any, sync: Any, timing: Any,
         timing = "events"
     if annotate is None:
         annotate = d is not None and d.annotate
-    scope = Scope(name, category, dict(args) if args else None)
+    scope = Scope(name, category, recorded(args) if args else None)
     if not (sync or timing or annotate):
         return scope
     if not (timing or annotate or sync_needed(sync)):
@@ -88,7 +90,7 @@ def trace_scope(
         return NOOP
     if state.device is not None or device_sync or device_timing or annotate:
         return _device_scope(name, category, args, device_sync, device_timing, annotate)
-    return Scope(name, category, dict(args) if args else None)
+    return Scope(name, category, recorded(args) if args else None)
 
 
 def atrace_scope(
@@ -104,7 +106,7 @@ def atrace_scope(
         return NOOP
     if state.device is not None or device_sync or device_timing or annotate:
         return _device_scope(name, category, args, device_sync, device_timing, annotate)
-    return Scope(name, category, dict(args) if args else None)
+    return Scope(name, category, recorded(args) if args else None)
 
 
 def instant(
@@ -120,7 +122,7 @@ def instant(
     if not STATE.enabled:
         return
     try:
-        recorder.record_instant(name, category, dict(args) if args else None)
+        recorder.record_instant(name, category, recorded(args) if args else None)
     except Exception as exc:  # pragma: no cover - defensive
         internal_error("instant", exc)
 

@@ -10,6 +10,8 @@ from typing import Any, Protocol
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanContext
 
+from rltrace.exporters.values import recorded
+
 from .. import recorder
 from ..device import ATTR_SYNC, ATTR_SYNC_WAIT, device_sync
 from ..otel_compat import SPAN_KEY as _SPAN_KEY
@@ -265,7 +267,7 @@ class PhaseScope(Scope):
         """Add key/values recorded when the phase ends (``rl.end.<key>``)."""
         if self.end_payload is None:
             self.end_payload = {}
-        self.end_payload.update(payload)
+        self.end_payload.update(recorded(payload))
 
     def record_attrs(self) -> dict[str, Any]:
         """The execution's attributes, built from its slots once it is exported."""

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from opentelemetry.trace import SpanContext
 from opentelemetry.trace.status import Status, StatusCode
 
-from rltrace.exporters.values import text
+from rltrace.exporters.values import recorded, text
 
 from .. import recorder
 from ..checks import check_mapping, check_optional_int, did_you_mean, type_error
@@ -237,8 +237,8 @@ class SessionRegistry:
             check_mapping("trace_session_phase", "start_payload", start_payload)
             check_mapping("trace_session_phase", "end_payload", end_payload)
             check_optional_int("trace_session_phase", "turn", turn)
-        start = dict(start_payload) if start_payload else None
-        end = dict(end_payload) if end_payload else None
+        start = recorded(start_payload) if start_payload else None
+        end = recorded(end_payload) if end_payload else None
         if device_sync:
             return SyncedPhaseScope(spec, start, end, turn, session_id, self, device_sync)
         return PhaseScope(spec, start, end, turn, session_id, self)
@@ -434,7 +434,8 @@ class SessionRegistry:
                      payload: dict[str, Any]) -> Any:
         if start:
             turn = payload.pop("turn", None)
-            started = PhaseScope(spec, payload or None, None, turn, sess.session_id, self)
+            started = PhaseScope(spec, recorded(payload) if payload else None, None, turn,
+                                 sess.session_id, self)
             started._start(sess, share_lane=False)
             return started
         handle: PhaseScope | None = payload.pop("handle", None)
