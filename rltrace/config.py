@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 __all__ = [
     "ConfigError",
@@ -588,7 +589,10 @@ def _check_values(cfg: TracerConfig) -> None:
          f"must be 'trace' or 'disable', got {cfg.fork_mode!r}")
     proto = cfg.otlp.protocol
     need(proto in (None, "grpc", "http/protobuf", "http"), "otlp.protocol",
-         f"must be 'grpc' or 'http/protobuf', got {proto!r}")
+         f"must be 'grpc' or 'http/protobuf' ('http' is read as 'http/protobuf'), got {proto!r}"
+         + _suggest(proto, ("grpc", "http/protobuf")))
+    problem = endpoint_problem(cfg.otlp.endpoint, proto)
+    need(problem is None, "otlp.endpoint", f"{problem}, got {cfg.otlp.endpoint!r}")
     smp = cfg.sampling
     modes = SAMPLING_MODES
     need(smp.mode is None or smp.mode in modes, "sampling.mode",
@@ -608,6 +612,32 @@ def _check_values(cfg: TracerConfig) -> None:
 
 # --------------------------------------------------------------------------------------------
 # derived values
+
+
+def endpoint_problem(endpoint: str | None, protocol: str | None) -> str | None:
+    """What is wrong with an OTLP ``endpoint`` (None: nothing, or no endpoint): it must be an
+    ``http://`` or ``https://`` URL with a host and a port in 1..65535 if one is given (or, for
+    gRPC, a bare ``host:port``)."""
+    if endpoint is None:
+        return None
+    if type(endpoint) is not str or not endpoint.strip():
+        return "must be a URL such as http://127.0.0.1:4317"
+    bare = "://" not in endpoint
+    if bare and (protocol or "grpc").lower() != "grpc":
+        return "must start with http:// or https:// (e.g. http://127.0.0.1:4318)"
+    parts = urlsplit(("http://" if bare else "") + endpoint.strip())
+    if parts.scheme not in ("http", "https"):
+        return (f"must start with http:// or https:// (the scheme {parts.scheme!r} is not "
+                f"OTLP's{_suggest(parts.scheme, ('http', 'https'))})")
+    if not parts.hostname or " " in endpoint:
+        return "must name a host, as in http://collector:4317"
+    try:
+        port = parts.port
+    except ValueError:
+        return "must have a port in 1..65535"
+    if port == 0:
+        return "must have a port in 1..65535"
+    return None
 
 
 def folder_name_ok(name: str) -> bool:

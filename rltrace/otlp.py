@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
 from opentelemetry.sdk.trace.export import SpanExporter
 
-from .config import ConfigError, OTLPConfig
+from .config import ConfigError, OTLPConfig, endpoint_problem
 from .otel_compat import encoded_exporter_class
+
+logger = logging.getLogger("rltrace")
 
 
 def _env(*names: str) -> str | None:
@@ -19,9 +22,69 @@ def _env(*names: str) -> str | None:
     return None
 
 
+#: the OTel SDK's exporter loggers (and urllib3's, under its HTTP exporter)
+_SDK_LOGGERS = (
+    "opentelemetry.exporter.otlp.proto.grpc.exporter",
+    "opentelemetry.exporter.otlp.proto.grpc.trace_exporter",
+    "opentelemetry.exporter.otlp.proto.grpc.metric_exporter",
+    "opentelemetry.exporter.otlp.proto.http._common",
+    "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+    "opentelemetry.exporter.otlp.proto.http.metric_exporter",
+    "opentelemetry.sdk.metrics._internal.export",
+    "urllib3.connectionpool",
+)
+
+
+class SdkLogFold(logging.Filter):
+    """Folds the SDK exporters' own log lines (retries, connection errors) into rltrace's one
+    warning per rank: each is counted, the last kept for that warning, and logged at DEBUG on
+    the ``rltrace`` logger; none reaches the user's stderr as it is.  In force once rltrace has
+    built an OTLP exporter in the process."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+        #: the last line folded (the reason rltrace's warning gives)
+        self.last: str | None = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            msg = record.getMessage()
+        except Exception:
+            msg = str(record.msg)
+        self.count += 1
+        self.last = " ".join(msg.split())[:300]
+        logger.debug("rltrace: (OpenTelemetry SDK) %s", msg)
+        return False
+
+
+#: the process's fold (see :class:`SdkLogFold`)
+SDK_LOGS = SdkLogFold()
+
+
+def fold_sdk_logs() -> None:
+    """Put :data:`SDK_LOGS` on the SDK exporters' loggers (once)."""
+    for name in _SDK_LOGGERS:
+        lg = logging.getLogger(name)
+        if SDK_LOGS not in lg.filters:
+            lg.addFilter(SDK_LOGS)
+
+
 def otlp_endpoint(cfg: OTLPConfig) -> str | None:
-    """The configured endpoint, from rltrace's config or ``OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT``."""
-    return cfg.endpoint or _env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+    """The configured endpoint, from rltrace's config or ``OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT``
+    (one from the environment is checked as the config key is: :class:`ConfigError` if bad)."""
+    if cfg.endpoint:
+        return cfg.endpoint
+    for name in ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"):
+        value = os.environ.get(name)
+        if value:
+            problem = endpoint_problem(value, cfg.protocol or _env(
+                "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"))
+            if problem is not None:
+                raise ConfigError(f"rltrace: the environment variable {name}={value!r} {problem}; "
+                                  f"fix it, or set the config key otlp.endpoint")
+            return value
+    return None
 
 
 def otlp_protocol(cfg: OTLPConfig) -> str:
@@ -100,6 +163,7 @@ def make_span_exporter(cfg: OTLPConfig) -> SpanExporter | None:
     if not otlp_endpoint(cfg):
         return None
     proto = otlp_protocol(cfg)
+    fold_sdk_logs()
     kwargs = _exporter_kwargs(cfg, proto)
     if proto == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter

@@ -38,7 +38,7 @@ from .live import LivePublisher, live_path
 from .locks import FairRLock
 from .materialize import SpanBuilder
 from .metrics_agg import make_aggregates
-from .otlp import make_metric_exporter, make_span_exporter
+from .otlp import SDK_LOGS, make_metric_exporter, make_span_exporter, otlp_endpoint
 from .otlp_encode import RecordEncoder
 from .processors import BoundedBatchProcessor, QueuedExportProcessor
 from .recorder import RecordBase, RecorderState, internal_error
@@ -451,20 +451,48 @@ class Pipeline:
         if live is not None:
             live.maybe_publish()  # rate-limited: one clock read when not due
 
+    #: seconds the OTLP endpoint must have been failing before a warning during the run (a
+    #: short run gets the one at shutdown only)
+    OTLP_WARN_AFTER_S = 30.0
+
     def _report_otlp_loss(self, final: bool) -> None:
+        """One warning per rank about spans the OTLP endpoint did not take: at shutdown, with
+        the breakdown (sent, failed, dropped at the full queue, still queued at exit) and the
+        last error the SDK reported; during a long run, once, after it has failed for
+        ``OTLP_WARN_AFTER_S``.  The SDK's own lines are folded into it (:mod:`rltrace.otlp`)."""
         otlp = self.otlp
         if otlp is None:
             return
-        lost = otlp.dropped + otlp.failed
+        lost = otlp.dropped + otlp.failed + otlp.unsent_at_exit
+        if lost == 0 or (not final and lost <= self._lost_reported):
+            return
         now = time.monotonic()
-        if lost > self._lost_reported and (final or now - self._lost_warned_at >= 30.0):
+        if not self._lost_warned_at:
+            self._lost_warned_at = now  # when the loss was first seen
+        if not final and (self._lost_reported or now - self._lost_warned_at < self.OTLP_WARN_AFTER_S):
+            return
+        last = SDK_LOGS.last
+        reason = f"; last error: {last}" if last else ""
+        if final:
             logger.warning(
-                "rltrace: %d spans not delivered to the OTLP endpoint so far (%d dropped: queue "
-                "full, %d failed: export errors; %d delivered). Training is not slowed; check "
-                "the collector.", lost, otlp.dropped, otlp.failed, otlp.exported,
-            )
-            self._lost_reported = lost
-            self._lost_warned_at = now
+                "rltrace rank %d: %d of %d spans did not reach the OTLP endpoint %s: %d failed "
+                "(export errors), %d dropped (the send queue was full), %d still queued at exit "
+                "(waited at most %.1f s, otlp.timeout_s)%s. Training was not slowed; check the "
+                "collector.", self.rank, lost, lost + otlp.exported, self._otlp_endpoint(),
+                otlp.failed, otlp.dropped, otlp.unsent_at_exit, otlp.shutdown_timeout_s, reason)
+        else:
+            logger.warning(
+                "rltrace rank %d: the OTLP endpoint %s has not taken %d spans (%d failed, %d "
+                "dropped) for %.0f s%s; training is not slowed, and the full count comes at "
+                "shutdown.", self.rank, self._otlp_endpoint(), lost, otlp.failed, otlp.dropped,
+                now - self._lost_warned_at, reason)
+        self._lost_reported = lost
+
+    def _otlp_endpoint(self) -> str:
+        try:
+            return otlp_endpoint(self.cfg.otlp) or "?"
+        except Exception:
+            return "?"
 
     def close(self, timeout: float | None = None) -> None:
         """Stop the thread, flush, and shut down rltrace's own processors (not the user's)."""

@@ -212,8 +212,10 @@ class BoundedBatchProcessor(SpanProcessor):
         self.name = name
         #: ReadableSpans, or records (:attr:`takes_records`), queued for the sender thread
         self.batches = BatchQueue(max_export_batch_size)
-        #: spans refused because the queue was full, or left in it at shutdown
+        #: spans refused because the queue was full
         self.dropped = 0
+        #: spans still queued when shutdown's wait ended (or the collector had stopped answering)
+        self.unsent_at_exit = 0
         #: spans not sent because their trace was not sampled
         self.unsampled = 0
         #: whether the last export succeeded (the collector answers)
@@ -384,13 +386,24 @@ class BoundedBatchProcessor(SpanProcessor):
         return self.force_flush(int(timeout_s * 1000))
 
     def shutdown(self) -> None:
+        """Send what is queued, waiting at most ``shutdown_timeout_s`` in all; with a collector
+        that did not take the last batch, send nothing more (the exporter's retries are cut
+        short): what is left is counted in ``unsent_at_exit``."""
         self._stop = True
         self._wake.set()
+        if not self.last_ok:
+            self._shutdown_exporter()  # aborts a retry in flight: no second wait for a dead end
         self._thread.join(self.shutdown_timeout_s)
-        if not self._thread.is_alive():
+        if not self._thread.is_alive() and self.last_ok:
             self._export_all(time.monotonic() + self.shutdown_timeout_s)
-        self.dropped += len(self.batches.items)  # could not be sent in time
+        self.unsent_at_exit += len(self.batches.items)  # could not be sent in time
         self.batches.items.clear()
+        if self.last_ok:
+            self._shutdown_exporter()
+        self._thread.join(1.0)
+        self.batches.write_off_inflight()  # an export still hanging after shutdown
+
+    def _shutdown_exporter(self) -> None:
         try:
             try:
                 self.exporter.shutdown(timeout_millis=int(self.shutdown_timeout_s * 1000))  # type: ignore[call-arg]
@@ -398,8 +411,6 @@ class BoundedBatchProcessor(SpanProcessor):
                 self.exporter.shutdown()
         except Exception as exc:
             logger.debug("rltrace: %s exporter shutdown raised %r", self.name, exc)
-        self._thread.join(1.0)
-        self.batches.write_off_inflight()  # an export still hanging after shutdown
 
     def reset_after_fork(self) -> None:
         """In a forked child: the parent's queue is the parent's; start a fresh worker."""
@@ -407,7 +418,8 @@ class BoundedBatchProcessor(SpanProcessor):
 
     def stats(self) -> dict[str, Any]:
         out = {"exported": self.exported, "dropped": self.dropped, "failed": self.failed,
-               "queued": len(self.batches.items), "unsampled": self.unsampled}
+               "unsent_at_exit": self.unsent_at_exit, "queued": len(self.batches.items),
+               "unsampled": self.unsampled}
         enc = self.encoder
         if enc is not None:  # spans encoded from records directly / through the SDK's encoder
             out.update(encoded_direct=enc.fast, encoded_by_sdk=enc.slow)

@@ -62,12 +62,16 @@ class SessionRegistry:
     their own (``SessionRegistry(phases=PhaseRegistry())``) instead of patching module state.
     """
 
-    __slots__ = ("_session_ids", "_task_ids", "enabled", "lock", "misuse", "phases",
-                 "recent_sessions", "recent_tasks", "sessions", "tally", "tasks")
+    __slots__ = ("_off_warned", "_session_ids", "_task_ids", "enabled", "lock", "misuse", "off_reason",
+                 "phases", "recent_sessions", "recent_tasks", "sessions", "tally", "tasks")
 
     def __init__(self, phases: PhaseRegistry | None = None) -> None:
         #: whether session tracing records (set by ``configure``)
         self.enabled = False
+        #: why it does not although tracing is configured (said once, at the first session
+        #: call), or None: not configured at all (then nothing is said)
+        self.off_reason: str | None = None
+        self._off_warned = False
         #: the phases its sessions may run (default: the built-ins, in a registry of its own)
         self.phases = phases if phases is not None else PhaseRegistry()
         self.tasks: dict[Any, TaskScope] = {}
@@ -135,7 +139,18 @@ class SessionRegistry:
             with self.lock:
                 if self.tasks.get(task_id) is None:
                     self._task_locked(task_id)
+        elif self.off_reason is not None:
+            self.said_off("register_task")
         return task_id
+
+    def said_off(self, api: str) -> None:
+        """Say once that session calls record nothing while session tracing is off."""
+        if not self._off_warned:
+            self._off_warned = True
+            logger.warning("rltrace: %s() was called but session tracing is off (%s): no session "
+                           "is recorded. Turn it on with rltrace.configure(session_tracer="
+                           "{'enabled': True}) or RLTRACE_SESSION_TRACER_ENABLED=true.",
+                           api, self.off_reason)
 
     def _task_locked(self, task_id: Any) -> TaskScope:
         """The open task ``task_id``, registered now if needed (caller holds the lock): a
@@ -171,6 +186,8 @@ class SessionRegistry:
         """
         session_id = next(self._session_ids)
         if not self.enabled:
+            if self.off_reason is not None:
+                self.said_off("register_session")
             return session_id
         if task_id is None:
             task_id = TASK_CV.get()

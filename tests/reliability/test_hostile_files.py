@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 from conftest import clean_env
-from rltrace.exporters.files import LineFile, UnsafeFileError, open_for_append, write_atomically
 
 import rltrace
+from rltrace.exporters.files import LineFile, UnsafeFileError, open_for_append, write_atomically
 
 OTHER_UID = 4242  # a uid that is not this test's (the tests run as root in CI: lchown works)
 

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from conftest import clean_env
-from rltrace.exporters.chrome import ChromeEncoder
 
 import rltrace
+from rltrace.exporters.chrome import ChromeEncoder
 from rltrace.recorder import Scope
 
 

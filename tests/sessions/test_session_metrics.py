@@ -18,10 +18,10 @@ from conftest import clean_env
 from opentelemetry import trace
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
-from rltrace.exporters.sessions import SessionRecordWriter
 
 import rltrace
 from rltrace import runtime
+from rltrace.exporters.sessions import SessionRecordWriter
 from rltrace.perf_tracer import (
     register_session,
     register_task,
