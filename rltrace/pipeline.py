@@ -472,7 +472,7 @@ class Pipeline:
         if not final and (self._lost_reported or now - self._lost_warned_at < self.OTLP_WARN_AFTER_S):
             return
         last = SDK_LOGS.last
-        reason = f"; last error: {last}" if last else ""
+        reason = f"; last error: {last.rstrip('.')}" if last else ""
         if final:
             logger.warning(
                 "rltrace rank %d: %d of %d spans did not reach the OTLP endpoint %s: %d failed "

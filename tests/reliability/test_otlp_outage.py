@@ -91,7 +91,8 @@ def test_collector_returning_errors_costs_no_step_time_counts_every_failure_and_
         rltrace.flush()
         assert p.otlp.force_flush(30_000)  # type: ignore[union-attr]
         counts = _accounted(p)
-        assert counts == {"exported": 0, "failed": SPANS_PER_RUN, "dropped": 0, "queued": 0}, counts
+        assert counts == {"exported": 0, "failed": SPANS_PER_RUN, "dropped": 0, "unsent_at_exit": 0,
+                          "queued": 0}, counts
         assert rltrace.diagnostics()["otlp"]["failed"] == SPANS_PER_RUN
         reqs = rx.requests
         assert reqs and all(r.outcome == "rejected" for r in reqs if r.signal == "traces")
