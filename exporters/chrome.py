@@ -70,6 +70,9 @@ def chrome_args(attributes: Any) -> dict[str, Any]:
 
 
 _X = b'{"pid":%d,"tid":%d,"ph":"X","ts":%d,"dur":%d.%03d,"name":%s,"cat":%s,"args":%s}\n'
+#: the same line in three pieces (encode's loop): a track's head, the times, the name's tail
+_TIMES = b'%d,"dur":%d.%03d'
+_TAIL = b',"name":%s,"cat":%s,"args":%s}\n'
 _I = b'{"pid":%d,"tid":%d,"ph":"i","s":"t","ts":%d,"name":%s,"cat":%s,"args":%s}\n'
 _CACHE_MAX = 4096
 
@@ -111,6 +114,8 @@ class ChromeEncoder:
         #: new thread reusing an ident under another name gets a track of its own
         self._tids: dict[tuple[int, int], tuple[str, int]] = {}
         self._next_tid = 1
+        self._heads: dict[int, bytes] = {}
+        self._tails: dict[tuple[Any, Any], bytes] = {}
         #: records written with a marker in place of attributes that could not be encoded
         self.unencodable = 0
         #: records not written at all (not even their marker could be)
@@ -185,6 +190,7 @@ class ChromeEncoder:
         """Forget named processes and tracks (after a fork, or for a new file)."""
         self._pid = -1
         self._tids = {}
+        self._heads = {}
         self._next_tid = 1
 
     def encode(self, items: Sequence[Any], out: list[bytes]) -> None:
@@ -197,10 +203,12 @@ class ChromeEncoder:
         if pid != self._pid:
             self._pid = pid
             self._tids = {}
+            self._heads = {}
             self._next_tid = 1
             self._process_metadata(pid, out)
-        tids, names, cats, thread_names_now = self._tids, self._names, self._cats, thread_names()
-        append, args_json, line = out.append, self.args_json, _X
+        tids, thread_names_now = self._tids, thread_names()
+        append, args_json, args_only = out.append, self.args_json, self._args_only
+        heads, tails = self._heads, self._tails
         for item in items:
             if getattr(item, "slot_attrs", True) or item.extra is not None:
                 self._encode_isolated(item, pid, out)  # not plain (or a ReadableSpan)
@@ -211,20 +219,41 @@ class ChromeEncoder:
                 tid = self._tid(pid, thread, lane, out)
             else:
                 tid = known[1]
-            name = names.get(item.name) or self._name(item.name)
+            head = heads.get(tid)
+            if head is None:  # '{"pid":P,"tid":T,"ph":"X","ts":'
+                head = heads[tid] = b'{"pid":%d,"tid":%d,"ph":"X","ts":' % (pid, tid)
+            args = item.args
             try:
-                cat = cats.get(item.category)
-            except TypeError:  # an unhashable category object: named by _cat
-                cat = None
-            if cat is None:
-                cat = self._cat(item.category)
+                tail = tails.get((item.name, item.category)) if args is None else None
+            except TypeError:  # an unhashable category object
+                tail = None
+            if tail is None:
+                tail = self._tail(item.name, item.category, args_only if args is None else None,
+                                  args, args_json)
             us = item.start_ns // 1000
             d = item.end_ns - us * 1000
+            append(head + _TIMES % (us, d // 1000, d % 1000) + tail)
+
+    def _tail(self, name: Any, category: Any, args_only: bytes | None, args: Any,
+              args_json: Any) -> bytes:
+        """``,"name":…,"cat":…,"args":…}`` and the newline: kept for records without args (most
+        scopes), made for each record with them (a value that cannot be encoded costs only its
+        own args: a marker)."""
+        if args_only is not None:
+            tail = _TAIL % (self._name(name), self._cat(category), args_only)
+            tails = self._tails
+            if len(tails) >= _CACHE_MAX:
+                tails.clear()
             try:
-                args = args_json(item.args)
-            except Exception as exc:  # one bad value costs its own args, never a neighbour
-                args = self._unencodable(exc)
-            append(line % (pid, tid, us, d // 1000, d % 1000, name, cat, args))
+                tails[(name, category)] = tail
+            except TypeError:
+                pass
+            return tail
+        try:
+            encoded = args_json(args)
+        except Exception as exc:  # one bad value costs its own args, never a neighbour
+            encoded = self._unencodable(exc)
+        return _TAIL % (self._name(name), self._cat(category), encoded)
 
     def _encode_isolated(self, item: Any, pid: int, out: list[bytes]) -> None:
         """:meth:`_encode_item` into lines of its own: a record whose attributes cannot be
@@ -311,6 +340,7 @@ class ChromeEncoder:
         if pid != self._pid:
             self._pid = pid
             self._tids = {}
+            self._heads = {}
             self._next_tid = 1
             self._process_metadata(pid, out)
         for name, value in values.items():
