@@ -28,7 +28,8 @@ import orjson
 import rltrace
 from rltrace import Category
 
-from ..config import SessionTracerConfig, TracerConfig, log_dir
+from .. import logdir as logdir_room
+from ..config import ConfigError, SessionTracerConfig, TracerConfig, endpoint_problem
 
 
 @dataclass
@@ -225,14 +226,36 @@ def _summarise(logdir: Path) -> str:
     return "\n".join(lines)
 
 
+def check_options(opts: DemoOptions) -> str | None:
+    """What is wrong with ``opts`` (one line naming the option and the fix), or None."""
+    for flag, value in (("--ranks", opts.ranks), ("--steps", opts.steps),
+                        ("--tasks", opts.tasks_per_step), ("--samples", opts.samples)):
+        if value < 1:
+            return f"rltrace demo: {flag} must be at least 1, got {value}"
+    if opts.otlp_endpoint is not None:
+        problem = endpoint_problem(opts.otlp_endpoint, opts.otlp_protocol)
+        if problem is not None:
+            return f"rltrace demo: --otlp-endpoint {problem}, got {opts.otlp_endpoint!r}"
+    return None
+
+
 def run_demo(opts: DemoOptions) -> int:
-    """Run the demo; return a process exit code."""
+    """Run the demo; return a process exit code (2, with one line on stderr, for bad options
+    or a log dir that cannot be written)."""
     from .convert import convert
 
-    t0 = time.perf_counter()
+    problem = check_options(opts)
     cfg = TracerConfig(experiment_name=opts.experiment_name, trial_name=opts.trial_name,
                        fileroot=opts.fileroot)
-    logdir = log_dir(cfg)
+    if problem is None:
+        try:
+            logdir = logdir_room.prepare(cfg)
+        except ConfigError as exc:
+            problem = f"rltrace demo --fileroot {opts.fileroot}: {exc}"
+    if problem is not None:
+        print(problem, file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
     for old in (logdir / "perf_tracer").rglob("traces-r*.jsonl"):
         old.unlink()  # a fresh run replaces the previous demo's files
     for old in (logdir / "session_tracer").rglob("sessions-r*.jsonl"):
@@ -258,11 +281,22 @@ def run_demo(opts: DemoOptions) -> int:
     if failed:
         print(f"rltrace demo: rank process(es) failed: {', '.join(failed)}", file=sys.stderr)
         return 1
+    ran_s = time.perf_counter() - t0
     merged = logdir / "trace.json"
     res = convert([logdir], merged, progress=False)
-    print(f"rltrace demo: {opts.ranks} rank(s) x {opts.steps} steps in "
-          f"{time.perf_counter() - t0:.1f} s; artifacts in {logdir}")
+    print(f"rltrace demo: {opts.ranks} rank(s) x {opts.steps} steps in {ran_s:.1f} s; "
+          f"logs in {logdir}")
     print(_summarise(logdir))
     print(f"merged trace: {merged} ({res.events} events)")
-    print(f"open it: https://ui.perfetto.dev -> Open trace file -> {merged.resolve()}")
+    print(_next_steps(logdir, merged))
     return 0
+
+
+def _next_steps(logdir: Path, merged: Path) -> str:
+    """What to do with the run next, with the log dir actually used."""
+    return "\n".join([
+        "next:",
+        f"  open the timeline   https://ui.perfetto.dev -> Open trace file -> {merged.resolve()}",
+        f"  read the report     rltrace report {logdir}",
+        f"  watch a live run    rltrace top {logdir}   (or: rltrace demo --live)",
+    ])
