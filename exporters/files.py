@@ -116,6 +116,8 @@ class LineFile:
         self._warned = False
         self._warned_lost = False
         self.written_bytes = 0
+        #: complete lines on disk (written by this object)
+        self.written_lines = 0
         self.lost_bytes = 0
         self.lost_lines = 0
         self.reopened = 0
@@ -149,9 +151,11 @@ class LineFile:
                 self.written_bytes += n
                 self._pending_bytes -= n
                 if n < len(chunk):
+                    self.written_lines += chunk.count(b"\n", 0, n)
                     self._pending[0] = chunk[n:]
                     self._partial = n > 0 or self._partial
                     continue
+                self.written_lines += chunk.count(b"\n")
                 self._pending.popleft()
                 self._partial = False
             return True
@@ -163,16 +167,41 @@ class LineFile:
                                "retrying; training continues.", self.path, why,
                                self.pending_cap >> 20)
             while self._pending_bytes > self.pending_cap and self._pending:
-                dropped = self._pending.popleft()
-                self._pending_bytes -= len(dropped)
-                self.lost_bytes += len(dropped)
-                self.lost_lines += dropped.count(b"\n")
+                if not self._drop_oldest():
+                    break
                 if not self._warned_lost:
                     self._warned_lost = True
                     logger.warning("rltrace: %s is still unwritable and %d MiB are held in memory; "
                                    "dropping the oldest lines (counted in rltrace.diagnostics())",
                                    self.path, self.pending_cap >> 20)
             return False
+
+    def _drop_oldest(self) -> bool:
+        """Drop the oldest pending lines to stay under the cap, but never the rest of a line a
+        fault cut on disk: that stays, so the retry completes it and no later line is appended
+        onto a fragment.  False when nothing but that rest is held."""
+        head = self._pending[0]
+        if self._partial:
+            cut = head.find(b"\n") + 1  # the rest of the cut line (every chunk ends a line)
+            if cut >= len(head):
+                if len(self._pending) == 1:
+                    return False
+                dropped = self._pending[1]
+                del self._pending[1]
+            else:
+                self._pending[0] = head[:cut]
+                dropped = head[cut:]
+        else:
+            dropped = self._pending.popleft()
+        self._pending_bytes -= len(dropped)
+        self.lost_bytes += len(dropped)
+        self.lost_lines += dropped.count(b"\n")
+        return True
+
+    @property
+    def pending_lines(self) -> int:
+        """Lines held in memory by a disk fault, retried with the next write."""
+        return sum(chunk.count(b"\n") for chunk in self._pending)
 
     def _recreate(self) -> None:
         self._close_quietly()
@@ -209,6 +238,7 @@ class LineFile:
         self._pending = deque()
         self._pending_bytes = 0
         self._partial = False
+        self.written_lines = 0
         if path is not None:
             self.path = Path(path)
 

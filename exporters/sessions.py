@@ -28,10 +28,7 @@ class SessionRecordWriter:
         self.flush_threshold = max(1, flush_threshold)
         self._buf: list[bytes] = []
         self._lock = threading.RLock()
-        #: records on disk
-        self.written = 0
-        #: records a disk fault is holding back (in memory, retried with the next write)
-        self.failed = 0
+        self._tallied = 0  # records on disk already counted in ``tally``
         #: counts that outlive the process (a writable int64 sequence: slot ``tally_slot``
         #: gets each record on disk; ``rltrace.tally``), or None
         self.tally: Any = None
@@ -55,22 +52,40 @@ class SessionRecordWriter:
             self._write_locked()
 
     def _write_locked(self) -> None:
-        n = len(self._buf)
-        ok = self.file.append(b"".join(self._buf))
+        self.file.append(b"".join(self._buf))
         self._buf.clear()
-        if ok:
-            self.written += n + self.failed
-            if self.tally is not None:
-                self.tally[self.tally_slot] += n + self.failed
-            self.failed = 0
-        else:
-            self.failed += n  # held in memory by the file and retried with the next write
+        if self.tally is not None:  # records that reached the disk since the last count
+            on_disk = self.file.written_lines
+            self.tally[self.tally_slot] += on_disk - self._tallied
+            self._tallied = on_disk
+
+    @property
+    def tally(self) -> Any:
+        """Counts that outlive the process (a writable int64 sequence: slot ``tally_slot`` gets
+        each record that reaches the disk from now on; ``rltrace.tally``), or None."""
+        return self._tally
+
+    @tally.setter
+    def tally(self, view: Any) -> None:
+        self._tally = view
+        self._tallied = self.file.written_lines
+
+    @property
+    def written(self) -> int:
+        """Records on disk: whole lines the file wrote (a line cut by a fault counts once the
+        retry completed it)."""
+        return self.file.written_lines
+
+    @property
+    def failed(self) -> int:
+        """Records a disk fault is holding back (in memory, retried with the next write)."""
+        return self.file.pending_lines
 
     def reset_after_fork(self, path: str | os.PathLike[str] | None = None) -> None:
         self._lock = threading.RLock()
-        self.tally = None  # the parent's counts stay the parent's
         self._buf = []
         self.file.after_fork(path)
+        self.tally = None  # the parent's counts stay the parent's
 
     def close(self) -> None:
         self.flush()

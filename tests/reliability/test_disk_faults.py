@@ -257,3 +257,34 @@ def test_file_size_limit_acts_like_a_full_disk_and_nothing_is_lost_when_lifted(t
     assert all(names[f"full.{s}.{i}"] == 1 for s in range(20) for i in range(25))
     assert names["after.fault"] == 1
     assert len(_lines(log_dir / "session_tracer" / "sessions-r0.jsonl")) == 25
+
+
+def test_a_full_disk_past_the_pending_cap_keeps_every_line_whole_and_the_counts_exact(
+    small_disk: Path,
+) -> None:
+    """ENOSPC cuts a line on disk while more is held than the cap allows: the oldest held lines
+    are dropped (counted), but the rest of the cut line is kept and completed once space
+    returns, so no later line is appended onto a fragment; ``written`` is what is on disk."""
+    from rltrace.exporters.sessions import SessionRecordWriter
+
+    writer = SessionRecordWriter(small_disk / "sessions-r0.jsonl", flush_threshold=1)
+    writer.file.pending_cap = 16 * 1024
+    for i in range(20):
+        writer.add({"session_id": i, "pad": "x" * 200})
+    filler = _fill(small_disk)
+    for i in range(20, 400):  # the disk is full: cut lines, held lines, the cap overflows
+        writer.add({"session_id": i, "pad": "x" * 200})
+    assert writer.file.lost_lines > 0 and writer.failed > 0
+    filler.unlink()
+    for i in range(400, 420):
+        writer.add({"session_id": i, "pad": "x" * 200})
+    writer.flush()
+    lines = (small_disk / "sessions-r0.jsonl").read_bytes().split(b"\n")
+    assert lines[-1] == b""
+    records = [json.loads(line) for line in lines[:-1]]  # every line whole: none joined to a fragment
+    ids = [r["session_id"] for r in records]
+    assert len(ids) == len(set(ids)) and ids == sorted(ids)
+    assert writer.written == len(records) and writer.failed == 0
+    assert writer.written + writer.file.lost_lines == 420
+    assert set(range(20)) <= set(ids) and set(range(400, 420)) <= set(ids)
+    writer.close()
