@@ -23,6 +23,26 @@ PERFETTO_CHECK = Path(
 )
 
 
+#: how to install what an optional test needs (as .ci/run does)
+INSTALL = {
+    "torch": "pip install torch==2.13.0 (the CPU build)",
+    "jax": "pip install jax==0.10.2 jaxlib==0.10.2",
+    "wandb": "pip install wandb==0.31.0",
+    "tensorboard": "pip install tensorboard==2.21.0",
+    "ray": "pip install ray==2.60.0",
+    "httpx": "pip install httpx",
+    "numpy": "pip install 'rltrace[analysis]'",
+}
+
+
+def need(module: str, why: str = "") -> Any:
+    """``pytest.importorskip(module)`` with a reason naming what to install."""
+    top = module.split(".")[0]
+    hint = INSTALL.get(top, f"pip install {top}")
+    return pytest.importorskip(module, reason=f"{top} is not installed{': ' + why if why else ''} "
+                                              f"({hint})")
+
+
 def clean_env(monkeypatch: pytest.MonkeyPatch, otel_prefix: str = "OTEL_EXPORTER_OTLP") -> None:
     """Drop the caller's rank variables, ``RLTRACE_*`` settings and OTel variables starting with
     ``otel_prefix`` for one test, so none of them leaks into what it configures."""

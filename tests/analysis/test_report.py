@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from conftest import HELPERS
 
-np = pytest.importorskip("numpy", reason="rltrace report needs the analysis extra")
-pytest.importorskip("matplotlib", reason="rltrace report needs the analysis extra")
-pytest.importorskip("jinja2", reason="rltrace report needs the analysis extra")
-pytest.importorskip("rich", reason="rltrace report needs the analysis extra")
+np = pytest.importorskip("numpy", reason="rltrace report needs the analysis extra (pip install 'rltrace[analysis]')")
+pytest.importorskip("matplotlib", reason="rltrace report needs the analysis extra (pip install 'rltrace[analysis]')")
+pytest.importorskip("jinja2", reason="rltrace report needs the analysis extra (pip install 'rltrace[analysis]')")
+pytest.importorskip("rich", reason="rltrace report needs the analysis extra (pip install 'rltrace[analysis]')")
 
 import orjson  # noqa: E402
 

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import one_session
+from conftest import need, one_session
 
 import rltrace
 from rltrace.config import ConfigError
@@ -94,7 +94,7 @@ def test_every_device_option_gets_exact_timestamps_from_the_injected_clock(tmp_p
     (without a CUDA device, recorded as unavailable) take no reading: start 0, end 1.  Before
     ``device.py`` read the clock through the module, an ``annotate=True`` span ended on the
     wall clock."""
-    pytest.importorskip("jax")
+    need("jax")
     options: list[tuple[str, dict[str, object], tuple[int, int], float | None]] = [
         ("annotate", {"annotate": True}, (0, 1), None),
         ("events", {"device_timing": "events"}, (0, 1), None),

@@ -10,6 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from conftest import need
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -118,7 +119,7 @@ def test_extract_context_reads_headers_case_insensitively(tmp_path: Path) -> Non
 
 
 def test_httpx_event_hook_injects_into_real_httpx_requests(tmp_path: Path, server: _InferenceServer) -> None:
-    httpx = pytest.importorskip("httpx", reason="httpx is not installed (optional client)")
+    httpx = need("httpx", "httpx is not installed (optional client)")
     from rltrace.propagation import httpx_event_hook
 
     with capture_spans(tmp_path) as cap:

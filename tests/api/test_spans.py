@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import clean_env
+from conftest import clean_env, need
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.trace import StatusCode
@@ -611,7 +611,7 @@ class Opaque:
 
 
 def test_torch_tensor_args_are_converted_or_summarised(tmp_path: Path) -> None:
-    torch = pytest.importorskip("torch", reason="torch not installed; tensor args cannot be tested")
+    torch = need("torch", "torch not installed; tensor args cannot be tested")
     args = {"small": torch.tensor([1.5, 2.5, 3.5]), "scalar": torch.tensor(7),
             "large": torch.zeros(64, 64), "grad": torch.ones(2, requires_grad=True)}
     chrome, otel = record_args(tmp_path, args)
@@ -626,7 +626,7 @@ def test_torch_tensor_args_are_converted_or_summarised(tmp_path: Path) -> None:
 
 
 def test_numpy_args_are_converted(tmp_path: Path) -> None:
-    np = pytest.importorskip("numpy", reason="numpy not installed; ndarray args cannot be tested")
+    np = need("numpy", "numpy not installed; ndarray args cannot be tested")
     chrome, otel = record_args(tmp_path, {"arr": np.arange(4), "f32": np.float32(0.25),
                                           "i64": np.int64(-3), "flag": np.bool_(True)})
     assert chrome["arr"] == [0, 1, 2, 3] and otel["arr"] == (0, 1, 2, 3)
@@ -636,7 +636,7 @@ def test_numpy_args_are_converted(tmp_path: Path) -> None:
 
 
 def test_large_numpy_array_is_summarised_in_chrome_file(tmp_path: Path) -> None:
-    np = pytest.importorskip("numpy", reason="numpy not installed; ndarray args cannot be tested")
+    np = need("numpy", "numpy not installed; ndarray args cannot be tested")
     chrome, otel = record_args(tmp_path, {"logits": np.zeros((100, 100))})
     assert "shape=(100, 100)" in otel["logits"]
     assert isinstance(chrome["logits"], str) and "shape=(100, 100)" in chrome["logits"]

@@ -13,14 +13,14 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import perfetto_check
+from conftest import need, perfetto_check
 
 import rltrace
 from rltrace.cli.convert import convert
 from rltrace.testing import capture_spans, read_jsonl
 
-jax = pytest.importorskip("jax", reason="jax is not installed (pip install jax)")
-jnp = pytest.importorskip("jax.numpy", reason="jax is not installed (pip install jax)")
+jax = need("jax", "jax is not installed (pip install jax)")
+jnp = need("jax.numpy", "jax is not installed (pip install jax)")
 
 
 def _dur(span: object) -> float:
@@ -209,7 +209,7 @@ rltrace.shutdown()
 
 
 def test_without_an_accelerator_device_sync_is_a_no_op(tmp_path: Path) -> None:
-    pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+    need("torch", "torch is not installed (pip install torch==2.13.0)")
     proc = subprocess.run([sys.executable, "-c", NO_ACCEL, str(tmp_path)], capture_output=True,
                           text=True, timeout=120, cwd=str(tmp_path))  # the installed package
     assert proc.returncode == 0, proc.stderr
@@ -231,7 +231,7 @@ def test_missing_frameworks_are_handled_and_named(tmp_path: Path) -> None:
 def test_torch_profiler_steps_merge_on_one_clock_and_the_wrapping_span_encloses_the_op(
     tmp_path: Path,
 ) -> None:
-    torch = pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+    torch = need("torch", "torch is not installed (pip install torch==2.13.0)")
     rltrace.configure(fileroot=str(tmp_path), flush_at_exit=False)
     prof = rltrace.profile_steps([1])
     for step in range(3):
@@ -260,7 +260,7 @@ def test_torch_profiler_steps_merge_on_one_clock_and_the_wrapping_span_encloses_
 
 # ---- CUDA (skipped on machines without a CUDA device) ------------------------------------------
 
-_torch = pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+_torch = need("torch", "torch is not installed (pip install torch==2.13.0)")
 cuda = pytest.mark.skipif(not _torch.cuda.is_available(),
                           reason="no CUDA device on this machine (run on a GPU host)")
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import HELPERS, clean_env
+from conftest import HELPERS, clean_env, need
 
 import rltrace
 from rltrace import runtime
@@ -120,7 +120,7 @@ def test_secrets_from_config_and_environment_appear_in_no_file_log_output_or_spa
 
 
 def test_wandb_api_key_in_the_experiment_config_never_reaches_the_wandb_run_files(tmp_path: Path) -> None:
-    pytest.importorskip("wandb")
+    need("wandb")
     script = tmp_path / "wb.py"
     script.write_text(textwrap.dedent("""
         import sys, rltrace

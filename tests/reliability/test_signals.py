@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import HELPERS
+from conftest import HELPERS, need
 
 SWEEP = HELPERS / "signal_sweep.py"
 RUNS = 60  # per mode: 300 signal timings in all
@@ -58,7 +58,7 @@ def test_no_finalized_session_is_lost_whenever_the_process_is_terminated(
 def test_sigterm_from_torchrun_loses_no_session_on_any_rank(tmp_path: Path) -> None:
     """torchrun forwards its SIGTERM to every worker (its death signal): each rank's sessions
     finalized before that are all on disk."""
-    pytest.importorskip("torch", reason="torchrun is part of torch (the torch extra)")
+    need("torch", "torchrun is part of torch (the torch extra)")
     import socket
 
     with socket.socket() as s:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import HELPERS
+from conftest import HELPERS, need
 
 from rltrace import stats
 from rltrace.stats.reduce import Aggregate, allreduce
@@ -96,7 +96,7 @@ def _check(outs: list[list[dict[str, Any]]], world: int, rel: float) -> None:
 
 
 def test_torch_gloo_ranks_export_the_statistics_of_the_concatenated_data(tmp_path: Path) -> None:
-    pytest.importorskip("torch", reason="torch.distributed is needed for the gloo ranks")
+    need("torch", "torch.distributed is needed for the gloo ranks")
     world = 3
     outs = _run("torch", tmp_path, world)
     _check(outs, world, rel=1e-9)
@@ -109,7 +109,7 @@ def test_torch_gloo_ranks_export_the_statistics_of_the_concatenated_data(tmp_pat
 
 
 def test_jax_cpu_processes_export_the_statistics_of_the_concatenated_data(tmp_path: Path) -> None:
-    pytest.importorskip("jax", reason="jax is needed for the multi-process JAX reduction")
+    need("jax", "jax is needed for the multi-process JAX reduction")
     world = 2
     outs = _run("jax", tmp_path, world)
     _check(outs, world, rel=1e-5)  # jax computes in float32 unless jax_enable_x64 is set
@@ -118,7 +118,7 @@ def test_jax_cpu_processes_export_the_statistics_of_the_concatenated_data(tmp_pa
 
 
 def test_jax_single_process_reduction_equals_the_local_export() -> None:
-    jnp = pytest.importorskip("jax.numpy", reason="jax is needed for the JAX reduction path")
+    jnp = need("jax.numpy", "jax is needed for the JAX reduction path")
     t = stats.StatsTracker()
     t.denominator(m=jnp.array([True, False, True]))
     t.stat(x=jnp.array([1.0, 5.0, 2.0]), denominator="m")

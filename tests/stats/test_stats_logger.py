@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import SHARED
+from conftest import SHARED, need
 
 import rltrace
 from rltrace import stats
@@ -67,7 +67,7 @@ def test_a_non_increasing_step_is_skipped_with_a_warning(tmp_path: Path, caplog:
 
 
 def test_tensor_values_are_converted_and_non_numbers_left_out(tmp_path: Path) -> None:
-    torch = pytest.importorskip("torch", reason="tensor values need torch")
+    torch = need("torch", "tensor values need torch")
     lg = _logger(tmp_path)
     lg.commit(0, 0, 0, {"t": torch.tensor(2.5), "s": "text", "n": 3})
     lg.close()
@@ -148,7 +148,7 @@ def test_a_failing_sink_is_logged_once_and_never_raises(tmp_path: Path, caplog: 
 
 
 def test_a_sink_that_cannot_start_is_off_and_the_others_work(tmp_path: Path, caplog: Any) -> None:
-    pytest.importorskip("wandb", reason="the W&B sink needs wandb")
+    need("wandb", "the W&B sink needs wandb")
     with caplog.at_level(logging.WARNING, logger="rltrace.stats"):
         lg = _logger(tmp_path, wandb={"mode": "no-such-mode", "dir": str(tmp_path / "wb")})
     lg.commit(0, 0, 0, {"x": 1.0})
@@ -169,7 +169,7 @@ def _wandb_records(run_dir: Path) -> Any:
 
 def test_wandb_offline_run_holds_the_committed_values_at_their_steps(tmp_path: Path,
                                                                       monkeypatch: Any) -> None:
-    pytest.importorskip("wandb", reason="the W&B sink needs wandb")
+    need("wandb", "the W&B sink needs wandb")
     if not READ_OFFLINE.is_file():
         pytest.skip(f"the offline-run reader is not at {READ_OFFLINE}")
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -217,7 +217,7 @@ def _scalars(path: Path) -> dict[str, list[tuple[int, float]]]:
 
 @pytest.mark.parametrize("backend", ["auto", "tensorboard"])
 def test_tensorboard_event_files_hold_the_committed_values(tmp_path: Path, backend: str) -> None:
-    pytest.importorskip("tensorboard", reason="reading event files needs tensorboard")
+    need("tensorboard", "reading event files needs tensorboard")
     lg = _logger(tmp_path, tensorboard=True)
     if backend == "tensorboard":  # the framework-free writer used when torch is absent
         from tensorboard.summary import Writer
@@ -279,7 +279,7 @@ def test_otel_sink_without_a_meter_provider_is_a_noop_that_says_so_once(tmp_path
 
 
 def test_wandb_dir_defaults_to_the_log_dir_when_wandb_dir_is_unset(tmp_path: Path, monkeypatch: Any) -> None:
-    pytest.importorskip("wandb", reason="the W&B sink needs wandb")
+    need("wandb", "the W&B sink needs wandb")
     monkeypatch.delenv("WANDB_DIR", raising=False)
     monkeypatch.setenv("WANDB_SILENT", "true")
     lg = StatsLogger({"experiment_name": "e", "trial_name": "t", "fileroot": str(tmp_path)}, rank=0,

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import need
 
 import rltrace
 from rltrace import stats
@@ -29,13 +30,13 @@ def _numpy() -> tuple[Callable[..., Any], Callable[..., Any]]:
 
 
 def _torch() -> tuple[Callable[..., Any], Callable[..., Any]]:
-    torch = pytest.importorskip("torch", reason="torch inputs need torch")
+    torch = need("torch", "torch inputs need torch")
     dtypes = {float: torch.float32, int: torch.int64}
     return (lambda x, dtype=float: torch.tensor(x, dtype=dtypes[dtype])), (lambda m: torch.tensor(m))
 
 
 def _jax() -> tuple[Callable[..., Any], Callable[..., Any]]:
-    jnp = pytest.importorskip("jax.numpy", reason="jax inputs need jax")
+    jnp = need("jax.numpy", "jax inputs need jax")
     dtypes = {float: jnp.float32, int: jnp.int32}
     return ((lambda x, dtype=float: jnp.asarray(x, dtype=dtypes[dtype])),
             (lambda m: jnp.asarray(m, dtype=bool)))
@@ -285,7 +286,7 @@ def test_export_of_one_key_leaves_the_others() -> None:
 
 
 def test_accelerator_values_are_read_back_at_export_and_checked_there(monkeypatch: Any) -> None:
-    jnp = pytest.importorskip("jax.numpy", reason="the deferred path is exercised with jax arrays")
+    jnp = need("jax.numpy", "the deferred path is exercised with jax arrays")
     monkeypatch.setattr(stats_values, "_jax_on_cpu", lambda value: False)  # treat as on a TPU/GPU
     t = StatsTracker()
     t.denominator(m=jnp.array([True, True, False]))
@@ -359,7 +360,7 @@ def test_other_bad_input_gives_clear_errors() -> None:
 
 
 def test_traced_jax_values_are_rejected_with_a_hint() -> None:
-    jax = pytest.importorskip("jax", reason="needs jax")
+    jax = need("jax", "needs jax")
     t = StatsTracker()
 
     @jax.jit

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO
+from conftest import REPO, need
 
 import rltrace
 from rltrace import perf_tracer
@@ -232,7 +232,7 @@ def test_areal_config_dataclass_with_session_tracer_writes_session_records(tmp_p
 
 
 def test_omegaconf_dictconfig_is_accepted(tmp_path: Path) -> None:
-    omegaconf = pytest.importorskip("omegaconf", reason="pip install omegaconf (the dev extra)")
+    omegaconf = need("omegaconf", "pip install omegaconf (the dev extra)")
     root = omegaconf.OmegaConf.create({"experiment_name": "exp", "trial_name": "t",
                                        "cluster": {"fileroot": str(tmp_path)}})
     section = omegaconf.OmegaConf.create({
@@ -463,7 +463,7 @@ def _profiles(root: Path) -> list[Path]:
 
 
 def test_enable_profiler_runs_torch_profiler_only_on_profile_steps(tmp_path: Path) -> None:
-    torch = pytest.importorskip("torch")
+    torch = need("torch")
     perf_tracer.configure(_config(tmp_path, profile_steps=[3]), rank=0)
     with perf_tracer.trace_scope("skip", enable_profiler=True, args={"global_step": 2}):
         torch.ones(4).sum()
@@ -476,7 +476,7 @@ def test_enable_profiler_runs_torch_profiler_only_on_profile_steps(tmp_path: Pat
 
 
 def test_profiler_trace_covers_the_scope_and_convert_merges_it_on_the_epoch_clock(tmp_path: Path) -> None:
-    torch = pytest.importorskip("torch")
+    torch = need("torch")
     perf_tracer.configure(_config(tmp_path, profile_steps=[0]), rank=0, role="actor")
     with perf_tracer.trace_scope("train.step", enable_profiler=True,
                                  profiler_args={"record_shapes": True}, args={"global_step": 0}):
@@ -500,7 +500,7 @@ def test_profiler_trace_covers_the_scope_and_convert_merges_it_on_the_epoch_cloc
 def test_a_nested_profiler_request_is_skipped_and_the_step_comes_from_the_enclosing_scope(
     tmp_path: Path,
 ) -> None:
-    pytest.importorskip("torch")
+    need("torch")
     perf_tracer.configure(_config(tmp_path, profile_steps=[0, 5]), rank=0)
     with perf_tracer.trace_scope("outer", enable_profiler=True, args={"global_step": 0}):
         with perf_tracer.trace_scope("inner", enable_profiler=True, args={"global_step": 0}):

@@ -33,9 +33,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import HELPERS
+from conftest import HELPERS, need
 
-torch = pytest.importorskip("torch", reason="AReaL's stats_tracker API takes torch tensors")
+torch = need("torch", "AReaL's stats_tracker API takes torch tensors")
 
 import rltrace  # noqa: E402
 from rltrace import stats  # noqa: E402

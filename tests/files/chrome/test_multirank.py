@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 import pytest
-from conftest import HELPERS, perfetto_check
+from conftest import HELPERS, need, perfetto_check
 
 from rltrace.cli.convert import convert
 from rltrace.config import TracerConfig, current_user, log_dir
@@ -122,7 +122,7 @@ def test_merged_ranks_load_in_perfetto_as_two_processes(tmp_path: Path) -> None:
 
 def test_rank_and_world_size_come_from_an_initialised_torch_distributed_group(tmp_path: Path) -> None:
     """Two real gloo ranks; rltrace.configure() gets no rank and RANK/WORLD_SIZE are unset."""
-    pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+    need("torch", "torch is not installed (pip install torch==2.13.0)")
     import socket
 
     with socket.socket() as s:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("ray")
+pytest.importorskip("ray", reason="ray is not installed (pip install ray==2.60.0)")
 
 from conftest import REPO, perfetto_check
 
@@ -323,7 +323,7 @@ def test_rltrace_top_shows_each_actor_as_a_rank_with_its_role(run: dict[str, Any
 def test_the_report_names_the_planted_slow_actor_in_every_step(run: dict[str, Any],
                                                                tmp_path: Path) -> None:
     """Rollout rank 2's generate takes 30 ms more: it holds every step's rollout."""
-    pytest.importorskip("numpy")
+    pytest.importorskip("numpy", reason="numpy is not installed (pip install 'rltrace[analysis]')")
     out = tmp_path / "report.json"
     proc = subprocess.run([sys.executable, "-m", "rltrace.cli", "report", str(run["logdir"]),
                            "--format", "json", "-o", str(out), "--no-progress"],
