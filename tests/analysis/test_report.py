@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from conftest import HELPERS
 
-np = pytest.importorskip("numpy", reason="rltrace report needs the analysis extra (pip install 'rltrace[analysis]')")
-pytest.importorskip("matplotlib", reason="rltrace report needs the analysis extra (pip install 'rltrace[analysis]')")
-pytest.importorskip("jinja2", reason="rltrace report needs the analysis extra (pip install 'rltrace[analysis]')")
-pytest.importorskip("rich", reason="rltrace report needs the analysis extra (pip install 'rltrace[analysis]')")
+np = pytest.importorskip("numpy", reason="needs pip install 'rltrace[analysis]'")
+pytest.importorskip("matplotlib", reason="needs pip install 'rltrace[analysis]'")
+pytest.importorskip("jinja2", reason="needs pip install 'rltrace[analysis]'")
+pytest.importorskip("rich", reason="needs pip install 'rltrace[analysis]'")
 
 import orjson  # noqa: E402
 

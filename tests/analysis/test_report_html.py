@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from conftest import HELPERS
 
-pytest.importorskip("matplotlib", reason="rltrace report needs the analysis extra (pip install 'rltrace[analysis]')")
-pytest.importorskip("jinja2", reason="rltrace report needs the analysis extra (pip install 'rltrace[analysis]')")
+pytest.importorskip("matplotlib", reason="needs pip install 'rltrace[analysis]'")
+pytest.importorskip("jinja2", reason="needs pip install 'rltrace[analysis]'")
 
 sys.path.insert(0, str(HELPERS))
 from synth_run import GrpoSpec, SynthSpec, grpo_ids, write_grpo_run, write_run

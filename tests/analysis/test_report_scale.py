@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import HELPERS
 
-pytest.importorskip("matplotlib", reason="rltrace report needs the analysis extra (pip install 'rltrace[analysis]')")
+pytest.importorskip("matplotlib", reason="needs pip install 'rltrace[analysis]'")
 
 sys.path.insert(0, str(HELPERS))
 from synth_run import SynthSpec, write_run
