@@ -1,0 +1,104 @@
+"""A new user's first hour, as the README tells it: a fresh virtualenv, the README's install, and
+every command the README shows (demo, report, convert, top --once, demo --live under a
+pseudo-terminal), each ending with exit code 0 and no traceback anywhere in its output.
+
+No network: the install takes its packages from a wheelhouse that ``.ci/run`` fills while it
+has the package registry (``RLTRACE_WHEELHOUSE``; without one the test skips and says how).
+"""
+
+from __future__ import annotations
+
+import os
+import pty
+import re
+import select
+import subprocess
+import sys
+import time
+import venv
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+WHEELHOUSE = os.environ.get("RLTRACE_WHEELHOUSE")
+pytestmark = pytest.mark.skipif(
+    not WHEELHOUSE or not Path(WHEELHOUSE).is_dir(),
+    reason="no wheelhouse for an offline install: set RLTRACE_WHEELHOUSE to a folder filled by "
+           "pip download -d DIR setuptools wheel '.[dev]' (.ci/run does this)")
+
+#: the README's install line, as the README shows it (the test checks it is still there)
+README_INSTALL = 'pip install -e ".[dev]"'
+
+
+def _run(cmd: list[str], env: dict[str, str], cwd: Path, timeout: float = 600) -> str:
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}:\n{out}"
+    assert "Traceback" not in out, f"{' '.join(cmd)} printed a traceback:\n{out}"
+    return out
+
+
+def _run_in_pty(cmd: list[str], env: dict[str, str], cwd: Path, timeout: float = 300) -> str:
+    """``cmd`` with a pseudo-terminal as its stdout and stderr (what a user's shell gives it)."""
+    parent, child = pty.openpty()
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=child, stderr=child, env=env,
+                            cwd=cwd, start_new_session=True)
+    os.close(child)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([parent], [], [], 1.0)
+            if ready:
+                try:
+                    data = os.read(parent, 65536)
+                except OSError:  # the child closed its end
+                    break
+                if not data:
+                    break
+                chunks.append(data)
+            elif proc.poll() is not None:
+                break
+        rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        os.close(parent)
+        if proc.poll() is None:
+            proc.kill()
+    out = b"".join(chunks).decode(errors="replace")
+    assert rc == 0, f"{' '.join(cmd)} exited {rc}:\n{out}"
+    assert "Traceback" not in out, f"{' '.join(cmd)} printed a traceback:\n{out}"
+    return out
+
+
+def test_the_readme_install_gives_every_documented_command(tmp_path: Path) -> None:
+    readme = (REPO / "README.md").read_text()
+    assert README_INSTALL in readme and "rltrace demo" in readme
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=True).create(env_dir)
+    bindir = env_dir / "bin"
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("RLTRACE_", "OTEL_", "PYTHON", "VIRTUAL_ENV", "PIP_"))}
+    env.update(PATH=f"{bindir}{os.pathsep}{env.get('PATH', '')}", VIRTUAL_ENV=str(env_dir),
+               PIP_NO_INDEX="1", PIP_FIND_LINKS=str(WHEELHOUSE), PIP_DISABLE_PIP_VERSION_CHECK="1")
+    _run([str(bindir / "pip"), "install", "--quiet", "-e", ".[dev]"], env, REPO, timeout=900)
+
+    work = tmp_path / "work"
+    work.mkdir()
+    rltrace = str(bindir / "rltrace")
+    out = _run([rltrace, "demo", "--fileroot", str(work), "--steps", "2", "--tasks", "3"], env, work)
+    found = re.search(r"logs in (\S+)", out)
+    assert found, out
+    logdir = Path(found.group(1))
+    assert f"rltrace report {logdir}" in out and f"rltrace top {logdir}" in out  # next steps
+    _run([rltrace, "report", str(logdir)], env, work)
+    assert (logdir / "report" / "report.html").is_file()
+    _run([rltrace, "convert", str(logdir), "-o", str(work / "merged.json")], env, work)
+    assert (work / "merged.json").stat().st_size > 0
+    top = _run([rltrace, "top", str(logdir), "--once"], env, work)
+    assert "rltrace top" in top
+    live = _run_in_pty([rltrace, "demo", "--live", "--fileroot", str(work / "live"), "--steps", "1",
+                        "--tasks", "2", "--samples", "2"], env, work)
+    assert "rltrace top" in live and "next:" in live
+    for cmd in ("demo", "report", "convert", "top"):
+        _run([rltrace, cmd, "--help"], env, work)
