@@ -13,7 +13,6 @@ import pty
 import re
 import select
 import subprocess
-import sys
 import time
 import venv
 from pathlib import Path
