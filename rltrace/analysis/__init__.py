@@ -59,6 +59,7 @@ __all__ = ["FORMATS", "MissingDependencyError", "ReportError", "ReportOptions", 
 def report(logdir: str | Path, out: str | Path | None = None, fmt: str | None = None, *,
            options: ReportOptions | None = None) -> tuple[dict[str, Any], list[Path]]:
     """Read ``logdir``, analyse it and write the report; return it and the files written."""
+    resolve_output(out, Path(logdir), fmt)  # a bad -o fails before the run is read
     run = load_run(logdir, options)
     path, f = resolve_output(out, run.logdir, fmt)
     rep = build_report(run)

@@ -33,9 +33,24 @@ def resolve_output(out: str | Path | None, logdir: Path, fmt: str | None) -> tup
     p = Path(out).expanduser()
     suffix = {"markdown": "md", "htm": "html"}.get(p.suffix.lower().lstrip("."), p.suffix.lower().lstrip("."))
     if suffix in FORMATS or (p.suffix and not p.is_dir()):
-        return p, fmt or (suffix if suffix in FORMATS else "html")
+        if suffix not in FORMATS and fmt is None:
+            raise ReportError(f"rltrace report: -o {out}: the suffix {p.suffix!r} names no report "
+                              f"format; write .html, .md or .json (or give --format)")
+        return _checked(p), fmt or suffix
     f = fmt or "html"
-    return p / f"report.{f}", f
+    return _checked(p / f"report.{f}"), f
+
+
+def _checked(path: Path) -> Path:
+    """``path`` when its folder exists or can be made; a :class:`ReportError` naming the part
+    of the path that is a file otherwise."""
+    for parent in (path.parent, *path.parent.parents):
+        if parent.exists():
+            if not parent.is_dir():
+                raise ReportError(f"rltrace report: cannot write {path}: {parent} is a file, not a "
+                                  f"folder; choose another -o")
+            break
+    return path
 
 
 def _x(v: Any) -> str:

@@ -13,8 +13,9 @@ from ..version import __version__
 def _cmd_convert(args: argparse.Namespace) -> int:
     from .convert import ConvertError, convert
 
+    output = args.output if args.output is not None else default_output(args.inputs[0])
     try:
-        res = convert(args.inputs, args.output, progress=args.progress)
+        res = convert(args.inputs, output, progress=args.progress)
     except ConvertError as exc:
         print(exc, file=sys.stderr)
         return 2
@@ -22,9 +23,21 @@ def _cmd_convert(args: argparse.Namespace) -> int:
           f"{res.processes} process(es)")
     for msg in res.skipped:
         print(f"  skipped {msg}")
-    print(f"open it at https://ui.perfetto.dev (Open trace file) or check it with "
-          f"perfetto_check.py {res.output}")
+    print(f"open it at https://ui.perfetto.dev (Open trace file), or query it with SQL in "
+          f"Perfetto's trace_processor: trace_processor {res.output}")
     return 0
+
+
+def default_output(first_input: str) -> str:
+    """Where ``convert`` writes without ``-o``: ``trace.json`` in a log dir given as the input,
+    else ``<name>.merged.json`` beside the first input file (or glob's folder)."""
+    from pathlib import Path
+
+    p = Path(first_input)
+    if p.is_dir():
+        return str(p / "trace.json")
+    parent = p.parent if p.exists() else Path(first_input.split("*")[0] or ".").parent
+    return str(parent / f"{p.name.split('*')[0].split('.')[0] or 'trace'}.merged.json")
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -46,7 +59,14 @@ def _cmd_top(args: argparse.Namespace) -> int:
         print(f"rltrace top needs rich ({exc}): pip install 'rltrace[analysis]'", file=sys.stderr)
         return 2
     if args.interval <= 0:
-        print("rltrace top: --interval must be > 0", file=sys.stderr)
+        print(f"rltrace top: --interval must be > 0, got {args.interval:g}", file=sys.stderr)
+        return 2
+    from pathlib import Path
+
+    if args.once and not Path(args.logdir).is_dir():  # (live, it waits for the run to start)
+        print(f"rltrace top: {args.logdir} is not a folder; give a run's log dir "
+              "{fileroot}/logs/{user}/{experiment}/{trial} (rltrace demo prints it) or a folder "
+              "above it", file=sys.stderr)
         return 2
     return run_top(args.logdir, interval_s=args.interval, once=args.once)
 
@@ -64,6 +84,10 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.text import Text
 
+    bad = report_args_problem(args)
+    if bad is not None:
+        print(f"rltrace report: {bad}", file=sys.stderr)
+        return 2
     try:
         opts = analysis.ReportOptions(
             steps=analysis.StepRange.parse(args.steps), k=args.k, top=args.top,
@@ -87,45 +111,62 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def report_args_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with ``report``'s numeric options (one line naming the fix), or None."""
+    if not args.k >= 0:
+        return f"-k must be >= 0 (the outlier threshold: median + k * MAD), got {args.k:g}"
+    if args.top < 1:
+        return f"--top must be at least 1 (slowest sessions to list), got {args.top}"
+    return None
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="rltrace", description="OpenTelemetry-native tracing for RL training")
     ap.add_argument("--version", action="version", version=f"rltrace {__version__}")
     sub = ap.add_subparsers(dest="command", required=True)
 
-    c = sub.add_parser("convert", help="merge per-rank trace files into one Perfetto file")
+    c = sub.add_parser("convert", help="merge per-rank trace files into one Perfetto file",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     c.add_argument("inputs", nargs="+", help="trace files, globs or log dirs")
-    c.add_argument("-o", "--output", required=True, help="output .json file")
+    c.add_argument("-o", "--output", default=None,
+                   help="output .json file (default: trace.json in a log dir given first, else "
+                        "<name>.merged.json beside the first file)")
     c.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="show a progress bar (default: when stderr is a terminal)")
     c.set_defaults(func=_cmd_convert)
 
-    d = sub.add_parser("demo", help="trace a simulated asynchronous RL run (no GPU, no server)")
+    d = sub.add_parser("demo", help="trace a simulated asynchronous RL run (no GPU, no server)",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     d.add_argument("--fileroot", default="./rltrace-demo", help="where logs/ is written")
-    d.add_argument("--experiment", default="demo")
-    d.add_argument("--trial", default="trial0")
+    d.add_argument("--experiment", default="demo", help="experiment_name: a folder of the log dir")
+    d.add_argument("--trial", default="trial0", help="trial_name: a folder of the log dir")
     d.add_argument("--ranks", type=int, default=2, help="rollout/trainer ranks, one process each")
-    d.add_argument("--steps", type=int, default=4)
+    d.add_argument("--steps", type=int, default=4, help="training steps (rollout, train step, sync)")
     d.add_argument("--tasks", type=int, default=8, help="tasks (prompts) per step")
     d.add_argument("--samples", type=int, default=4, help="sessions (samples) per task")
-    d.add_argument("--seed", type=int, default=0)
-    d.add_argument("--otlp-endpoint", default=None, help="also send spans to this OTLP endpoint")
-    d.add_argument("--otlp-protocol", default=None, choices=["grpc", "http/protobuf"])
+    d.add_argument("--seed", type=int, default=0, help="random seed of the simulated durations")
+    d.add_argument("--otlp-endpoint", default=None, help="also send spans to this OTLP endpoint "
+                   "(http://host:4317 for gRPC, http://host:4318 for HTTP)")
+    d.add_argument("--otlp-protocol", default=None, choices=["grpc", "http/protobuf"],
+                   help="OTLP protocol (unset: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc)")
     d.add_argument("--live", action="store_true",
                    help="show `rltrace top` on the run while its ranks work (needs rich; "
                         "simulated durations x20 so there is something to watch)")
     d.set_defaults(func=_cmd_demo)
 
     t = sub.add_parser("top", help="live view of a run in progress: steps, sessions in flight, long tail",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                        description="Show a run in progress, across ranks: current step per rank, sessions "
                                    "in flight by phase and their age, the long tail forming, ranks "
                                    "falling behind, acceptance and failure rates.  Reads the live files "
                                    "ranks publish every live_interval_s (session tracing on).")
     t.add_argument("logdir", help="log dir {fileroot}/logs/{user}/{experiment}/{trial} (or a folder above)")
-    t.add_argument("--interval", type=float, default=1.0, help="refresh every this many seconds (default 1)")
+    t.add_argument("--interval", type=float, default=1.0, help="refresh every this many seconds")
     t.add_argument("--once", action="store_true", help="print one frame and exit")
     t.set_defaults(func=_cmd_top)
 
     r = sub.add_parser("report", help="analyse a run: long tail, stragglers, phases, turns, status, summary",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                        description="Read every rank's session and trace files in LOGDIR (streaming) "
                                    "and write "
                                    "a report: HTML (one self-contained page, plots also as PNG files next "
@@ -138,9 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="default: from the output file's suffix, else html")
     r.add_argument("--steps", default=None, metavar="A:B",
                    help="only steps A..B-1 (Python slice: A:B, A:, :B; or N for one step)")
-    r.add_argument("-k", type=float, default=3.0,
-                   help="outlier threshold: median + k * MAD (default 3)")
-    r.add_argument("--top", type=int, default=10, help="slowest sessions to list (default 10)")
+    r.add_argument("-k", type=float, default=3.0, help="outlier threshold: median + k * MAD")
+    r.add_argument("--top", type=int, default=10, help="slowest sessions to list")
     r.add_argument("--step-scope", default="train.step", help="scope name of a training step")
     r.add_argument("--rollout-scope", default="train.rollout",
                    help="scope name of a step's rollout (session times are measured from its start)")

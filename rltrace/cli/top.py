@@ -397,7 +397,7 @@ def _footer(states: list[RankState], interval_s: float) -> Any:
                 f"rejected {_pct(by_status.get('rejected', 0), rated)}, "
                 f"failed {_pct(by_status.get('failed', 0), rated)}"
                 + (f" ({missed} in bursts not in the rates and step figures)" if missed else "")
-                + f"   refresh {interval_s:g}s, Ctrl-C quits", style="dim")
+                + (f"   refresh {interval_s:g}s, Ctrl-C quits" if interval_s > 0 else ""), style="dim")
 
 
 class TopView:
@@ -457,8 +457,8 @@ def run_top(logdir: Path | str, *, interval_s: float = 1.0, once: bool = False,
             console: Any = None) -> int:
     """``rltrace top``: print one frame (``once``) or refresh until Ctrl-C; returns an exit code."""
     console = console or _console()
-    if once:
-        console.print(TopView(logdir, interval_s=interval_s).frame())
+    if once:  # one frame: no refresh to announce
+        console.print(TopView(logdir, interval_s=0).frame())
         return 0
     try:
         watch(logdir, interval_s=interval_s, console=console, screen=console.is_terminal)

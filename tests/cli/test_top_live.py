@@ -232,7 +232,8 @@ def test_top_once_on_a_finished_run_says_it_is_not_live(tmp_path: Path) -> None:
     path.write_text(json.dumps(doc))
     out = _top_once(logdir)
     assert "not live: last update 10.0m ago" in out and "stale" in out
-    assert "no live files yet" in _top_once(tmp_path / "empty")
+    (tmp_path / "empty").mkdir()
+    assert "no live files yet" in _top_once(tmp_path / "empty")  # (a missing one: an error)
 
 
 def _rank_rows(screen: str) -> dict[int, dict[str, str]]:
