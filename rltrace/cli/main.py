@@ -40,8 +40,24 @@ def default_output(first_input: str) -> str:
     return str(parent / f"{p.name.split('*')[0].split('.')[0] or 'trace'}.merged.json")
 
 
+def _missing_rich(command: str) -> bool:
+    """Say (one line) that ``command`` needs rich, the analysis extra, when it is missing."""
+    try:
+        import rich  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        return False
+    print(f"{command} needs rich, which comes with the analysis extra: "
+          "pip install 'rltrace[analysis]' (the README's install, '.[dev]', has it)", file=sys.stderr)
+    return True
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .demo import DemoOptions, run_demo
+
+    if args.live and _missing_rich("rltrace demo --live"):
+        return 2
 
     opts = DemoOptions(
         fileroot=args.fileroot, experiment_name=args.experiment, trial_name=args.trial,
@@ -53,11 +69,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_top(args: argparse.Namespace) -> int:
-    try:
-        from .top import run_top
-    except ImportError as exc:  # rich comes with the analysis extra
-        print(f"rltrace top needs rich ({exc}): pip install 'rltrace[analysis]'", file=sys.stderr)
+    if _missing_rich("rltrace top"):
         return 2
+    from .top import run_top
+
     if args.interval <= 0:
         print(f"rltrace top: --interval must be > 0, got {args.interval:g}", file=sys.stderr)
         return 2

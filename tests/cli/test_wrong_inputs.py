@@ -85,3 +85,14 @@ def test_every_option_has_help_and_shows_its_default(command: str) -> None:
         if action.option_strings and action.default not in (None, False):
             text = " ".join(sub.format_help().split())  # wrapped lines joined
             assert f"default: {action.default}" in text, (command, action.dest)
+
+
+@pytest.mark.parametrize("argv", [["top", "{log}", "--once"], ["demo", "--live", "--ranks", "1"]])
+def test_without_rich_the_command_names_the_extra_to_install(places: dict[str, str], argv: list[str]) -> None:
+    code = ("import sys; sys.modules['rich'] = None; from rltrace.cli import main; "
+            "sys.exit(main(sys.argv[1:]))")
+    proc = subprocess.run([sys.executable, "-c", code, *(a.format(**places) for a in argv)],
+                          capture_output=True, text=True, timeout=120, cwd=places["tmp"])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().endswith("the README's install, '.[dev]', has it)")
+    assert "pip install 'rltrace[analysis]'" in proc.stderr
