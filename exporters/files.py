@@ -201,7 +201,7 @@ class LineFile:
     @property
     def pending_lines(self) -> int:
         """Lines held in memory by a disk fault, retried with the next write."""
-        return sum(chunk.count(b"\n") for chunk in self._pending)
+        return sum(chunk.count(b"\n") for chunk in tuple(self._pending))  # (a copy: atomic)
 
     def _recreate(self) -> None:
         self._close_quietly()

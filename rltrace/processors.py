@@ -386,20 +386,16 @@ class BoundedBatchProcessor(SpanProcessor):
         return self.force_flush(int(timeout_s * 1000))
 
     def shutdown(self) -> None:
-        """Send what is queued, waiting at most ``shutdown_timeout_s`` in all; with a collector
-        that did not take the last batch, send nothing more (the exporter's retries are cut
-        short): what is left is counted in ``unsent_at_exit``."""
+        """Send what is queued, waiting at most ``shutdown_timeout_s`` for the sender (and as
+        long again for the last batch); what is left then is counted in ``unsent_at_exit``."""
         self._stop = True
         self._wake.set()
-        if not self.last_ok:
-            self._shutdown_exporter()  # aborts a retry in flight: no second wait for a dead end
         self._thread.join(self.shutdown_timeout_s)
-        if not self._thread.is_alive() and self.last_ok:
+        if not self._thread.is_alive():
             self._export_all(time.monotonic() + self.shutdown_timeout_s)
         self.unsent_at_exit += len(self.batches.items)  # could not be sent in time
         self.batches.items.clear()
-        if self.last_ok:
-            self._shutdown_exporter()
+        self._shutdown_exporter()
         self._thread.join(1.0)
         self.batches.write_off_inflight()  # an export still hanging after shutdown
 
