@@ -55,6 +55,8 @@ class SessionTracerConfig:
     enabled: bool = False
     #: finished sessions buffered before ``sessions-r{rank}.jsonl`` is appended to
     flush_threshold: int = 100
+    #: keep every finished session in a ring that survives SIGKILL (:mod:`rltrace.flight`)
+    flight_recorder: bool = True
 
 
 @dataclass

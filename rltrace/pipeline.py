@@ -34,6 +34,7 @@ from rltrace.exporters.values import refresh_thread_names
 
 from . import device, otel_compat
 from .config import TracerConfig
+from .flight import FlightRecorder, ring_name
 from .live import LivePublisher, live_path
 from .locks import FairRLock
 from .materialize import SpanBuilder
@@ -147,6 +148,10 @@ class Pipeline:
                 phases=registry.phases,
             )
             self.record_processors.append(self.session_processor)
+        #: the ring every finalized session is kept in until its record is on disk
+        self.flight: FlightRecorder | None = None
+        if self.session_processor is not None and cfg.session_tracer.flight_recorder:
+            self._new_flight(os.getpid())
         #: the live state ``rltrace top`` reads (open sessions, current step), when enabled
         self.live: LivePublisher | None = None
         if self.session_processor is not None and cfg.live_interval_s > 0:
@@ -209,6 +214,30 @@ class Pipeline:
         self._lost_reported = 0
         self._lost_warned_at = 0.0
         self.errors = 0
+
+    def _new_flight(self, pid: int) -> None:
+        """A ring for this process's session records, given to the registry."""
+        assert self.sessions_path is not None
+        path = self.sessions_path.with_name(ring_name(self.rank, pid))
+        try:
+            self.flight = FlightRecorder(path, self.sessions_path.name)
+        except OSError as exc:  # tracing goes on without it
+            internal_error(f"flight recorder {path}", exc)
+            self.flight = None
+        self.registry.flight = self.flight
+
+    def _close_flight(self, remove: bool) -> None:
+        """Stop keeping sessions; ``remove`` the ring when every record it backs up is on disk
+        (kept after a disk fault lost lines: ``rltrace recover`` restores them)."""
+        flight = self.flight
+        if flight is None:
+            return
+        self.flight = None
+        if self.registry.flight is flight:
+            self.registry.flight = None
+        sp = self.session_processor
+        whole = sp is not None and sp.writer.failed == 0 and sp.writer.file.lost_lines == 0
+        flight.close(remove=remove and whole)
 
     def _file_name(self, kind: str, pid: int, per_process: bool | None = None) -> str:
         """``[{role}/]{kind}-r{rank}[-p{pid}].jsonl``: AReaL's per-role folder, so two processes of
@@ -524,6 +553,7 @@ class Pipeline:
         if meters is not None:
             meters.join(timeout + 1.0)
         self._report_otlp_loss(final=True)
+        self._close_flight(remove=True)
         if self.live is not None:
             self.live.close()
         if self.summary is not None:
@@ -544,6 +574,10 @@ class Pipeline:
         self._thread = None
         for q in self.queued:
             q.reset_after_fork()
+        parents_flight, self.flight = self.flight, None
+        if parents_flight is not None:  # the parent's ring: this child never writes to it
+            parents_flight.close(remove=False)
+            self.registry.flight = None
         if self.cfg.fork_mode == "disable":
             return False
         pid = os.getpid()
@@ -555,6 +589,8 @@ class Pipeline:
             self.sessions_path = self.log_dir / SESSIONS_DIR / self._file_name("sessions", pid, True)
             sp.writer.reset_after_fork(self.sessions_path)
             sp.reset_after_fork()
+            if parents_flight is not None:
+                self._new_flight(pid)
             if self.live is not None:
                 self.live.reset_after_fork(live_path(self.log_dir, self._file_name("live", pid, True)))
         if self.otlp is not None:

@@ -16,14 +16,15 @@ import sys
 import weakref
 from collections import deque
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 
+from . import flight, otel_compat, recorder
 from . import logdir as logdir_room
-from . import otel_compat, recorder
 from .checks import check_optional_int
 from .children import ChildConfig, parent_config
 from .config import ConfigError, TracerConfig, load_config
@@ -141,6 +142,7 @@ class Runtime:
             new: Pipeline | None = None
             if cfg.enabled or cfg.session_tracer.enabled:
                 logdir = logdir_room.prepare(cfg)
+                _recover_killed_runs(logdir)
                 new = Pipeline(cfg, rk, world, logdir, self.user_processors, metric_readers,
                                sampler, clock=clock, id_generator=id_generator, registry=reg,
                                state=state, counters=self.counters,
@@ -460,6 +462,19 @@ class Runtime:
             state.wake = state.help = _noop
             state.overflow = None
             self.pipeline = None
+
+
+def _recover_killed_runs(logdir: Path) -> None:
+    """Sessions a killed process of this log dir had finalized but not written (its flight
+    recorder's ring): appended to its records file, marked recovered, with one warning."""
+    try:
+        back = flight.recover(logdir)
+    except Exception as exc:  # never in the way of configure
+        internal_error("flight recorder recovery", exc)
+        return
+    for records, n in back:
+        logger.warning("rltrace: restored %d session(s) that a killed process had finalized but "
+                       "not written, into %s (marked \"recovered\": true)", n, records)
 
 
 def _check_injected(clock: Any, id_generator: Any) -> None:

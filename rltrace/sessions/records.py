@@ -149,8 +149,8 @@ class SessionScope(Scope):
 
     slot_attrs = True
     kept = True
-    __slots__ = ("_attrs", "open_phases", "reason", "session_id", "status", "step", "task_rec",
-                 "turn")
+    __slots__ = ("_attrs", "open_phases", "phase_log", "reason", "session_id", "status", "step",
+                 "task_rec", "turn")
     status: str
     reason: str | None
 
@@ -167,6 +167,9 @@ class SessionScope(Scope):
         self.task_rec = task
         self.turn = -1
         self.open_phases: list[PhaseScope] = []
+        #: its ended phase executions ``(phase, start, end, turn, interrupted)`` while a flight
+        #: recorder keeps sessions (:mod:`rltrace.flight`), else None
+        self.phase_log: list[tuple[Any, ...]] | None = None
         # ``status`` and ``reason`` are set when it is finalized (the only way it ends)
         self.step = step
         self._start_under(task, False)
@@ -333,6 +336,9 @@ class PhaseScope(Scope):
         if interrupted or exc is not None:
             self.set_attribute(ATTR_INTERRUPTED, True)
         self.finish(end, exc)
+        log = self.parent.phase_log
+        if log is not None:
+            log.append((self.spec.name, self.start_ns, end, self.turn, interrupted or exc is not None))
 
     def __enter__(self) -> PhaseScope:
         if self.parent is not None:  # started before: a handle used in ``with``, or reused
@@ -382,6 +388,9 @@ class PhaseScope(Scope):
             if exc is not None:
                 self.set_attribute(ATTR_INTERRUPTED, True)
             self.finish(end, exc)
+            log = sess.phase_log
+            if log is not None:
+                log.append((self.spec.name, self.start_ns, end, self.turn, exc is not None))
 
     async def __aenter__(self) -> PhaseScope:
         return self.__enter__()

@@ -62,8 +62,9 @@ class SessionRegistry:
     their own (``SessionRegistry(phases=PhaseRegistry())``) instead of patching module state.
     """
 
-    __slots__ = ("_off_warned", "_session_ids", "_task_ids", "enabled", "lock", "misuse", "off_reason",
-                 "phases", "recent_sessions", "recent_tasks", "sessions", "tally", "tasks")
+    __slots__ = ("_off_warned", "_session_ids", "_task_ids", "enabled", "flight", "lock", "misuse",
+                 "off_reason", "phases", "recent_sessions", "recent_tasks", "sessions", "tally",
+                 "tasks")
 
     def __init__(self, phases: PhaseRegistry | None = None) -> None:
         #: whether session tracing records (set by ``configure``)
@@ -72,6 +73,9 @@ class SessionRegistry:
         #: call), or None: not configured at all (then nothing is said)
         self.off_reason: str | None = None
         self._off_warned = False
+        #: the ring each finalized session is kept in until its record is on disk
+        #: (:class:`rltrace.flight.FlightRecorder`, set by the pipeline), or None
+        self.flight: Any = None
         #: the phases its sessions may run (default: the built-ins, in a registry of its own)
         self.phases = phases if phases is not None else PhaseRegistry()
         self.tasks: dict[Any, TaskScope] = {}
@@ -205,7 +209,9 @@ class SessionRegistry:
             step = _STEP_CV.get()
             if step is None:  # the task's, else AReaL style: the enclosing scope's global_step
                 step = task.step if task.step is not None else scope_arg_step()
-            self.sessions[session_id] = SessionScope(session_id, task, step)
+            sess = self.sessions[session_id] = SessionScope(session_id, task, step)
+            if self.flight is not None:
+                sess.phase_log = []
             remember(self.recent_sessions, session_id, task, _RECENT_GEN)
             tally = self.tally
             if tally is not None:
@@ -325,6 +331,10 @@ class SessionRegistry:
         sess.reason = reason
         if status == "failed":
             sess.extras()["status"] = Status(StatusCode.ERROR, reason or "failed")
+        flight = self.flight
+        if flight is not None:  # before it is queued: the ring has it whatever comes next
+            flight.add(task.task_id, sess.session_id, status, reason, sess.start_ns, end,
+                       sess.step, sess.phase_log or [])
         sess.finish(end, keep=True)
         if task_done:
             task.finish(end, keep=True)

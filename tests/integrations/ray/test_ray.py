@@ -272,7 +272,8 @@ def test_an_actor_restarted_by_ray_keeps_distinct_files_and_its_rank(run: dict[s
     first, second = run["pids"]["restarted"]
     assert first != second
     logdir = run["logdir"]
-    files = sorted(p.name for p in (logdir / "session_tracer" / "restarted").iterdir())
+    files = sorted(p.name for p in (logdir / "session_tracer" / "restarted").iterdir()
+                   if not p.name.startswith("."))  # (a killed process's flight ring is hidden)
     assert files == sorted(f"sessions-r6-p{pid}.jsonl" for pid in (first, second))
     records = _records(logdir, "restarted")
     assert len(records) == 4 and {(r["role"], r["rank"]) for r in records} == {("restarted", 6)}
@@ -360,9 +361,12 @@ def test_remote_functions_run_in_workers_with_ranks_of_their_own_and_nothing_is_
     scored = run["scored"]
     assert [s["submitted_in"] for s in scored] == list(range(STEPS))
     assert all(s["sent_before_result"] for s in scored)  # OTLP too, before the result came
-    records = _records(run["logdir"], "ray-worker")
-    assert len(records) == STEPS
-    assert all(r["rank"] >= WORKER_RANK_BASE for r in records)
+    every = _records(run["logdir"], "ray-worker")
+    # (a pooled worker SIGKILLed inside a call (the losses test) had finalized a session
+    # it never wrote: the next worker configured on the log dir restored it from its flight ring)
+    records = [r for r in every if not r.get("recovered")]
+    assert len(records) == STEPS and len(every) - len(records) <= 1
+    assert all(r["rank"] >= WORKER_RANK_BASE for r in every)
     assert Counter(r["step"] for r in records) == {step: 1 for step in range(STEPS)}
     spans = run["spans"]
     phases = [s for s in spans if s["name"] == "reward"

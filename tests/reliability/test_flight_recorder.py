@@ -1,0 +1,145 @@
+"""The flight recorder: after SIGKILL (an OOM kill, a watchdog's kill -9), every session that was
+finalized before the kill is restored, by ``rltrace recover`` or by the next start on the log dir.
+
+The sweep kills a real training loop at seeded random moments, with and without ``save()`` every
+step.  The child says each session it finalized (after ``mark_finalized`` returned) on its
+stdout; everything it said must be in the records file afterwards, exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import REPO
+
+import rltrace
+from rltrace import flight
+
+LOOP = """
+import sys, rltrace
+fileroot, save = sys.argv[1], sys.argv[2] == "save"
+rltrace.configure(fileroot=fileroot, experiment_name="kill", trial_name="t0", user="u",
+                  session_tracer={"enabled": True}, flush_interval_s=0.2)
+step = 0
+while True:
+    with rltrace.step(step):
+        task = rltrace.register_task()
+        for _ in range(4):
+            sid = rltrace.register_session(task)
+            with rltrace.trace_session_phase("generate", session_id=sid,
+                                             end_payload={"output_tokens": 7}):
+                pass
+            if sid % 3 == 0:
+                h = rltrace.trace_session_event("mark_reward_start", session_id=sid)
+            rltrace.trace_session_event("mark_finalized", session_id=sid,
+                                        status="rejected" if sid % 5 == 0 else "accepted",
+                                        reason="stale" if sid % 5 == 0 else None)
+            print(sid, flush=True)
+    if save:
+        rltrace.save(step=step)
+    step += 1
+"""
+
+
+def _records(logdir: Path) -> list[dict[str, Any]]:
+    out = []
+    for f in sorted(logdir.rglob("sessions-*.jsonl")):
+        for line in f.read_bytes().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+    return out
+
+
+def _run_and_kill(root: Path, save: bool, after: int) -> set[int]:
+    """The loop, SIGKILLed once it said ``after`` sessions; the ids it said."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RLTRACE_", "OTEL_"))}
+    proc = subprocess.Popen([sys.executable, "-c", LOOP, str(root), "save" if save else "plain"],
+                            stdout=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    said: set[int] = set()
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            said.add(int(line))
+            if len(said) >= after:
+                proc.send_signal(signal.SIGKILL)
+                break
+        rest = proc.communicate(timeout=60)[0]  # what it said before the kill landed
+        said.update(int(x) for x in rest.split())
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.wait(timeout=60) == -signal.SIGKILL
+    return said
+
+
+@pytest.mark.parametrize("save", [True, False], ids=["save-every-step", "no-save"])
+def test_a_sigkill_sweep_loses_no_finished_session(tmp_path: Path, save: bool) -> None:
+    rng = random.Random(30 + save)
+    for kill in range(11):  # 22 kills in all, over both variants
+        root = tmp_path / f"k{kill}"
+        said = _run_and_kill(root, save, after=rng.randrange(1, 3000))
+        logdir = root / "logs" / "u" / "kill" / "t0"
+        before = {r["session_id"] for r in _records(logdir)}
+        back = flight.recover(logdir)
+        records = _records(logdir)
+        ids = [r["session_id"] for r in records]
+        assert said <= set(ids), f"kill {kill}: lost {sorted(said - set(ids))[:10]}"
+        assert len(ids) == len(set(ids)), f"kill {kill}: a session written twice"
+        recovered = [r for r in records if r.get("recovered")]
+        assert sum(n for _, n in back) == len(recovered) == len(set(ids) - before)
+        for r in recovered:  # whole records: status, reason, phases, step
+            assert r["status"] in ("accepted", "rejected") and r["step"] is not None
+            assert r["generate_s"] >= 0 and len(r["phases"]["generate"]) == 1
+            assert (r["reason"] == "stale") == (r["status"] == "rejected")
+            assert (r["session_id"] % 3 == 0) == ("reward" in r["phases"])
+        assert not list(logdir.rglob("*.ring"))
+
+
+def test_the_next_start_on_the_log_dir_recovers_by_itself(tmp_path: Path) -> None:
+    said = _run_and_kill(tmp_path, save=False, after=500)
+    logdir = tmp_path / "logs" / "u" / "kill" / "t0"
+    assert list(logdir.rglob("*.ring"))
+    rltrace.configure(fileroot=str(tmp_path), experiment_name="kill", trial_name="t0", user="u",
+                      session_tracer={"enabled": True}, flush_at_exit=False)
+    rltrace.shutdown()
+    ids = [r["session_id"] for r in _records(logdir)]
+    assert said <= set(ids) and len(ids) == len(set(ids))
+    assert not list(logdir.rglob("*.ring"))  # its own ring went with its clean shutdown
+
+
+def test_a_clean_run_leaves_no_ring_and_recovers_nothing(tmp_path: Path) -> None:
+    rltrace.configure(fileroot=str(tmp_path), experiment_name="clean", trial_name="t0", user="u",
+                      session_tracer={"enabled": True}, flush_at_exit=False)
+    logdir = tmp_path / "logs" / "u" / "clean" / "t0"
+    sid = rltrace.register_session()
+    rltrace.trace_session_event("mark_finalized", session_id=sid, status="accepted")
+    assert list(logdir.rglob("*.ring"))  # while it runs
+    rltrace.shutdown()
+    assert not list(logdir.rglob("*.ring")) and flight.recover(logdir) == []
+    assert [r.get("recovered") for r in _records(logdir)] == [None]
+
+
+def test_the_ring_keeps_the_newest_entries_when_it_wraps_and_ignores_a_torn_one(tmp_path: Path) -> None:
+    path = tmp_path / ".flight-r0-p1.ring"
+    rec = flight.FlightRecorder(path, "sessions-r0.jsonl", capacity=4096)
+    for i in range(500):
+        rec.add(1, i, "accepted", None, i, i + 1, 0, [("generate", i, i + 1, 0, False)])
+    _, name, entries = flight.read_ring(path)
+    ids = [e[1] for e in entries]
+    assert name == "sessions-r0.jsonl" and ids == list(range(ids[0], 500)) and len(ids) > 20
+    # a kill in the middle of the next entry: its bytes are there (over the oldest), the count
+    # written is not: the newest entries are read as before, the overwritten oldest not at all
+    rec._put(rec._written % rec.capacity, b"\xff" * 40)
+    got = [e[1] for e in flight.read_ring(path)[2]]
+    assert got == ids[len(ids) - len(got):] and len(got) >= len(ids) - 1
+    rec.close(remove=False)
