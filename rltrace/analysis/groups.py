@@ -19,16 +19,17 @@ from typing import Any
 import numpy as np
 import orjson
 
+from ..readers import MAX_TEXT
 from . import timeline
-from .load import Progress, Skipped, file_rank, iter_objects
+from .load import Progress, Skipped, file_rank
 from .run import Run, describe
-from .sessions import BAD_RECORD
+from .sessions import BAD_RECORD, iter_sessions, step_or_none
 from .stats import fnum
 
 MAX_GROUPS = 5
 MAX_MEMBERS = 64
 
-GroupKey = tuple[int, int, int]  # rank, step (-1: none), task code
+GroupKey = tuple[int, int, int]  # rank, step (NO_STEP: none), task code
 
 
 def select(run: Run, n: int = MAX_GROUPS) -> list[tuple[GroupKey, float]]:
@@ -54,8 +55,11 @@ def _needle(run: Run, keys: list[GroupKey]) -> re.Pattern[bytes] | None:
     """A raw-line prefilter: ``"task_id":<one of the wanted ids>`` (None: keep every line)."""
     alts = []
     for _, _, code in keys:
+        label = run.sessions.task_label(code)
+        if type(label) is str and len(label) > MAX_TEXT:
+            return None  # capped as it was read: the file holds more
         try:
-            alts.append(re.escape(orjson.dumps(run.sessions.task_label(code))))
+            alts.append(re.escape(orjson.dumps(label)))
         except TypeError:
             return None
     return re.compile(b'"task_id": ?(?:' + b"|".join(alts) + b")[,}]")
@@ -72,7 +76,7 @@ def collect(run: Run, keys: list[GroupKey]) -> dict[GroupKey, list[tuple[dict[st
     skipped, progress = Skipped(), Progress(0, False)
     for fi, path in enumerate(run.session_files):
         default_rank = file_rank(path, fi)
-        for _, rec in iter_objects(path, skipped, progress, want=want):
+        for _, rec in iter_sessions(path, skipped, progress, want=want):
             try:
                 p = reader.parse(rec, default_rank)
             except BAD_RECORD:
@@ -110,7 +114,7 @@ def analyze_group(run: Run, key: GroupKey, members: list[tuple[dict[str, Any], A
     whole = sum(sum(m["decomposition_s"].values()) for m in rows)
     wait = sum(m["group_wait_s"] for m in rows)
     return {
-        "rank": rank, "step": None if step < 0 else step, "task_id": run.sessions.task_label(code),
+        "rank": rank, "step": step_or_none(step), "task_id": run.sessions.task_label(code),
         "sessions": len(rows), "start_ts": start, "span_s": end - start,
         "finalized_s": max(p.decomp.final for _, p in members) - start,
         "holder": {k: holder.get(k) for k in ("session_id", "own_s", "slow_phase", "slow_turn", "slow_kind",

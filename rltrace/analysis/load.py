@@ -1,7 +1,11 @@
 """Finding a log dir's files and streaming them line by line, with a progress bar.
 
-A truncated last line (a crashed writer) or a broken line is skipped and reported; nothing is
-kept per line.  What is kept is decided by the readers: :mod:`.sessions` and :mod:`.traces`.
+A truncated last line (a crashed writer), a broken line or one longer than
+:data:`~rltrace.readers.LINE_CAP` (discarded in chunks, never held whole) is skipped and
+reported; each record is checked by its kind's check in :mod:`rltrace.readers` before a reader
+sees it (:func:`iter_records`): a malformed record is skipped, a malformed field ignored, both
+counted in :class:`Skipped`.  What is kept is decided by the readers: :mod:`.sessions` and
+:mod:`.traces`.
 """
 
 from __future__ import annotations
@@ -15,9 +19,12 @@ from typing import Any
 import orjson
 from tqdm import tqdm
 
+from ..readers import Oversize, iter_lines
+from ..readers import lines as line_reader
+
 SESSION_GLOB = "sessions-r*.jsonl"
 TRACE_GLOB = "traces-r*.jsonl"
-_RANK_RE = re.compile(r"-r(\d+)\.jsonl$")
+_RANK_RE = re.compile(r"-r(\d{1,9})\.jsonl$")
 MAX_SKIPPED_MESSAGES = 50
 OTHER = "(other)"
 
@@ -64,6 +71,14 @@ class StepRange:
         return f"{'' if self.start is None else self.start}:{'' if self.stop is None else self.stop}"
 
 
+def file_size(path: Path) -> int:
+    """``path``'s size in bytes (0 when it cannot be read: it is then skipped and reported)."""
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
 def file_rank(path: Path, default: int) -> int:
     m = _RANK_RE.search(path.name)
     return int(m.group(1)) if m else default
@@ -103,24 +118,56 @@ class Progress:
 
 @dataclass
 class Skipped:
-    """Lines that could not be read: a count and the first messages."""
+    """What could not be read: lines (records) skipped, fields of kept records ignored, and the
+    first messages about either."""
 
     count: int = 0
+    fields: int = 0
     messages: list[str] = field(default_factory=list)
 
     def add(self, msg: str) -> None:
+        """A line or record skipped."""
         self.count += 1
         if len(self.messages) < MAX_SKIPPED_MESSAGES:
             self.messages.append(msg)
 
+    def add_field(self, msg: str) -> None:
+        """A malformed field (or list item) of a kept record, ignored."""
+        self.fields += 1
+        if len(self.messages) < MAX_SKIPPED_MESSAGES:
+            self.messages.append(msg)
+
+    def summary(self) -> str:
+        return skip_summary(self.count, self.fields)
+
+
+def skip_summary(lines: int, fields: int) -> str:
+    """``3 unreadable line(s) skipped, 2 malformed field(s) ignored`` (the parts that are not
+    zero; "" when both are)."""
+    parts = [f"{lines} unreadable line(s) skipped"] if lines else []
+    if fields:
+        parts.append(f"{fields} malformed field(s) ignored")
+    return ", ".join(parts)
+
 
 def iter_objects(path: Path, skipped: Skipped, progress: Progress,
                  want: Callable[[bytes], bool] | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, JSON object) of a JSONL file; broken lines are skipped into ``skipped``."""
+    """(line number, JSON object) of a JSONL file; broken and over-long lines are skipped into
+    ``skipped``."""
     loads, decode_error = orjson.loads, orjson.JSONDecodeError
     add = progress.add
-    with open(path, "rb") as fh:
-        for lineno, raw in enumerate(fh, 1):
+    try:
+        fh = open(path, "rb")  # noqa: SIM115 - closed by the with below
+    except OSError as exc:
+        skipped.add(f"{path}: cannot be read ({exc.strerror or exc}), skipped")
+        return
+    with fh:
+        for lineno, raw in enumerate(iter_lines(fh), 1):
+            if isinstance(raw, Oversize):
+                add(raw)
+                skipped.add(f"{path}:{lineno}: line of {int(raw)} bytes, over the {line_reader.LINE_CAP} "
+                            "byte cap, skipped")
+                continue
             add(len(raw))
             if want is not None and not want(raw):
                 continue
@@ -135,4 +182,29 @@ def iter_objects(path: Path, skipped: Skipped, progress: Progress,
             if type(obj) is not dict:
                 skipped.add(f"{path}:{lineno}: not a JSON object, skipped")
                 continue
+            yield lineno, obj
+
+
+#: a record kind's check (:mod:`rltrace.readers`): None when usable, else why not; notes fields dropped
+RecordCheck = Callable[[dict[str, Any], Callable[[str], None]], "str | None"]
+
+
+def iter_records(path: Path, skipped: Skipped, progress: Progress, check: RecordCheck, kind: str,
+                 want: Callable[[bytes], bool] | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, record) of the records of a JSONL file that pass ``check`` (fixed in place);
+    the others are skipped into ``skipped``, and their malformed fields counted there."""
+    notes: list[str] = []
+    note = notes.append
+    for lineno, obj in iter_objects(path, skipped, progress, want):
+        why = check(obj, note)
+        if why is None and not notes:
+            yield lineno, obj
+            continue
+        if why is not None:
+            skipped.add(f"{path}:{lineno}: malformed {kind} ({why}), skipped")
+        else:
+            for msg in notes:
+                skipped.add_field(f"{path}:{lineno}: {kind} field {msg}, ignored")
+        notes.clear()
+        if why is None:
             yield lineno, obj

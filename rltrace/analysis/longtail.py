@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from .run import Run
+from .sessions import step_or_none
 from .stats import fnum, percentiles, quantile_curve
 
 TAIL_QUANTILE = 80.0
@@ -29,7 +30,7 @@ def _tail(values: np.ndarray) -> tuple[float, float]:
 
 
 def step_groups(steps: np.ndarray) -> tuple[np.ndarray, list[int], list[slice]]:
-    """A stable order of sessions by step, the steps in it (-1 = none), a slice per step."""
+    """A stable order of sessions by step, the steps in it (NO_STEP = none), a slice per step."""
     order = np.argsort(steps, kind="stable")
     ss = steps[order]
     if ss.size == 0:
@@ -52,7 +53,7 @@ def analyze(run: Run) -> dict[str, Any]:
     for step, sl in zip(steps, slices, strict=True):
         vals = c[order[sl]]
         vals = np.sort(vals[np.isfinite(vals)])
-        key = None if step < 0 else step
+        key = step_or_none(step)
         row: dict[str, Any] = {"step": key, **percentiles(vals)}
         if vals.size:
             t_end, t80 = _tail(vals)

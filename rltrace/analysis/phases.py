@@ -21,6 +21,7 @@ import numpy as np
 
 from . import timeline
 from .run import Run
+from .sessions import step_or_none
 from .stats import fnum, median_mad
 
 MIN_JUMP = 0.05
@@ -65,7 +66,7 @@ def _session(run: Run) -> dict[str, Any]:
     for j, st in enumerate(steps):
         d = by_step[st]
         tot = sum(d.values())
-        row: dict[str, Any] = {"step": None if st < 0 else st, "total_s": tot,
+        row: dict[str, Any] = {"step": step_or_none(st), "total_s": tot,
                                "phases_s": {p: d.get(p, 0.0) for p in names}}
         row["share"] = {p: fnum(d.get(p, 0.0) / tot) if tot > 0 else None for p in names}
         for i, p in enumerate(names):
@@ -92,7 +93,7 @@ def _anomalies(run: Run, names: list[str], steps: list[int], shares: np.ndarray)
             for j, st in enumerate(steps):
                 v = shares[i, j]
                 if np.isfinite(v) and v - med >= MIN_JUMP and v > med + k * mad:
-                    out.append({"step": None if st < 0 else st, "phase": p, "share": float(v),
+                    out.append({"step": step_or_none(st), "phase": p, "share": float(v),
                                 "median_share": med})
     out.sort(key=lambda a: -(a["share"] - a["median_share"]))
     return out

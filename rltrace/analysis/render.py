@@ -16,7 +16,7 @@ import orjson
 
 from .load import ReportError
 from .plots import Plot, write_plots
-from .report import fmt_pct, fmt_s, public, session_name, why_slow
+from .report import fmt_pct, fmt_s, public, session_name, skipped_text, why_slow
 from .template import HTML
 
 FORMATS = ("html", "md", "json")
@@ -74,7 +74,7 @@ def render_html(rep: dict[str, Any], plots: list[Plot]) -> str:
 
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=False)
     env.filters.update(s=fmt_s, pct=fmt_pct, x=_x, num=_num, step=_step, session=session_name, why=why_slow,
-                       shares=_shares)
+                       shares=_shares, skipped=skipped_text)
     uris = {p.key: {"title": p.title, "caption": p.caption,
                     "uri": "data:image/png;base64," + base64.b64encode(p.path.read_bytes()).decode("ascii")}
             for p in plots}
@@ -269,13 +269,14 @@ def render_md(rep: dict[str, Any], plots: list[Plot]) -> str:
          f"{inp['sessions']} sessions · {len(inp['ranks'])} rank(s) · {len(inp['steps'])} step(s) · "
          f"{inp['trace_events']} trace events · steps {rep['options']['steps']} · "
          f"k = {rep['options']['k']} · "
-         f"generated {rep['generated_at']}", "", "## Findings", ""]
+         + (f"{skipped_text(inp)} · " if inp["skipped_lines"] or inp["skipped_fields"] else "")
+         + f"generated {rep['generated_at']}", "", "## Findings", ""]
     L += [f"- **{f['kind']}** {f['text']}" for f in rep["findings"]] or ["Nothing to report."]
     L += [""]
     for section in (_md_groups, _md_longtail, _md_stragglers, _md_phases, _md_turns, _md_status, _md_summary):
         L += section(rep, img)
-    if inp["skipped_lines"]:
-        L += ["## Inputs", "", f"{inp['skipped_lines']} unreadable line(s) skipped:", ""]
+    if inp["skipped_lines"] or inp["skipped_fields"]:
+        L += ["## Inputs", "", f"{skipped_text(inp)}:", ""]
         L += [f"- {m}" for m in inp["skipped"]]
     return "\n".join(L) + "\n"
 

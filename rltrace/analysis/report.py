@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import groups, longtail, phases, status, stragglers, summary, turns
+from .load import skip_summary
 from .run import Run
 
 SCHEMA_VERSION = 1
@@ -83,7 +84,8 @@ def build_report(run: Run) -> dict[str, Any]:
             "sessions_step_from_scopes": run.reader.resolved,
             "trace_events": run.traces.events, "ranks": run.ranks, "steps": run.steps,
             "roles": {str(r): role for r, role in sorted(run.reader.roles.items())},
-            "skipped_lines": run.skipped.count, "skipped": list(run.skipped.messages),
+            "skipped_lines": run.skipped.count, "skipped_fields": run.skipped.fields,
+            "skipped": list(run.skipped.messages),
         },
     }
     rep["groups"] = groups.analyze(run)
@@ -245,11 +247,16 @@ def _status_findings(rep: dict[str, Any], add: Add) -> None:
 
 def _input_findings(rep: dict[str, Any], add: Add) -> None:
     inp = rep["inputs"]
-    if inp["skipped_lines"]:
-        add("input", f"{inp['skipped_lines']} unreadable line(s) skipped: {inp['skipped'][0]}.")
+    if inp["skipped_lines"] or inp["skipped_fields"]:
+        add("input", f"{skipped_text(inp)}: {inp['skipped'][0]}.")
     if inp["sessions_step_from_scopes"]:
         add("input", f"{inp['sessions_step_from_scopes']} session record(s) had no step: each took the "
             f"step of the trace scope on its rank whose args carry it (global_step).")
+
+
+def skipped_text(inp: dict[str, Any]) -> str:
+    """What the report's inputs skipped, in words (:func:`~.load.skip_summary`; "" when nothing)."""
+    return skip_summary(inp["skipped_lines"], inp["skipped_fields"])
 
 
 def _step(v: Any) -> str:

@@ -23,8 +23,18 @@ from typing import Any
 import numpy as np
 
 from . import timeline
-from .load import Progress, ReportError, Skipped, StepRange, file_rank, find_files, iter_objects
-from .sessions import BAD_RECORD, SessionArrays, SessionReader, StepResolver
+from .load import Progress, ReportError, Skipped, StepRange, file_rank, file_size, find_files
+from .sessions import (
+    BAD_RECORD,
+    NO_STEP,
+    SessionArrays,
+    SessionReader,
+    StepResolver,
+    iter_sessions,
+    rank_step_keys,
+    rank_step_of,
+    step_or_none,
+)
 from .traces import StepInfo, TraceReader
 
 START_ROLLOUT, START_STEP, START_SUBMIT = "rollout scope", "step scope", "first submit"
@@ -113,7 +123,7 @@ class Run:
         return self._tail
 
     def buckets_by_step(self) -> dict[int, dict[str, float]]:
-        """step (-1: none) -> bucket -> seconds, every bucket of :mod:`.timeline` included."""
+        """step (NO_STEP: none) -> bucket -> seconds, every bucket of :mod:`.timeline` included."""
         if self._buckets is None:
             out = {st: dict(d) for st, d in self.reader.buckets.items()}
             s = self.sessions
@@ -175,9 +185,9 @@ def load_run(logdir: str | Path, options: ReportOptions | None = None) -> Run:
     skipped = Skipped()
     traces = TraceReader(opts.steps, step_scope=opts.step_scope, rollout_scope=opts.rollout_scope,
                          train_prefix=opts.train_prefix)
-    sizes = sum(p.stat().st_size for p in session_files + trace_files)
+    sizes = sum(map(file_size, session_files + trace_files))
     if not opts.steps.everything:
-        sizes += sum(p.stat().st_size for p in trace_files)
+        sizes += sum(map(file_size, trace_files))
     progress = Progress(sizes, opts.progress)
     try:
         if not opts.steps.everything:
@@ -190,7 +200,7 @@ def load_run(logdir: str | Path, options: ReportOptions | None = None) -> Run:
         for fi, path in enumerate(session_files):
             default_rank = file_rank(path, fi)
             add = reader.add
-            for lineno, rec in iter_objects(path, skipped, progress):
+            for lineno, rec in iter_sessions(path, skipped, progress):
                 try:
                     add(rec, default_rank)
                 except BAD_RECORD as exc:
@@ -200,8 +210,7 @@ def load_run(logdir: str | Path, options: ReportOptions | None = None) -> Run:
     sessions = reader.arrays()
     steps_info = traces.step_infos()
     if sessions.size == 0 and not steps_info and not traces.scopes:
-        what = f" in steps {opts.steps}" if not opts.steps.everything else ""
-        raise ReportError(f"rltrace report: no sessions or trace events{what} under {root}")
+        raise _nothing_to_report(root, opts.steps, skipped)
     rank_steps, completion = _rank_steps(sessions, reader, steps_info)
     run = Run(logdir=root, options=opts, session_files=session_files, trace_files=trace_files,
               skipped=skipped, reader=reader, sessions=sessions, traces=traces,
@@ -210,13 +219,20 @@ def load_run(logdir: str | Path, options: ReportOptions | None = None) -> Run:
     return run
 
 
+def _nothing_to_report(root: Path, steps: StepRange, skipped: Skipped) -> ReportError:
+    """The error for a log dir with nothing to report on, saying what was skipped if anything."""
+    what = f" in steps {steps}" if not steps.everything else ""
+    unread = f" ({skipped.summary()}; the first: {skipped.messages[0]})" if skipped.messages else ""
+    return ReportError(f"rltrace report: no sessions or trace events{what} under {root}{unread}")
+
+
 def _rank_steps(s: SessionArrays, reader: SessionReader,
                 infos: dict[tuple[int, int], StepInfo]) -> tuple[dict[tuple[int, int | None], RankStep],
                                                                   np.ndarray]:
     out: dict[tuple[int, int | None], RankStep] = {}
     completion = np.zeros(0)
     if s.size:
-        keys = (s.rank.astype(np.int64) << 32) | (s.step.astype(np.int64) + 1)
+        keys = rank_step_keys(s.rank, s.step)
         uniq, inv = np.unique(keys, return_inverse=True)
         inv = inv.reshape(-1)
         counts = np.bincount(inv, minlength=uniq.size)
@@ -224,8 +240,8 @@ def _rank_steps(s: SessionArrays, reader: SessionReader,
         np.maximum.at(last, inv, s.final)
         starts = np.empty(uniq.size)
         for i, key in enumerate(uniq.tolist()):
-            rank, step = int(key >> 32), int(key & 0xFFFFFFFF) - 1
-            info = infos.get((rank, step)) if step >= 0 else None
+            rank, step = rank_step_of(key)
+            info = infos.get((rank, step)) if step != NO_STEP else None
             if info is not None and info.rollout_start_us is not None:
                 start, src = info.rollout_start_us / 1e6, START_ROLLOUT
             elif info is not None:
@@ -233,8 +249,8 @@ def _rank_steps(s: SessionArrays, reader: SessionReader,
             else:
                 start, src = reader.first_submit.get((rank, step), math.nan), START_SUBMIT
             starts[i] = start
-            out[(rank, step if step >= 0 else None)] = RankStep(
-                rank=rank, step=step if step >= 0 else None, start_s=start, start_source=src,
+            out[(rank, step_or_none(step))] = RankStep(
+                rank=rank, step=step_or_none(step), start_s=start, start_source=src,
                 sessions=int(counts[i]), last_final_s=float(last[i]), info=info)
         completion = s.own_end - starts[inv]
     for (rank, step), info in infos.items():

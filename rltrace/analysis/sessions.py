@@ -13,6 +13,11 @@ start, which is the rollout that collects it, else the last one before it).  A r
 step windows of its own (a Ray actor, a rollout server) uses every rank's windows the same
 way, except that a record submitted after they all ended keeps no step: no step of the run
 collected it (the last step's window, borrowed from another process, says nothing of it).
+
+Records are checked by :func:`rltrace.readers.check_session_record` as they are read
+(:func:`iter_sessions`), so the readers here see only well-typed fields: a malformed record is
+skipped and a malformed field ignored, both counted.  Steps are any int32 but ``NO_STEP``
+(-2**31), which marks a record without a step in the step column.
 """
 
 from __future__ import annotations
@@ -21,21 +26,48 @@ import array
 import heapq
 import math
 from bisect import bisect_right
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..readers import check_session_record
 from . import timeline
-from .load import OTHER, StepRange
+from .load import OTHER, Progress, Skipped, StepRange, iter_records
 from .stats import BoundedQuantiles
 
 MAX_REASONS = 500
 MAX_STATUSES = 100  # status codes are int8
 MAX_BUCKETS = 200  # decomposition buckets (phases, gaps between them): the rest go to OTHER
 MAX_SEGMENTS = 64  # segments kept per briefed session
-#: what a malformed record raises (it is then skipped and reported)
+MAX_PHASE_COLUMNS = 256  # phases with a seconds column (records are checked to hold at most 64 each)
+#: what a record could still raise past its check (a defect: it is then skipped and reported)
 BAD_RECORD = (TypeError, ValueError, AttributeError, OverflowError, KeyError)
+#: the step column's "no step"
+NO_STEP = -(1 << 31)
+
+
+def step_or_none(step: int) -> int | None:
+    """A step column value as the report shows it: None for ``NO_STEP``."""
+    return None if step == NO_STEP else step
+
+
+def rank_step_keys(rank: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """One int64 per session for its (rank, step), ordered by rank, then no step, then step."""
+    return (rank.astype(np.int64) << 32) | (step.astype(np.int64) - NO_STEP)
+
+
+def rank_step_of(key: int) -> tuple[int, int]:
+    """The (rank, step column value) of a :func:`rank_step_keys` key."""
+    return key >> 32, (key & 0xFFFFFFFF) + NO_STEP
+
+
+def iter_sessions(path: Path, skipped: Skipped, progress: Progress,
+                  want: Callable[[bytes], bool] | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, checked record) of a session file; malformed ones skipped into ``skipped``."""
+    return iter_records(path, skipped, progress, check_session_record, "session record", want)
 
 
 
@@ -44,7 +76,7 @@ class SessionArrays:
     """The per-session columns, as numpy arrays (one element per session)."""
 
     rank: np.ndarray      # int32
-    step: np.ndarray      # int32, -1 = no step
+    step: np.ndarray      # int32, NO_STEP = no step
     status: np.ndarray    # int8 codes into ``status_names``
     task: np.ndarray      # int64 (task ids >= 0 as is; others interned as -1 - index)
     final: np.ndarray     # float64 epoch seconds
@@ -153,6 +185,8 @@ class SessionReader:
         self.latest: dict[tuple[int, int], list[tuple[float, int, dict[str, Any]]]] = {}
 
     def _new_phase(self, name: str) -> None:
+        if len(self._phase_cols) >= MAX_PHASE_COLUMNS:
+            return
         col = array.array("f", bytes(4 * self.n))
         self._phase_cols[name] = col
         self._phase_keys.append((name, name + "_s", col))
@@ -162,7 +196,7 @@ class SessionReader:
         gen = phases.get("generate") or ()
         d = p.decomp
         return {
-            "rank": p.rank, "role": self.roles.get(p.rank), "step": None if p.step < 0 else p.step,
+            "rank": p.rank, "role": self.roles.get(p.rank), "step": step_or_none(p.step),
             "task_id": rec.get("task_id"),
             "session_id": rec.get("session_id"), "status": rec.get("status"),
             "reason": rec.get("reason"), "submit_ts": rec.get("submit_ts"),
@@ -176,44 +210,42 @@ class SessionReader:
         }
 
     def parse(self, rec: dict[str, Any], default_rank: int) -> Parsed | None:
-        """Read one record (None: outside the selected steps).  Raises on a malformed one."""
+        """Read one checked record (:func:`iter_sessions`); None: outside the selected steps."""
         rank = rec.get("rank")
-        r = default_rank if rank is None else int(rank)
+        r = default_rank if rank is None else rank
         submit = rec.get("submit_ts")
         submit = None if submit is None else float(submit)
-        step = rec.get("step")
-        resolved = step is None and self.resolver is not None
-        if resolved:
-            step = self.resolver(r, submit)  # type: ignore[misc]
-        if step is None:
-            if not self.steps.everything:
-                return None
-            s = -1
-        else:
-            s = int(step)
-            if s not in self.steps:
-                return None
-        status = str(rec.get("status") or "pending")
+        found = self._step_value(rec.get("step"), r, submit)
+        if found is None:
+            return None
+        s, resolved = found
+        status = rec.get("status") or "pending"
         final = rec.get("finalized_ts")
         final = (submit if submit is not None else math.nan) if final is None else float(final)
         total = rec.get("total_s")
         total = ((final - submit) if submit is not None else 0.0) if total is None else float(total)
-        turns = min(int(rec.get("turns") or 0), 32767)
-        task = rec.get("task_id")
-        if not (type(task) is int and 0 <= task < 1 << 63):
-            hash(task)
-        if not (-(1 << 31) < r < 1 << 31 and s < 1 << 31):
-            raise ValueError(f"rank {r} or step {s} out of range")
+        turns = min(rec.get("turns") or 0, 32767)
         decomp = timeline.decompose(rec.get("phases") or {}, submit, final)
-        return Parsed(r, s, status, submit, final, total, turns, task, decomp, resolved and s >= 0)
+        return Parsed(r, s, status, submit, final, total, turns, rec.get("task_id"), decomp, resolved)
+
+    def _step_value(self, step: int | None, rank: int, submit: float | None) -> tuple[int, bool] | None:
+        """The step column's value of a record (``NO_STEP``: none) and whether it came from the
+        trace's step windows; None when it is outside the selected steps."""
+        resolved = False
+        if step is None and self.resolver is not None:
+            step = self.resolver(rank, submit)
+            resolved = step is not None
+        if step is None:
+            return (NO_STEP, False) if self.steps.everything else None
+        return (step, resolved) if step in self.steps else None
 
     def add(self, rec: dict[str, Any], default_rank: int) -> None:
-        """Take one record.  Raises TypeError/ValueError on a malformed one, having kept nothing."""
+        """Take one checked record (:func:`iter_sessions`)."""
         p = self.parse(rec, default_rank)
         if p is None:
             self.filtered += 1
             return
-        # everything that can fail comes first, so a bad record leaves no partial row
+        # what could fail comes first, so a record that still fails leaves no partial row
         s = p.step
         phases = rec.get("phases") or {}
         present = rec.get("phase_counts")
@@ -222,7 +254,7 @@ class SessionReader:
         gen_turns = [((s, e.get("turn", i)), _dur(e)) for i, e in enumerate(gen)]
         for ph in names:
             if ph not in self._phase_cols:
-                self._new_phase(ph)
+                self._new_phase(ph)  # past MAX_PHASE_COLUMNS: none (its time is in the buckets)
         values = []
         for ph, key, _ in self._phase_keys:
             v = rec.get(key)
@@ -318,7 +350,7 @@ class SessionReader:
                     else:
                         acc[0] += dur
                         acc[1] += 1
-        if timeline.QUEUE not in mine and d.raw[0][1] != timeline.KIND_NONE:
+        if timeline.QUEUE not in mine and d.raw and d.raw[0][1] != timeline.KIND_NONE:
             self._exec(timeline.QUEUE, None, 0.0, False)  # no queue wait: the median counts it as 0
         step_acc = self.buckets.get(step)
         if step_acc is None:

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from .run import Run
+from .sessions import step_or_none
 from .stats import fnum
 
 HIST_EDGES = tuple(i / 10 for i in range(11))
@@ -34,7 +35,7 @@ def analyze(run: Run) -> dict[str, Any]:
         for j, st in enumerate(steps.tolist()):
             tot = int(grid[j].sum())
             per_step.append({
-                "step": None if st < 0 else st, "sessions": tot,
+                "step": step_or_none(st), "sessions": tot,
                 "counts": {names[i]: int(grid[j, i]) for i in range(len(names)) if grid[j, i]},
                 "acceptance_rate": fnum(grid[j, acc_code] / tot) if acc_code >= 0 and tot else 0.0,
             })

@@ -49,7 +49,7 @@ details summary { cursor: pointer; color: var(--accent); margin: 6px 0; }
   <h1>rltrace report</h1>
   <div class="meta">{{ rep.logdir }} · {{ rep.inputs.sessions }} sessions · {{ rep.inputs.ranks|length }} rank(s)
     · {{ rep.inputs.steps|length }} step(s) · {{ rep.inputs.trace_events }} trace events · steps {{ rep.options.steps }}
-    · k = {{ rep.options.k }} · generated {{ rep.generated_at }}</div>
+    · k = {{ rep.options.k }}{% if rep.inputs.skipped_lines or rep.inputs.skipped_fields %} · <b>{{ rep.inputs|skipped }}</b>{% endif %} · generated {{ rep.generated_at }}</div>
 </header>
 <nav>
   <a href="#findings">Findings</a><a href="#groups">1 Slow groups</a><a href="#longtail">2 Long tail</a>
@@ -142,7 +142,7 @@ time {{ sg.total_idle_rank_s|s }}.</p>
 {% endfor %}</table>
 <details><summary>Per step ({{ sg.per_step|length }})</summary>{{ capped(sg.per_step) }}
 <div class="scroll"><table><tr><th>step</th><th>fastest rank</th><th>fastest</th><th>slowest rank</th><th>slowest</th><th>barrier wait</th><th>slowest × fastest</th><th class="l">held by (slowest rank's last session)</th></tr>
-{% for r in sg.per_step[:max_rows] %}<tr><td>{{ r.step }}</td><td>{{ r.fastest_rank }}</td><td>{{ r.fastest_s|s }}</td><td>{{ r.slowest_rank }}</td><td>{{ r.slowest_s|s }}</td><td>{{ r.barrier_wait_s|s }}</td><td>{{ r.slowest_over_fastest|x }}</td><td class="l">{% if r.held_by %}session {{ r.held_by.session_id }} (task {{ r.held_by.task_id }}): {{ r.held_by|why }}{% else %}–{% endif %}</td></tr>
+{% for r in sg.per_step[:max_rows] %}<tr><td>{{ r.step }}</td>{% if r.slowest_s is not defined %}<td>–</td><td>–</td><td>–</td><td>–</td><td>–</td><td>–</td><td class="l">no rollout time on any rank</td></tr>{% else %}<td>{{ r.fastest_rank }}</td><td>{{ r.fastest_s|s }}</td><td>{{ r.slowest_rank }}</td><td>{{ r.slowest_s|s }}</td><td>{{ r.barrier_wait_s|s }}</td><td>{{ r.slowest_over_fastest|x }}</td><td class="l">{% if r.held_by %}session {{ r.held_by.session_id }} (task {{ r.held_by.task_id }}): {{ r.held_by|why }}{% else %}–{% endif %}</td></tr>{% endif %}
 {% endfor %}</table></div></details>
 </section>
 
@@ -250,7 +250,7 @@ scopes can exceed 100%.</p>
 <p class="note">{{ rep.inputs.session_files|length }} session file(s), {{ rep.inputs.trace_files|length }} trace file(s);
 {{ rep.inputs.sessions_outside_steps }} session(s) outside the selected steps; {{ rep.inputs.sessions_step_from_scopes }} session(s)
 without a step took theirs from the trace scopes' <code>global_step</code>.</p>
-{% if rep.inputs.skipped_lines %}<p class="note">{{ rep.inputs.skipped_lines }} unreadable line(s) skipped:</p>
+{% if rep.inputs.skipped_lines or rep.inputs.skipped_fields %}<p class="note">{{ rep.inputs|skipped }}:</p>
 <ul class="note">{% for m in rep.inputs.skipped %}<li>{{ m }}</li>{% endfor %}</ul>{% endif %}
 </section>
 </main>

@@ -3,25 +3,39 @@
 Events are reduced to per-scope-name statistics (:class:`~.stats.BoundedQuantiles`), user
 counters, each process's first and last timestamp, and the few ``train.*`` scopes that describe
 steps (``train.step`` and the scopes directly under it).
+
+Events are checked by :func:`rltrace.readers.check_trace_event` as they are read
+(:func:`iter_events`; names capped at ``MAX_TEXT`` characters): a malformed event is skipped
+and a malformed field ignored, both counted.  Step arguments are steps only when they are
+integers a step column can hold.
 """
 
 from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from .load import OTHER, Progress, Skipped, StepRange, file_rank, iter_objects
+from ..readers import MAX_TEXT, cap_text, check_trace_event
+from ..readers.session_record import STEP_MAX, STEP_MIN
+from .load import OTHER, Progress, Skipped, StepRange, file_rank, iter_records
 from .stats import BoundedQuantiles
 
 MAX_SCOPE_NAMES = 1000
-#: what a malformed event raises (it is then skipped and reported)
+#: what an event could still raise past its check (a defect: it is then skipped and reported)
 BAD_EVENT = (TypeError, ValueError, AttributeError, OverflowError, KeyError)
+
+
+def iter_events(path: Path, skipped: Skipped, progress: Progress,
+                want: Callable[[bytes], bool] | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, checked event) of a trace file; malformed ones skipped into ``skipped``."""
+    return iter_records(path, skipped, progress, check_trace_event, "trace event", want)
+
 
 @dataclass
 class StepInfo:
@@ -87,13 +101,14 @@ class TraceReader:
     def prescan_windows(self, fi: int, path: Path, skipped: Skipped, progress: Progress) -> None:
         """With a step range: collect the step-defining scopes (and process ranks) of one file.
 
-        Call :meth:`finish_prescan` after the last file, before :meth:`read`.
+        Call :meth:`finish_prescan` after the last file, before :meth:`read`.  What cannot be read
+        is reported by :meth:`read` (``skipped`` is not added to here).
         """
         if self._prescan is None:
             self._prescan = []
         needles = (orjson.dumps(self.step_scope), orjson.dumps(self.train_prefix)[:-1], b"process_labels")
         want = lambda raw: any(n in raw for n in needles)  # noqa: E731
-        for _, ev in iter_objects(path, skipped, progress, want=want):
+        for _, ev in iter_events(path, Skipped(), progress, want=want):
             if ev.get("ph") == "M":
                 self._meta(fi, ev)
                 continue
@@ -123,7 +138,7 @@ class TraceReader:
         rank_of_file = file_rank(path, fi)
         while len(self.file_ranks) <= fi:
             self.file_ranks.append(rank_of_file)
-        for lineno, ev in iter_objects(path, skipped, progress):
+        for lineno, ev in iter_events(path, skipped, progress):
             try:
                 ph = ev.get("ph")
                 if ph == "X":
@@ -187,15 +202,15 @@ class TraceReader:
 
     def _meta(self, fi: int, ev: dict[str, Any]) -> None:
         if ev.get("name") == "process_labels":
-            labels = _labels((ev.get("args") or {}).get("labels"))
-            if "rank" in labels:
-                self.pid_rank[(fi, ev.get("pid"))] = int(labels["rank"])
+            rank = _labels(ev["args"]["labels"]).get("rank", "")
+            if rank.isdecimal() and len(rank) < 10:  # a rank label as rltrace writes it (int32)
+                self.pid_rank[(fi, ev.get("pid"))] = int(rank)
 
     def _tool(self, ev: dict[str, Any], dur: float) -> None:
         """A tool call's duration, by tool name (``gen_ai.tool.name``, else the phase name)."""
         args = ev.get("args")
         tool = args.get("gen_ai.tool.name") if isinstance(args, dict) else None
-        name = str(tool if tool is not None else ev.get("name"))
+        name = cap_text(str(tool if tool is not None else ev.get("name")), MAX_TEXT)
         q = self.tools.get(name)
         if q is None:
             if len(self.tools) >= MAX_SCOPE_NAMES:
@@ -390,8 +405,10 @@ def _step_arg(args: Any) -> int | None:
         return None
     for k in STEP_ARGS:
         v = args.get(k)
-        if isinstance(v, int) or (isinstance(v, float) and v.is_integer()):
-            return int(v)
+        if type(v) is float and v.is_integer():
+            v = int(v)
+        if type(v) is int and STEP_MIN <= v <= STEP_MAX:
+            return v
     return None
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from .run import Run
+from .sessions import rank_step_keys, rank_step_of, step_or_none
 from .stats import fnum
 
 
@@ -40,7 +41,7 @@ def analyze(run: Run) -> dict[str, Any]:
         acc = gen.setdefault(turn, [0.0, 0])
         acc[0] += total
         acc[1] += count
-        per_step.setdefault(None if step < 0 else step, {})[turn] = total / count
+        per_step.setdefault(step_or_none(step), {})[turn] = total / count
     generate_by_turn = [{"turn": t, "executions": int(c), "mean_s": tot / c}
                         for t, (tot, c) in sorted(gen.items())]
     return {
@@ -54,7 +55,7 @@ def analyze(run: Run) -> dict[str, Any]:
         "session_time_by_turns": by_turns,
         "generate_by_turn_per_step": [
             {"step": st, "mean_s": {str(t): v for t, v in sorted(d.items())}}
-            for st, d in sorted(per_step.items(), key=lambda kv: -1 if kv[0] is None else kv[0])
+            for st, d in sorted(per_step.items(), key=lambda kv: (kv[0] is not None, kv[0] or 0))
         ],
     }
 
@@ -89,7 +90,7 @@ def _workers(run: Run) -> list[dict[str, Any]]:
     s = run.sessions
     if s.size == 0:
         return []
-    keys = (s.rank.astype(np.int64) << 32) | (s.step.astype(np.int64) + 1)
+    keys = rank_step_keys(s.rank, s.step)
     uniq, inv = np.unique(keys, return_inverse=True)
     inv = inv.reshape(-1)
     count = np.bincount(inv, minlength=uniq.size)
@@ -102,8 +103,8 @@ def _workers(run: Run) -> list[dict[str, Any]]:
     wait = np.bincount(inv, weights=run.tail()[0], minlength=uniq.size)
     out = []
     for i, key in enumerate(uniq.tolist()):
-        step = int(key & 0xFFFFFFFF) - 1
-        out.append({"rank": int(key >> 32), "step": None if step < 0 else step, "sessions": int(count[i]),
+        rank, step = rank_step_of(key)
+        out.append({"rank": rank, "step": step_or_none(step), "sessions": int(count[i]),
                     "mean_own_s": own_sum[i] / count[i], "max_own_s": float(own_max[i]),
                     "mean_generate_s": gen_sum[i] / count[i], "group_wait_s": float(wait[i])})
     return out

@@ -1,9 +1,12 @@
 """``rltrace convert``: merge per-rank Chrome-trace JSONL files into one file Perfetto opens.
 
-Streams line by line (memory stays flat however many events), validates each line, renumbers
-processes so ranks from different hosts never collide (processes keep their
-``process_sort_index`` = rank, so Perfetto lists them by rank), and tolerates a truncated last
-line (a crashed writer), which it reports and skips.
+Streams line by line (memory stays flat however many events, and however long a line: one over
+:data:`~rltrace.readers.LINE_CAP` is discarded in chunks), checks each event
+(:func:`rltrace.readers.check_trace_event`: an event that cannot be placed on the timeline is
+skipped, a malformed optional field removed, both counted), renumbers processes so ranks from
+different hosts never collide (processes keep their ``process_sort_index`` = rank, so Perfetto
+lists them by rank), and tolerates a truncated last line (a crashed writer), which it reports
+and skips.  Valid lines are copied byte for byte (only the pid is rewritten).
 """
 
 from __future__ import annotations
@@ -18,6 +21,10 @@ from typing import Any, BinaryIO
 
 import orjson
 
+from ..readers import Oversize, check_trace_event, iter_lines
+from ..readers import lines as line_reader
+from ..readers.fields import MAX_SECONDS, is_number
+
 logger = logging.getLogger("rltrace")
 
 TRACE_GLOB = "traces-r*.jsonl"
@@ -26,6 +33,8 @@ PROFILER_GLOB = "torch_profiler/*.json"
 _SESSION_RE = re.compile(r"sessions-r\d+\.jsonl$")
 _RANK_RE = re.compile(r"traces-r(\d+)")
 _PID_RE = re.compile(rb'^\{"pid":(-?\d+),')
+#: messages kept about what was skipped (the counts are exact)
+MAX_MESSAGES = 50
 
 
 class ConvertError(ValueError):
@@ -34,13 +43,31 @@ class ConvertError(ValueError):
 
 @dataclass
 class ConvertResult:
-    """What a conversion did: files read, events written, lines skipped and why."""
+    """What a conversion did: files read, events written, lines (events) skipped, malformed fields
+    removed, and the first ``MAX_MESSAGES`` messages saying where and why."""
 
     output: Path
     files: list[Path] = field(default_factory=list)
     events: int = 0
     processes: int = 0
     skipped: list[str] = field(default_factory=list)
+    skipped_lines: int = 0
+    skipped_fields: int = 0
+
+    def skip_line(self, msg: str) -> None:
+        self.skipped_lines += 1
+        if len(self.skipped) < MAX_MESSAGES:
+            self.skipped.append(msg)
+
+    def skip_field(self, msg: str) -> None:
+        self.skipped_fields += 1
+        if len(self.skipped) < MAX_MESSAGES:
+            self.skipped.append(msg)
+
+    def summary(self) -> str:
+        """``, 3 line(s) skipped, 1 malformed field(s) removed`` ("" when nothing was)."""
+        out = f", {self.skipped_lines} line(s) skipped" if self.skipped_lines else ""
+        return out + (f", {self.skipped_fields} malformed field(s) removed" if self.skipped_fields else "")
 
 
 def _rank_key(path: Path) -> tuple[int, str]:
@@ -113,27 +140,40 @@ def _onto_epoch(event: dict[str, Any], base_ns: int) -> None:
         event["dur"] = (start_ns + round(dur * 1000)) // 1000 - event["ts"]
 
 
-def _events_of_json(path: Path) -> Iterator[dict[str, Any]]:
-    """Events of a whole-file JSON trace, on rltrace's epoch-microsecond clock.
+def _load_json(path: Path, result: ConvertResult) -> tuple[list[Any], int | None] | None:
+    """A whole-file JSON trace's events and ``baseTimeNanoseconds`` (None: the file is skipped)."""
+    try:
+        doc = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError) as exc:
+        result.skip_line(f"{path}: not a readable JSON trace ({exc}), skipped")
+        return None
+    events = doc.get("traceEvents", []) if isinstance(doc, dict) else doc
+    if not isinstance(events, list):
+        result.skip_line(f"{path}: holds no traceEvents list, skipped")
+        return None
+    base = doc.get("baseTimeNanoseconds") if isinstance(doc, dict) else None
+    return events, (int(base) if is_number(base) and abs(base) <= MAX_SECONDS * 1e9 else None)
+
+
+def _events_of_json(path: Path, merge: _Merge) -> Iterator[dict[str, Any]]:
+    """Checked events of a whole-file JSON trace, on rltrace's epoch-microsecond clock.
 
     A ``torch.profiler`` (Kineto) trace carries ``baseTimeNanoseconds``: its ``ts`` are
     microseconds since that epoch instant, so they are shifted onto the epoch, and its
     processes are named after the rank in the file name (``[role-]{scope}-step{n}-r{rank}.json``).
     """
-    doc = orjson.loads(path.read_bytes())
-    events = doc.get("traceEvents", []) if isinstance(doc, dict) else doc
-    if not isinstance(events, list):
-        raise ConvertError(f"rltrace convert: {path} holds no traceEvents list")
-    base = doc.get("baseTimeNanoseconds") if isinstance(doc, dict) else None
-    shift = isinstance(base, (int, float))
+    loaded = _load_json(path, merge.result)
+    if loaded is None:
+        return
+    events, base = loaded
     m = re.search(r"-r(\d+)(?:-|$)", path.stem)  # ``[role-]step{n}-r{rank}[-...]``
-    label = f"[Rank {m.group(1)}, torch.profiler]" if m and shift else None
+    label = f"[Rank {m.group(1)}, torch.profiler]" if m and base is not None else None
     pids: set[Any] = set()
-    for e in events:
-        if not isinstance(e, dict):
+    for i, e in enumerate(events):
+        if merge.check(e, f"{path}: event {i}", text_pid=True) is None:
             continue
-        if shift and isinstance(e.get("ts"), (int, float)):
-            _onto_epoch(e, int(base))  # type: ignore[arg-type]
+        if base is not None and e.get("ts") is not None:
+            _onto_epoch(e, base)
         if label is not None and e.get("ph") == "M" and e.get("name") == "process_name":
             e["args"] = {"name": label}
             pids.add(e.get("pid"))
@@ -145,6 +185,95 @@ def _events_of_json(path: Path) -> Iterator[dict[str, Any]]:
                 pids.add(pid)
                 yield {"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
                        "args": {"name": label}}
+
+
+class _Merge:
+    """One conversion: the writer, the pid map (per input file) and the result's counts."""
+
+    def __init__(self, fh: BinaryIO, result: ConvertResult, bar: Any) -> None:
+        self.writer = _Writer(fh)
+        self.result = result
+        self.bar = bar
+        self.pids: dict[tuple[int, int], int] = {}
+        self._notes: list[str] = []
+
+    def new_pid(self, file_index: int, pid: int) -> int:
+        key = (file_index, pid)
+        if key not in self.pids:
+            self.pids[key] = len(self.pids) + 1
+        return self.pids[key]
+
+    def check(self, ev: Any, where: str, text_pid: bool = False) -> bool | None:
+        """Check one event (:func:`check_trace_event`): None when it is skipped, else whether a
+        malformed field was removed from it (it must then be written anew)."""
+        if not isinstance(ev, dict):
+            self.result.skip_line(f"{where}: not a JSON object, skipped")
+            return None
+        notes = self._notes
+        why = check_trace_event(ev, notes.append, None, text_pid)
+        if why is not None:
+            self.result.skip_line(f"{where}: malformed trace event ({why}), skipped")
+        for msg in notes if why is None else ():
+            self.result.skip_field(f"{where}: trace event field {msg}, removed")
+        changed = bool(notes)
+        notes.clear()
+        return None if why is not None else changed
+
+    def json_file(self, fi: int, path: Path) -> None:
+        """Append the events of a whole-file JSON trace, re-encoded."""
+        for ev in _events_of_json(path, self):
+            if isinstance(ev.get("pid"), int):
+                ev["pid"] = self.new_pid(fi, ev["pid"])
+            self.writer.write(orjson.dumps(ev))
+        self.bar.update(_size(path))
+
+    def jsonl_file(self, fi: int, path: Path) -> None:
+        """Append the events of a JSONL trace file, line by line."""
+        try:
+            src = open(path, "rb")  # noqa: SIM115 - closed by the with below
+        except OSError as exc:
+            self.result.skip_line(f"{path}: cannot be read ({exc.strerror or exc}), skipped")
+            return
+        with src:
+            for lineno, raw in enumerate(iter_lines(src), 1):
+                if isinstance(raw, Oversize):
+                    self.bar.update(raw)
+                    self.result.skip_line(f"{path}:{lineno}: line of {int(raw)} bytes, over the "
+                                          f"{line_reader.LINE_CAP} byte cap, skipped")
+                    continue
+                self.bar.update(len(raw))
+                self.line(fi, path, lineno, raw)
+
+    def line(self, fi: int, path: Path, lineno: int, raw: bytes) -> None:
+        """Append one line's event: its bytes with the pid rewritten, or re-encoded if it changed."""
+        line = raw.strip()
+        if not line:
+            return
+        try:
+            ev = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            what = "truncated last line" if not raw.endswith(b"\n") else "invalid JSON"
+            self.result.skip_line(f"{path}:{lineno}: {what}, skipped")
+            return
+        changed = self.check(ev, f"{path}:{lineno}")
+        if changed is None:
+            return
+        pid = ev.get("pid")
+        m = _PID_RE.match(line)
+        if m is not None and not changed and int(m.group(1)) == pid:  # our own layout: keep the bytes
+            line = b'{"pid":%d,' % self.new_pid(fi, pid) + line[m.end():]
+        elif changed or isinstance(pid, int):
+            if isinstance(pid, int):
+                ev["pid"] = self.new_pid(fi, pid)
+            line = orjson.dumps(ev)
+        self.writer.write(line)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def convert(
@@ -161,15 +290,7 @@ def convert(
     files = find_trace_files(inputs)
     out = Path(output)
     result = ConvertResult(output=out, files=files)
-    pids: dict[tuple[int, int], int] = {}
-
-    def new_pid(file_index: int, pid: int) -> int:
-        key = (file_index, pid)
-        if key not in pids:
-            pids[key] = len(pids) + 1
-        return pids[key]
-
-    total = sum(f.stat().st_size for f in files)
+    total = sum(map(_size, files))
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         fh = open(out, "wb")  # noqa: SIM115 - closed in finally
@@ -177,45 +298,17 @@ def convert(
         raise ConvertError(f"rltrace convert: cannot write {out}: {exc}") from None
     bar = tqdm(total=total, unit="B", unit_scale=True, desc="rltrace convert",
                disable=(None if progress is None else not progress), leave=False)
+    merge = _Merge(fh, result, bar)
     try:
         fh.write(b'{"traceEvents":[')
-        w = _Writer(fh)
         for i, path in enumerate(files):
-            if path.suffix == ".json":
-                for ev in _events_of_json(path):
-                    if "pid" in ev and isinstance(ev["pid"], int):
-                        ev["pid"] = new_pid(i, ev["pid"])
-                    w.write(orjson.dumps(ev))
-                bar.update(path.stat().st_size)
-                continue
-            with open(path, "rb") as src:
-                for lineno, raw in enumerate(src, 1):
-                    bar.update(len(raw))
-                    line = raw.strip()
-                    if not line:
-                        continue
-                    try:
-                        ev = orjson.loads(line)
-                    except orjson.JSONDecodeError:
-                        what = "truncated last line" if not raw.endswith(b"\n") else "invalid JSON"
-                        result.skipped.append(f"{path}:{lineno}: {what}, skipped")
-                        continue
-                    if not isinstance(ev, dict):
-                        result.skipped.append(f"{path}:{lineno}: not a JSON object, skipped")
-                        continue
-                    m = _PID_RE.match(line)
-                    if m is not None:  # our own layout: rewrite the pid, keep the bytes
-                        line = b'{"pid":%d,' % new_pid(i, int(m.group(1))) + line[m.end():]
-                    elif isinstance(ev.get("pid"), int):
-                        ev["pid"] = new_pid(i, ev["pid"])
-                        line = orjson.dumps(ev)
-                    w.write(line)
+            (merge.json_file if path.suffix == ".json" else merge.jsonl_file)(i, path)
         fh.write(b'\n],"displayTimeUnit":"ms"}\n')
     finally:
         bar.close()
         fh.close()
-    result.events = w.count
-    result.processes = len(pids)
+    result.events = merge.writer.count
+    result.processes = len(merge.pids)
     for msg in result.skipped:
         logger.warning("rltrace convert: %s", msg)
     return result

@@ -20,9 +20,9 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         print(exc, file=sys.stderr)
         return 2
     print(f"wrote {res.output}: {res.events} events from {len(res.files)} file(s), "
-          f"{res.processes} process(es)")
+          f"{res.processes} process(es){res.summary()}")
     for msg in res.skipped:
-        print(f"  skipped {msg}")
+        print(f"  {msg}")
     print(f"open it at https://ui.perfetto.dev (Open trace file), or query it with SQL in "
           f"Perfetto's trace_processor: trace_processor {res.output}")
     return 0
@@ -99,6 +99,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.text import Text
 
+    from ..analysis.report import skipped_text
+
     bad = report_args_problem(args)
     if bad is not None:
         print(f"rltrace report: {bad}", file=sys.stderr)
@@ -114,13 +116,15 @@ def _cmd_report(args: argparse.Namespace) -> int:
         return 2
     out = Console(highlight=False, soft_wrap=True)
     inp = rep["inputs"]
+    unread = skipped_text(inp)
     out.print(Text.assemble(("rltrace report", "bold"), f": {inp['sessions']} sessions, {len(inp['ranks'])} "
-                            f"rank(s), {len(inp['steps'])} step(s), {inp['trace_events']} trace events"))
+                            f"rank(s), {len(inp['steps'])} step(s), {inp['trace_events']} trace events",
+                            (f", {unread}" if unread else "", "yellow")))
     for f in rep["findings"]:
         out.print(Text.assemble(("  " + f["kind"].ljust(10), "bold red" if f["kind"] in ("straggler", "phase")
                                  else "bold"), f["text"]))
     for msg in inp["skipped"]:
-        out.print(Text(f"  skipped {msg}", style="yellow"))
+        out.print(Text(f"  {msg}", style="yellow"))
     plots = len(files) - 1
     out.print(Text(f"wrote {files[0]}" + (f" and {plots} plot(s) next to it" if plots else "")))
     return 0

@@ -8,6 +8,10 @@ behind, the long tail forming (the duration CDF of the current step against the 
 steps, and its sessions in flight already older than their P90), the oldest sessions in
 flight, acceptance and failure rates.  Files older than a few publish intervals are shown as
 the last state of a run that is not live.
+
+Each file is read up to ``LIVE_MAX_BYTES`` and checked by
+:func:`rltrace.readers.check_live_state`: a file that is not a live state is skipped, a
+malformed field ignored, and the footer counts both (:class:`Unread`).
 """
 
 from __future__ import annotations
@@ -22,9 +26,10 @@ from typing import Any
 
 import orjson
 
-from ..live import EDGES, FORMAT, LIVE_DIR, bucket_upper
+from ..live import EDGES, LIVE_DIR, bucket_upper
+from ..readers import check_live_state
 
-__all__ = ["RankState", "TopView", "find_live_files", "read_states", "render", "run_top", "watch"]
+__all__ = ["RankState", "TopView", "Unread", "find_live_files", "read_states", "render", "run_top", "watch"]
 
 #: a file is live while younger than ``max(STALE_INTERVALS × its interval, STALE_MIN_S)``
 STALE_INTERVALS = 3
@@ -35,6 +40,8 @@ OLDEST_SHOWN = 8
 #: characters of the per-step CDF (share of the step's sessions done within log-spaced durations)
 CDF_WIDTH = 16
 _FIRST_PHASES = ("generate", "toolcall", "reward")
+#: a live file is a few KB (7 KB with 100k sessions open); a larger one is skipped unread
+LIVE_MAX_BYTES = 4 << 20
 _SPARK = "▁▂▃▄▅▆▇█"
 
 
@@ -66,16 +73,40 @@ def find_live_files(logdir: Path) -> list[Path]:
     return sorted({f for r in roots for f in r.rglob("live-r*.json")})
 
 
-def read_states(files: Iterable[Path], now: float | None = None) -> list[RankState]:
-    """Read live files (unreadable or foreign ones are skipped), ordered by rank, role, pid."""
+@dataclass
+class Unread:
+    """What one read of the live files could not use: files skipped, fields ignored, the first why."""
+
+    files: int = 0
+    fields: int = 0
+    first: str | None = None
+
+    def file(self, msg: str) -> None:
+        self.files += 1
+        self.first = self.first or msg
+
+    def field(self, msg: str) -> None:
+        self.fields += 1
+        self.first = self.first or msg
+
+    def text(self) -> str:
+        """``1 live file(s) skipped, 2 malformed field(s) ignored (the first: ...)``; "" when none."""
+        parts = [f"{self.files} live file(s) skipped"] if self.files else []
+        if self.fields:
+            parts.append(f"{self.fields} malformed field(s) ignored")
+        return f"{', '.join(parts)} (the first: {self.first})" if parts else ""
+
+
+def read_states(files: Iterable[Path], now: float | None = None,
+                unread: Unread | None = None) -> list[RankState]:
+    """Read live files, ordered by rank, role, pid; malformed files and fields are skipped and
+    counted in ``unread`` (a file removed meanwhile is just not there)."""
     now = time.time() if now is None else now
+    unread = Unread() if unread is None else unread
     out = []
     for f in files:
-        try:
-            doc = orjson.loads(f.read_bytes())
-        except (OSError, orjson.JSONDecodeError):
-            continue  # removed meanwhile; os.replace never leaves a partial file
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        doc = _read_doc(f, unread)
+        if doc is None:
             continue
         age = max(0.0, now - float(doc.get("ts") or 0.0))
         limit = max(STALE_INTERVALS * float(doc.get("interval_s") or 1.0), STALE_MIN_S)
@@ -83,6 +114,31 @@ def read_states(files: Iterable[Path], now: float | None = None) -> list[RankSta
         out.append(RankState(f, doc, age, state))
     out.sort(key=lambda s: (s.rank, str(s.doc.get("role") or ""), s.doc.get("pid") or 0))
     return out
+
+
+def _read_doc(f: Path, unread: Unread) -> dict[str, Any] | None:
+    """One live file's checked document (None: removed meanwhile, or skipped into ``unread``)."""
+    try:
+        with open(f, "rb") as fh:
+            data = fh.read(LIVE_MAX_BYTES + 1)
+    except OSError:
+        return None  # removed meanwhile
+    if len(data) > LIVE_MAX_BYTES:
+        unread.file(f"{f}: over {LIVE_MAX_BYTES} bytes")
+        return None
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        unread.file(f"{f}: not JSON ({exc})")
+        return None
+    notes: list[str] = []
+    why = check_live_state(doc, notes.append)
+    if why is not None:
+        unread.file(f"{f}: {why}")
+        return None
+    for msg in notes:
+        unread.field(f"{f}: {msg}")
+    return doc  # type: ignore[no-any-return]  # checked: a dict
 
 
 # ---- figures ---------------------------------------------------------------------------------
@@ -195,8 +251,10 @@ def _spark(s: _Step, points: list[float]) -> str:
 # ---- rendering -------------------------------------------------------------------------------
 
 
-def render(states: list[RankState], logdir: Path | str, *, interval_s: float = 1.0) -> Any:
-    """The frame for ``states`` as a ``rich`` renderable (a group of tables)."""
+def render(states: list[RankState], logdir: Path | str, *, interval_s: float = 1.0,
+           unread: Unread | None = None) -> Any:
+    """The frame for ``states`` as a ``rich`` renderable (a group of tables); ``unread``: what the
+    read that gave ``states`` skipped (shown in the footer)."""
     from rich.console import Group
     from rich.text import Text
 
@@ -205,7 +263,8 @@ def render(states: list[RankState], logdir: Path | str, *, interval_s: float = 1
         title.append("no live files yet", style="yellow")
         hint = Text(f"waiting for {LIVE_DIR}/live-r*.json (written by ranks with session tracing on "
                     "and live_interval_s > 0)")
-        return Group(title, hint)
+        skipped = unread.text() if unread is not None else ""
+        return Group(title, hint, *([Text(skipped, style="yellow")] if skipped else []))
     live = [s for s in states if s.state == "live"]
     status, style = _run_status(states, live)
     title.append(status, style=style)
@@ -215,7 +274,7 @@ def render(states: list[RankState], logdir: Path | str, *, interval_s: float = 1
     items = _oldest_in_flight(live or states)
     if items:
         parts.append(_oldest_table(items))
-    parts.append(_footer(states, interval_s))
+    parts.append(_footer(states, interval_s, unread))
     return Group(*parts)
 
 
@@ -387,17 +446,22 @@ def _finished_totals(states: list[RankState]) -> tuple[int, Counter[str], int]:
     return done, by_status, missed
 
 
-def _footer(states: list[RankState], interval_s: float) -> Any:
-    """The last line: finished sessions and their acceptance, rejection and failure rates."""
+def _footer(states: list[RankState], interval_s: float, unread: Unread | None = None) -> Any:
+    """The last line: finished sessions and their acceptance, rejection and failure rates, and
+    what could not be read (malformed files and fields)."""
     from rich.text import Text
 
     done, by_status, missed = _finished_totals(states)
     rated = by_status.total()
-    return Text(f"finished {done} sessions: accepted {_pct(by_status.get('accepted', 0), rated)}, "
+    line = Text(f"finished {done} sessions: accepted {_pct(by_status.get('accepted', 0), rated)}, "
                 f"rejected {_pct(by_status.get('rejected', 0), rated)}, "
                 f"failed {_pct(by_status.get('failed', 0), rated)}"
                 + (f" ({missed} in bursts not in the rates and step figures)" if missed else "")
                 + (f"   refresh {interval_s:g}s, Ctrl-C quits" if interval_s > 0 else ""), style="dim")
+    skipped = unread.text() if unread is not None else ""
+    if skipped:
+        line.append(f"   {skipped}", style="yellow")
+    return line
 
 
 class TopView:
@@ -411,6 +475,8 @@ class TopView:
         self._files: list[Path] = []
         self._scanned = -math.inf
         self._missing = True
+        #: what the last read skipped
+        self.unread = Unread()
 
     def states(self) -> list[RankState]:
         """The live files as read now (re-scanned sooner while ranks are missing)."""
@@ -418,14 +484,16 @@ class TopView:
         if now - self._scanned >= self.rescan_s or self._missing:
             self._files = find_live_files(self.logdir)
             self._scanned = now
-        states = read_states(self._files)
+        self.unread = Unread()
+        states = read_states(self._files, unread=self.unread)
         world = max((s.doc.get("world_size") or 0 for s in states), default=0)
         self._missing = not states or len({s.rank for s in states}) < world
         return states
 
     def frame(self) -> Any:
         """One frame as a ``rich`` renderable."""
-        return render(self.states(), self.logdir, interval_s=self.interval_s)
+        states = self.states()
+        return render(states, self.logdir, interval_s=self.interval_s, unread=self.unread)
 
 
 def _console() -> Any:

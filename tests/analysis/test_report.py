@@ -416,12 +416,12 @@ def test_malformed_records_and_events_are_skipped_and_reported_and_the_rest_anal
         fh.write(b'{"pid":101,"tid":1,"ph":"X","ts":"later","dur":1,"name":"train.step"}\n')
     rep = json_report(tiny, tmp_path)
     assert rep["inputs"]["skipped"] == [
-        f"{traces}:14: malformed trace event (ValueError(\"could not convert string to float: 'later'\")), "
-        "skipped",
+        f"{traces}:14: malformed trace event (ts: expected a number of microseconds, got 'later'), skipped",
         f"{sessions}:7: malformed session record "
-        "(ValueError(\"could not convert string to float: 'soon'\")), skipped",
+        "(finalized_ts: expected a number of seconds, got 'soon'), skipped",
         f"{sessions}:8: not a JSON object, skipped",
     ]
+    assert rep["inputs"]["skipped_lines"] == 3 and rep["inputs"]["skipped_fields"] == 0
     assert rep["inputs"]["sessions"] == 12
     assert rep["status"]["counts"] == {"accepted": 7, "rejected": 4, "failed": 1}
     assert {r["name"]: r["count"] for r in rep["summary"]["scopes"]}["train.step"] == 4

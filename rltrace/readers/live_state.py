@@ -1,0 +1,78 @@
+"""The check of one live-state file (``live-r*.json``, written by :mod:`rltrace.live`), used by
+``rltrace top``.
+
+A document that is not a JSON object of format ``rltrace.live/1`` is refused.  Every field
+``rltrace top`` reads is checked against what the publisher writes (:data:`SCHEMA`): a field of
+the wrong type or range is removed and noted, a bad item of a list (a listed session, a step,
+a histogram bucket) is dropped and noted, and lists and maps are read up to a cap far above
+what the publisher writes (``LIST_CAP`` listed sessions, ``STEPS_KEPT`` steps, ...).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..live import EDGES, FORMAT
+from .fields import (
+    MAX_SECONDS,
+    Note,
+    Schema,
+    apply,
+    boolean,
+    dict_of,
+    integer,
+    list_of,
+    number,
+    obj,
+    pair,
+    preview,
+    scalar,
+    text,
+)
+
+#: items read per list or map (the publisher writes at most 50 sessions, 17 steps, 33 phases)
+MAX_ITEMS = 256
+MAX_COUNT = 1 << 53
+
+count = integer(0, MAX_COUNT)
+seconds = number(0.0, MAX_SECONDS)
+step = integer(-(1 << 63), (1 << 63) - 1)
+histogram = list_of(pair(integer(0, len(EDGES)), count), MAX_ITEMS)
+by_status = dict_of(count, MAX_ITEMS)
+
+
+def step_or_older(v: Any, note: Note) -> Any:
+    """A step of the open sessions' table: an integer, or ``"older"`` (the steps past its cap)."""
+    if type(v) is str and v == "older":
+        return v
+    return step(v, note)
+
+
+OPEN: Schema = {
+    "sessions": count, "tasks": count, "between_phases": count, "sampled_every": integer(1, MAX_COUNT),
+    "by_phase": dict_of(count, MAX_ITEMS), "oldest_age_s": seconds,
+    "by_step": list_of(obj({"step": step_or_older, "open": count, "age_hist": histogram}), MAX_ITEMS),
+    "listed": list_of(obj({"session_id": scalar, "task_id": scalar, "step": step, "age_s": seconds,
+                           "turn": count, "phases": list_of(text, MAX_ITEMS), "phase_age_s": seconds}),
+                      MAX_ITEMS),
+}
+SCHEMA: Schema = {
+    "rank": integer(0, (1 << 31) - 1), "world_size": count, "role": text, "host": text,
+    "pid": integer(-(1 << 63), (1 << 63) - 1), "experiment": text, "trial": text,
+    "ts": number(-MAX_SECONDS, MAX_SECONDS), "interval_s": number(0.0, MAX_SECONDS), "closed": boolean,
+    "step": step, "open": obj(OPEN),
+    "finished": obj({"total": count, "by_status": by_status, "missed": count}),
+    "steps": list_of(obj({"step": step, "done": count, "by_status": by_status, "hist": histogram,
+                          "max_s": seconds}), MAX_ITEMS),
+}
+
+
+def check_live_state(doc: Any, note: Note) -> str | None:
+    """Check ``doc`` in place (see the module docstring): None when it can be used, else why not.
+    ``note`` receives one ``"field: why"`` per field or list item removed."""
+    if type(doc) is not dict:
+        return f"expected a JSON object, got {preview(doc)}"
+    if doc.get("format") != FORMAT:
+        return f"format: expected {FORMAT!r}, got {preview(doc.get('format'))}"
+    apply(doc, SCHEMA, note)
+    return None
