@@ -1,4 +1,4 @@
-"""The ``rltrace`` command: ``demo``, ``convert``, ``report``, ``top``."""
+"""The ``rltrace`` command: ``demo``, ``convert``, ``report``, ``top``, ``recover``."""
 
 from __future__ import annotations
 
@@ -130,6 +130,24 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_recover(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ..flight import recover
+
+    if not Path(args.logdir).is_dir():
+        print(f"rltrace recover: {args.logdir} is not a folder; give a run's log dir "
+              "{fileroot}/logs/{user}/{experiment}/{trial}", file=sys.stderr)
+        return 2
+    back = recover(Path(args.logdir), only_dead=not args.include_running)
+    for records, n in back:
+        print(f"restored {n} session(s) into {records} (marked \"recovered\": true)")
+    if not back:
+        print(f"nothing to recover in {args.logdir}: no flight recorder ring of a killed process "
+              "holds a session its records file lacks")
+    return 0
+
+
 def report_args_problem(args: argparse.Namespace) -> str | None:
     """What is wrong with ``report``'s numeric options (one line naming the fix), or None."""
     if not args.k >= 0:
@@ -183,6 +201,18 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--interval", type=float, default=1.0, help="refresh every this many seconds")
     t.add_argument("--once", action="store_true", help="print one frame and exit")
     t.set_defaults(func=_cmd_top)
+
+    v = sub.add_parser("recover", help="restore the sessions a killed run had finalized but not written",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                       description="After SIGKILL or an OOM kill, append to each rank's session records "
+                                   "the sessions its flight recorder kept that the file lacks, marked "
+                                   "\"recovered\": true (the next rltrace.configure on the log dir does "
+                                   "the same by itself).")
+    v.add_argument("logdir",
+                   help="log dir {fileroot}/logs/{user}/{experiment}/{trial} (searched recursively)")
+    v.add_argument("--include-running", action="store_true",
+                   help="also read the rings of processes still running (their files may lag)")
+    v.set_defaults(func=_cmd_recover)
 
     r = sub.add_parser("report", help="analyse a run: long tail, stragglers, phases, turns, status, summary",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter,

@@ -143,3 +143,17 @@ def test_the_ring_keeps_the_newest_entries_when_it_wraps_and_ignores_a_torn_one(
     got = [e[1] for e in flight.read_ring(path)[2]]
     assert got == ids[len(ids) - len(got):] and len(got) >= len(ids) - 1
     rec.close(remove=False)
+
+
+def test_rltrace_recover_restores_them_from_the_command_line(tmp_path: Path) -> None:
+    said = _run_and_kill(tmp_path, save=False, after=300)
+    logdir = tmp_path / "logs" / "u" / "kill" / "t0"
+    cmd = [sys.executable, "-m", "rltrace.cli", "recover", str(logdir)]
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert first.returncode == 0 and "Traceback" not in first.stderr, first.stderr
+    ids = [r["session_id"] for r in _records(logdir)]
+    assert said <= set(ids) and len(ids) == len(set(ids))
+    n = sum(1 for r in _records(logdir) if r.get("recovered"))
+    assert f"restored {n} session(s) into" in first.stdout or n == 0
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert again.returncode == 0 and "nothing to recover" in again.stdout
