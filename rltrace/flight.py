@@ -11,11 +11,11 @@ LOGDIR``, appends every session the ring holds that its records file lacks, mark
 ``"recovered": true``, and removes the ring.
 
 The ring (``session_tracer/[role/].flight-r{rank}-p{pid}.ring``): a 64-byte header (magic, the
-data capacity, the bytes written so far, the pid, the name of the records file it backs up),
-then the data, written round: each entry a 4-byte length, a JSON array, the length again.  The
-count of bytes written is stored after the entry, so an entry cut by the kill is never read;
-a reader walks back from the end by the trailing lengths.  It keeps the last
-``capacity`` bytes: some 50,000 sessions at the default 16 MiB.
+data capacity, the pid, the name of the records file it backs up), then the data, written
+round: each entry one line, a JSON array and its CRC-32 (JSON never holds a raw newline).  A
+reader takes every line whose checksum holds: an entry cut by the kill, or the rest of one the
+ring has written over, runs into the next line and does not.  It keeps the last ``capacity`` bytes: some
+70,000 sessions at the default 16 MiB.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import mmap
 import os
 import struct
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from zlib import crc32
 
 import orjson
 
@@ -37,9 +37,8 @@ from .semconv import ATTR_REASON, ATTR_SESSION, ATTR_STATUS, ATTR_STEP, ATTR_TAS
 from .session_metrics import build_record
 
 MAGIC = b"RLFLIGHT"
-_HEADER = struct.Struct("<8sQQQ32s")  # magic, capacity, written, pid, records file name
+_HEADER = struct.Struct("<8sQQ32s")  # magic, capacity, pid, records file name
 HEADER_SIZE = 64
-_LEN = struct.Struct("<I")
 #: data bytes a ring keeps (a sparse file: pages never written take no space)
 DEFAULT_CAPACITY = 16 << 20
 SUFFIX = ".ring"
@@ -64,7 +63,7 @@ class FlightRecorder:
             os.close(fd)  # the map keeps the file
         self._written = 0
         self._lock = threading.Lock()
-        self._map[:_HEADER.size] = _HEADER.pack(MAGIC, capacity, 0, os.getpid(),
+        self._map[:_HEADER.size] = _HEADER.pack(MAGIC, capacity, os.getpid(),
                                                  records_file.encode()[:32])
         #: entries added (sessions), entries too large for the ring (never expected), and
         #: sessions whose entry could not be encoded at all (never expected either)
@@ -85,16 +84,16 @@ class FlightRecorder:
             except Exception:
                 self.unencodable += 1
                 return
-        n = len(payload)
-        if n + 8 > self.capacity:
+        line = b"%s#%08x\n" % (payload, crc32(payload))
+        n = len(line)
+        if n > self.capacity:
             self.too_large += 1
             return
-        frame = _LEN.pack(n) + payload + _LEN.pack(n)
         with self._lock:
-            self._put(self._written % self.capacity, frame)
-            self._written += len(frame)
-            struct.pack_into("<Q", self._map, 16, self._written)  # after the entry: it is whole
+            at = self._written
+            self._written = at + n
             self.entries += 1
+        self._put(at % self.capacity, line)
 
     def _put(self, at: int, frame: bytes) -> None:
         base, cap = HEADER_SIZE, self.capacity
@@ -117,44 +116,34 @@ class FlightRecorder:
 
 
 def read_ring(path: Path) -> tuple[int, str, list[list[Any]]]:
-    """A ring's pid, records file name and entries (oldest first); raises ``ValueError`` for a
+    """A ring's pid, records file name and entries (by end time); raises ``ValueError`` for a
     file that is not a ring, ``OSError`` when it cannot be read."""
     data = path.read_bytes()
     if len(data) < HEADER_SIZE:
         raise ValueError(f"{path}: too short for a flight recorder ring")
-    magic, capacity, written, pid, name = _HEADER.unpack_from(data)
+    magic, capacity, pid, name = _HEADER.unpack_from(data)
     if magic != MAGIC or len(data) < HEADER_SIZE + capacity:
         raise ValueError(f"{path}: not a flight recorder ring")
     ring = data[HEADER_SIZE:HEADER_SIZE + capacity]
-    return pid, name.rstrip(b"\0").decode(), list(_entries(ring, capacity, written))
-
-
-def _entries(ring: bytes, capacity: int, written: int) -> Iterator[list[Any]]:
-    """The entries that end by ``written``, walked back by their trailing lengths (an entry the
-    ring has already overwritten in part is where the walk stops), returned oldest first."""
-    def take(end: int, n: int) -> bytes:  # ``n`` bytes ending at stream position ``end``
-        start = (end - n) % capacity
-        stop = start + n
-        return ring[start:stop] if stop <= capacity else ring[start:] + ring[:stop - capacity]
-
-    out: list[list[Any]] = []
-    end, oldest = written, max(0, written - capacity)
-    while end - 8 >= oldest:
-        (n,) = _LEN.unpack(take(end, 4))
-        start = end - 8 - n
-        if n > capacity or start < oldest:
-            break
-        if _LEN.unpack(take(start + 4, 4))[0] != n:
-            break  # not an entry's start: torn or overwritten
+    entries, seen = [], set()
+    # the ring twice over: an entry written round its end reads whole across the seam
+    for line in (ring + ring).split(b"\n"):
+        payload, _, crc = line.rpartition(b"#")
+        if not payload.startswith(b"[") or len(crc) != 8:
+            continue  # unwritten (zeros), or a fragment
         try:
-            entry = orjson.loads(take(end - 4, n))
-        except orjson.JSONDecodeError:
-            break
-        if isinstance(entry, list) and len(entry) == 8:
-            out.append(entry)
-        end = start
-    out.reverse()
-    return iter(out)
+            if int(crc, 16) != crc32(payload):
+                continue  # cut by the kill, or the rest of an entry written over
+            entry = orjson.loads(payload)
+        except (ValueError, orjson.JSONDecodeError):
+            continue
+        if isinstance(entry, list) and len(entry) == 8 and isinstance(entry[5], int):
+            key = line
+            if key not in seen:
+                seen.add(key)
+                entries.append(entry)
+    entries.sort(key=lambda e: e[5])
+    return pid, name.rstrip(b"\0").decode(), entries
 
 
 def _key(task_id: Any, session_id: Any) -> bytes:
