@@ -33,6 +33,7 @@ import orjson
 from rltrace.exporters.files import open_no_follow
 from rltrace.exporters.values import dumps_line, json_safe
 
+from .pids import pid_alive
 from .semconv import ATTR_REASON, ATTR_SESSION, ATTR_STATUS, ATTR_STEP, ATTR_TASK
 from .session_metrics import build_record
 
@@ -194,7 +195,7 @@ def recover(logdir: Path, *, only_dead: bool = True) -> list[tuple[Path, int]]:
             pid, records_name, entries = read_ring(ring)
         except (OSError, ValueError):
             continue
-        if only_dead and _alive(pid):
+        if only_dead and pid_alive(pid):
             continue
         records = ring.with_name(records_name)
         n = _append_missing(records, entries, _rank_of(ring.name), _role_of(ring, logdir))
@@ -225,15 +226,3 @@ def _role_of(ring: Path, logdir: Path) -> str | None:
     """``session_tracer/{role}/.flight-...``: the role folder, if any."""
     parent = ring.parent
     return parent.name if parent.parent.name == "session_tracer" else None
-
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .pids import pid_alive
+
 logger = logging.getLogger("rltrace")
 
 #: how the child finds them: ``abstract:<name>`` (a socket) or a file path
@@ -128,7 +130,7 @@ def remove_stale_files(now: float | None = None) -> int:
         if st.st_uid != os.getuid() or not folder.is_dir() or folder.is_symlink():
             continue
         pid = _pid_of(folder.name)
-        stale = not _alive(pid) if pid is not None else now - st.st_mtime > _STALE_S
+        stale = not pid_alive(pid) if pid is not None else now - st.st_mtime > _STALE_S
         if stale:
             for child in folder.iterdir():
                 try:
@@ -146,18 +148,6 @@ def remove_stale_files(now: float | None = None) -> int:
 def _pid_of(name: str) -> int | None:
     head = name[len(_FOLDER_PREFIX):].split("-", 1)[0]
     return int(head) if head.isdigit() else None
-
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def fetch(address: str, timeout_s: float = 5.0) -> dict[str, Any]:
