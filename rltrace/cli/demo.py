@@ -166,6 +166,15 @@ def _read_records(logdir: Path) -> list[dict[str, Any]]:
     return records
 
 
+def _run_seconds(logdir: Path, took_s: float) -> float:
+    """How long the ranks ran: first submit to last finalize in their records (not the time their
+    exits took: a dead OTLP endpoint's bounded wait is not the run), else ``took_s``."""
+    records = _read_records(logdir)
+    if not records:
+        return took_s
+    return max(r["finalized_ts"] for r in records) - min(r["submit_ts"] for r in records)
+
+
 def _phase_table(records: list[dict[str, Any]]) -> list[str]:
     """Sessions by status, then count and P50/P90/P99 of every phase's executions."""
     by_status: dict[str, int] = defaultdict(int)
@@ -281,10 +290,10 @@ def run_demo(opts: DemoOptions) -> int:
     if failed:
         print(f"rltrace demo: rank process(es) failed: {', '.join(failed)}", file=sys.stderr)
         return 1
-    ran_s = time.perf_counter() - t0
+    took_s = time.perf_counter() - t0
     merged = logdir / "trace.json"
     res = convert([logdir], merged, progress=False)
-    print(f"rltrace demo: {opts.ranks} rank(s) x {opts.steps} steps in {ran_s:.1f} s; "
+    print(f"rltrace demo: {opts.ranks} rank(s) x {opts.steps} steps in {_run_seconds(logdir, took_s):.1f} s; "
           f"logs in {logdir}")
     print(_summarise(logdir))
     print(f"merged trace: {merged} ({res.events} events)")
