@@ -10,16 +10,20 @@ removes the ring; after a kill, the next ``configure`` on that log dir, or ``rlt
 LOGDIR``, appends every session the ring holds that its records file lacks, marked
 ``"recovered": true``, and removes the ring.
 
-The ring (``session_tracer/[role/].flight-r{rank}-p{pid}.ring``): a 64-byte header (magic, the
-data capacity, the pid, the name of the records file it backs up), then the data, written
+The ring (``session_tracer/[role/].flight-r{rank}-p{pid}-{n}.ring``, one per recorder): a
+64-byte header (magic, the data capacity, the pid, the name of the records file it backs up),
+then the data, written
 round: each entry one line, a JSON array and its CRC-32 (JSON never holds a raw newline).  A
 reader takes every line whose checksum holds: an entry cut by the kill, or the rest of one the
 ring has written over, runs into the next line and does not.  It keeps the last ``capacity`` bytes: some
-70,000 sessions at the default 16 MiB.
+35,000 sessions at the default 8 MiB, allocated on disk when the ring is made (a full disk
+then switches the recorder off with a warning; a page first touched on a full disk would end
+the process).
 """
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import os
 import struct
@@ -40,13 +44,17 @@ from .session_metrics import build_record
 MAGIC = b"RLFLIGHT"
 _HEADER = struct.Struct("<8sQQ32s")  # magic, capacity, pid, records file name
 HEADER_SIZE = 64
-#: data bytes a ring keeps (a sparse file: pages never written take no space)
-DEFAULT_CAPACITY = 16 << 20
+#: data bytes a ring keeps, allocated on disk when it is made (a page first touched on a full
+#: disk would otherwise end the process with SIGBUS)
+DEFAULT_CAPACITY = 8 << 20
 SUFFIX = ".ring"
+_SERIAL = itertools.count()
 
 
 def ring_name(rank: int, pid: int) -> str:
-    return f".flight-r{rank}-p{pid}{SUFFIX}"
+    """A new ring's file name: one per recorder, so a reconfigure never truncates a ring another
+    thread may still be writing to (its map would fault)."""
+    return f".flight-r{rank}-p{pid}-{next(_SERIAL)}{SUFFIX}"
 
 
 class FlightRecorder:
@@ -56,12 +64,18 @@ class FlightRecorder:
         self.path = path
         self.capacity = capacity
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = open_no_follow(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = open_no_follow(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            os.ftruncate(fd, HEADER_SIZE + capacity)
+            if hasattr(os, "posix_fallocate"):
+                os.posix_fallocate(fd, 0, HEADER_SIZE + capacity)  # ENOSPC now, not SIGBUS later
+            else:  # pragma: no cover - not Linux
+                os.ftruncate(fd, HEADER_SIZE + capacity)
             self._map = mmap.mmap(fd, HEADER_SIZE + capacity)
-        finally:
-            os.close(fd)  # the map keeps the file
+        except OSError:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            raise
+        os.close(fd)  # the map keeps the file
         self._written = 0
         self._lock = threading.Lock()
         self._map[:_HEADER.size] = _HEADER.pack(MAGIC, capacity, os.getpid(),
@@ -94,7 +108,10 @@ class FlightRecorder:
             at = self._written
             self._written = at + n
             self.entries += 1
-        self._put(at % self.capacity, line)
+        try:
+            self._put(at % self.capacity, line)
+        except ValueError:  # closed meanwhile (a reconfigure): that pipeline's records are written
+            pass
 
     def _put(self, at: int, frame: bytes) -> None:
         base, cap = HEADER_SIZE, self.capacity

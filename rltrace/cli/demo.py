@@ -172,7 +172,7 @@ def _run_seconds(logdir: Path, took_s: float) -> float:
     records = _read_records(logdir)
     if not records:
         return took_s
-    return max(r["finalized_ts"] for r in records) - min(r["submit_ts"] for r in records)
+    return float(max(r["finalized_ts"] for r in records) - min(r["submit_ts"] for r in records))
 
 
 def _phase_table(records: list[dict[str, Any]]) -> list[str]:
