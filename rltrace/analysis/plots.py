@@ -115,17 +115,47 @@ def plot_step_tail(rep: dict[str, Any]) -> Figure | None:
     return fig
 
 
+MANY_RANKS = 64  # past this many ranks, per-rank views show the slowest ranks and a distribution
+TOP_RANKS = 24  # the slowest ranks drawn one row each when there are more than MANY_RANKS
+BANDS = ((0.0, 100.0, 0.25), (10.0, 90.0, 0.45), (25.0, 75.0, 0.7))  # (low q, high q, alpha)
+
+
+def _ratios(m: np.ndarray) -> np.ndarray:
+    """Each rank's rollout time over the fastest rank's of the step (NaN where there is none)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        fastest = np.nanmin(np.where(np.isfinite(m), m, np.nan), axis=0)
+        ratio: np.ndarray = m / fastest
+    return ratio
+
+
+def slowest_rows(ratio: np.ndarray, n: int = TOP_RANKS) -> np.ndarray:
+    """Row indices of the ``n`` ranks with the highest worst ratio, slowest first."""
+    worst = np.nanmax(np.where(np.isfinite(ratio), ratio, -np.inf), axis=1)
+    order: np.ndarray = np.argsort(-worst, kind="stable")[:n]
+    return order
+
+
+def stragglers_caption(rep: dict[str, Any], caption: str) -> str:
+    """The stragglers plot's caption: ``caption``, or what was aggregated past MANY_RANKS ranks."""
+    n = len(rep["stragglers"].get("_matrix", ([], [], None))[0])
+    if n <= MANY_RANKS:
+        return caption
+    return (f"Rollout time relative to the fastest rank of the step for the {TOP_RANKS} slowest of {n:,} "
+            f"ranks (by their worst step; outliers boxed); below, the distribution over all {n:,} ranks per "
+            f"step (min–max, P10–P90 and P25–P75 bands, median line), then the barrier wait per step.")
+
+
 def plot_stragglers(rep: dict[str, Any]) -> Figure | None:
     sg = rep["stragglers"]
     ranks, steps, m = sg.get("_matrix", ([], [], np.zeros((0, 0))))
     if m.size == 0 or not np.isfinite(m).any():
         return None
+    if len(ranks) > MANY_RANKS:
+        return _plot_many_stragglers(sg, ranks, steps, m)
     fig = Figure(figsize=(8, 2.2 + 0.25 * len(ranks) + 2.2))
     gs = fig.add_gridspec(2, 1, height_ratios=[max(1.0, 0.25 * len(ranks) + 1), 1.6])
     ax = fig.add_subplot(gs[0])
-    with np.errstate(invalid="ignore", divide="ignore"):
-        fastest = np.nanmin(np.where(np.isfinite(m), m, np.nan), axis=0)
-        ratio = m / fastest
+    ratio = _ratios(m)
     im = ax.imshow(ratio, aspect="auto", cmap="magma_r", vmin=1.0,
                    vmax=max(1.5, float(np.nanmax(ratio)) if np.isfinite(ratio).any() else 1.5),
                    interpolation="nearest")
@@ -139,8 +169,59 @@ def plot_stragglers(rep: dict[str, Any]) -> Figure | None:
         j, i = si[o["step"]], ri[o["rank"]]
         ax.add_patch(_rect(j - 0.5, i - 0.5))
     fig.colorbar(im, ax=ax, fraction=0.03, pad=0.01)
-    ax2 = fig.add_subplot(gs[1])
-    rows = sg["per_step"]
+    _barrier_axes(fig.add_subplot(gs[1]), sg["per_step"])
+    return fig
+
+
+def _plot_many_stragglers(sg: dict[str, Any], ranks: list[Any], steps: list[Any], m: np.ndarray) -> Figure:
+    """More than MANY_RANKS ranks: a heatmap of the TOP_RANKS slowest, the distribution of all
+    ranks per step as quantile bands, and the barrier wait; the height does not grow with ranks."""
+    ratio = _ratios(m)
+    rows = slowest_rows(ratio)
+    top = ratio[rows]
+    fig = Figure(figsize=(8, 2.2 + 0.25 * TOP_RANKS + 2.6 + 2.2))
+    gs = fig.add_gridspec(3, 1, height_ratios=[0.25 * TOP_RANKS + 1, 2.2, 1.6])
+    ax = fig.add_subplot(gs[0])
+    vmax = max(1.5, float(np.nanmax(ratio)) if np.isfinite(ratio).any() else 1.5)
+    im = ax.imshow(top, aspect="auto", cmap="magma_r", vmin=1.0, vmax=vmax, interpolation="nearest")
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([f"rank {ranks[int(i)]}" for i in rows], fontsize=8)
+    _xticks(ax, len(steps), [str(s) for s in steps])
+    ax.set_title(f"rollout time / fastest rank of the step: the {len(rows)} slowest of {len(ranks):,} ranks "
+                 f"(outliers boxed)", fontsize=9)
+    pos = {int(i): y for y, i in enumerate(rows)}
+    ri = {r: i for i, r in enumerate(ranks)}
+    si = {s: j for j, s in enumerate(steps)}
+    for o in sg["outliers"]:
+        y = pos.get(ri[o["rank"]])
+        if y is not None:
+            ax.add_patch(_rect(si[o["step"]] - 0.5, y - 0.5))
+    fig.colorbar(im, ax=ax, fraction=0.03, pad=0.01)
+    ab = fig.add_subplot(gs[1])
+    x = np.arange(len(steps))
+    finite = np.isfinite(ratio)
+    have = finite.any(axis=0)
+    with np.errstate(invalid="ignore"):
+        filled = np.where(finite, ratio, np.nan)
+        qs = {q: np.full(len(steps), np.nan) for q in (0.0, 10.0, 25.0, 50.0, 75.0, 90.0, 100.0)}
+        if have.any():
+            for q in qs:
+                qs[q][have] = np.nanpercentile(filled[:, have], q, axis=0)
+    for lo, hi, alpha in BANDS:
+        ab.bar(x, np.nan_to_num(qs[hi] - qs[lo]), bottom=np.nan_to_num(qs[lo], nan=1.0), width=0.8,
+               color="#7b3294", alpha=alpha, linewidth=0, label=f"P{lo:g}–P{hi:g}" if lo else "min–max")
+    ab.scatter(x, qs[50.0], marker="_", s=120, color="black", label="median", zorder=3)
+    ab.set_xlim(-0.5, len(steps) - 0.5)
+    _xticks(ab, len(steps), [str(s) for s in steps])
+    ab.set_ylabel("× fastest")
+    ab.set_title(f"all {len(ranks):,} ranks per step", fontsize=9)
+    ab.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ab.grid(alpha=0.3, axis="y")
+    _barrier_axes(fig.add_subplot(gs[2]), sg["per_step"])
+    return fig
+
+
+def _barrier_axes(ax2: Any, rows: list[dict[str, Any]]) -> None:
     ax2.bar(range(len(rows)), [r.get("barrier_wait_s", 0.0) for r in rows], color="#d62728", alpha=0.7,
             label="barrier wait (slowest − fastest)")
     ax2.set_ylabel("s")
@@ -149,7 +230,6 @@ def plot_stragglers(rep: dict[str, Any]) -> Figure | None:
     ax2.set_xlim(-0.5, len(rows) - 0.5)
     ax2.legend(fontsize=7, loc="upper left")
     ax2.grid(alpha=0.3, axis="y")
-    return fig
 
 
 def _rect(x: float, y: float) -> Any:
@@ -373,6 +453,8 @@ def write_plots(rep: dict[str, Any], directory: Path, stem: str) -> list[Plot]:
         fig = fn(rep)
         if fig is None:
             continue
+        if key == "stragglers":
+            caption = stragglers_caption(rep, caption)
         out.append(_save(fig, directory, stem, key, title, caption))
     for i, g in enumerate(rep.get("groups", {}).get("groups", [])[:MAX_TIMELINES], 1):
         title, caption = _timeline_text(g)

@@ -15,12 +15,13 @@ from typing import Any
 import orjson
 
 from .load import ReportError
-from .plots import Plot, write_plots
+from .plots import MANY_RANKS, Plot, write_plots
 from .report import fmt_pct, fmt_s, public, session_name, skipped_text, why_slow
 from .template import HTML
 
 FORMATS = ("html", "md", "json")
 MAX_ROWS = 200
+TOP_RANK_ROWS, BOTTOM_RANK_ROWS = 20, 5  # the per-rank table past MANY_RANKS ranks
 
 
 def resolve_output(out: str | Path | None, logdir: Path, fmt: str | None) -> tuple[Path, str]:
@@ -69,6 +70,57 @@ def _step(v: Any) -> str:
     return "–" if v is None else str(v)
 
 
+def _ratio_key(r: dict[str, Any]) -> tuple[int, float]:
+    v = r["median_ratio_to_fastest"]
+    return r["outlier_steps"], (-math.inf if v is None else float(v))
+
+
+def rank_table(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+    """The per-rank stragglers rows to show: all of them up to MANY_RANKS ranks; past that the
+    slowest (outlier steps, then median × fastest) and the fastest, with a line for the rest."""
+    if len(per_rank) <= MANY_RANKS:
+        return {"top": per_rank, "bottom": [], "more": 0, "text": ""}
+    order = sorted(per_rank, key=_ratio_key, reverse=True)
+    top, bottom = order[:TOP_RANK_ROWS], order[-BOTTOM_RANK_ROWS:]
+    mid = order[TOP_RANK_ROWS:-BOTTOM_RANK_ROWS]
+    ratios = [r["median_ratio_to_fastest"] for r in mid if r["median_ratio_to_fastest"] is not None]
+    means = [r["mean_rollout_s"] for r in mid if r["mean_rollout_s"] is not None]
+    text = f"… and {len(mid):,} more ranks"
+    if ratios:
+        text += f" within {_x(min(ratios))}–{_x(max(ratios))} the fastest"
+    if means:
+        text += f", mean rollout {fmt_s(min(means))}–{fmt_s(max(means))}"
+    text += (f" (the {len(top)} slowest by outlier steps then median × fastest above, the {len(bottom)} "
+             f"fastest below; every rank is in the JSON report)")
+    return {"top": top, "bottom": bottom, "more": len(mid), "text": text}
+
+
+def _spread(values: dict[str, float | None], fmt: Any, unit: str = "") -> str:
+    """``min 1.2 s (rank 3), median 1.5 s, max 9.1 s (rank 7)`` over ranks (None skipped)."""
+    have = sorted((v, r) for r, v in values.items() if v is not None)
+    if not have:
+        return "–"
+    (lo, lo_r), (hi, hi_r) = have[0], have[-1]
+    med = have[len(have) // 2][0]
+    return (f"min {fmt(lo)}{unit} (rank {lo_r}), median {fmt(med)}{unit}, "
+            f"max {fmt(hi)}{unit} (rank {hi_r})")
+
+
+def many_ranks(rep: dict[str, Any]) -> dict[str, Any]:
+    """Per-rank lists of the summary aggregated past MANY_RANKS ranks (empty strings otherwise)."""
+    sm = rep["summary"]
+    out: dict[str, Any] = {"wall": "", "counters": {}}
+    if len(sm["wall_s"]) > MANY_RANKS:
+        out["wall"] = f"{len(sm['wall_s']):,} ranks: " + _spread(sm["wall_s"], fmt_s)
+    for c in sm["counters"]:
+        if len(c["per_rank"]) > MANY_RANKS:
+            out["counters"][c["name"]] = (
+                f"{len(c['per_rank']):,} ranks; total "
+                + _spread({r: v["total"] for r, v in c["per_rank"].items()}, _num)
+                + "; rate " + _spread({r: v["rate_per_s"] for r, v in c["per_rank"].items()}, _num, "/s"))
+    return out
+
+
 def render_html(rep: dict[str, Any], plots: list[Plot]) -> str:
     import jinja2
 
@@ -78,7 +130,9 @@ def render_html(rep: dict[str, Any], plots: list[Plot]) -> str:
     uris = {p.key: {"title": p.title, "caption": p.caption,
                     "uri": "data:image/png;base64," + base64.b64encode(p.path.read_bytes()).decode("ascii")}
             for p in plots}
-    return env.from_string(HTML).render(rep=rep, plots=uris, max_rows=MAX_ROWS)
+    return env.from_string(HTML).render(rep=rep, plots=uris, max_rows=MAX_ROWS,
+                                    rank_rows=rank_table(rep["stragglers"]["per_rank"]),
+                                    many=many_ranks(rep))
 
 
 def _md_table(headers: list[str], rows: list[list[Any]]) -> list[str]:
@@ -164,11 +218,14 @@ def _md_stragglers(rep: dict[str, Any], img: dict[str, str]) -> list[str]:
                     for o in sg["outliers"]]) if sg["outliers"] else ["No outlier (rank, step).", ""]
     L += [img.get("stragglers", "")]
     roles = rep["inputs"].get("roles", {})
+    rt = rank_table(sg["per_rank"])
     L += _md_table(["rank", "role", "steps", "mean rollout", "median × fastest", "slowest in steps",
                     "outlier steps"],
                    [[r["rank"], roles.get(str(r["rank"]), "–"), r["steps"], fmt_s(r["mean_rollout_s"]),
                      _x(r["median_ratio_to_fastest"]),
-                     r["slowest_in_steps"], r["outlier_steps"]] for r in sg["per_rank"]])
+                     r["slowest_in_steps"], r["outlier_steps"]] for r in rt["top"] + rt["bottom"]])
+    if rt["more"]:
+        L[-1:] = [f"_{rt['text']}._", ""]
     L += _md_table(["step", "fastest rank", "fastest", "slowest rank", "slowest", "barrier wait",
                     "held by (slowest rank's last session)"],
                    [[r["step"], r.get("fastest_rank", "–"), fmt_s(r.get("fastest_s")),

@@ -138,8 +138,9 @@ time {{ sg.total_idle_rank_s|s }}.</p>
 {{ plot("stragglers") }}
 <h3>Per rank</h3>
 <table><tr><th>rank</th><th>steps</th><th>mean rollout</th><th>median × fastest</th><th>slowest in steps</th><th>outlier steps</th></tr>
-{% for r in sg.per_rank %}<tr><td>{{ r.rank }}</td><td>{{ r.steps }}</td><td>{{ r.mean_rollout_s|s }}</td><td>{{ r.median_ratio_to_fastest|x }}</td><td>{{ r.slowest_in_steps }}</td><td>{{ r.outlier_steps }}</td></tr>
-{% endfor %}</table>
+{% macro rank_row(r) %}<tr><td>{{ r.rank }}</td><td>{{ r.steps }}</td><td>{{ r.mean_rollout_s|s }}</td><td>{{ r.median_ratio_to_fastest|x }}</td><td>{{ r.slowest_in_steps }}</td><td>{{ r.outlier_steps }}</td></tr>
+{% endmacro %}{% for r in rank_rows.top %}{{ rank_row(r) }}{% endfor %}{% if rank_rows.more %}<tr><td class="l" colspan="6">{{ rank_rows.text }}</td></tr>
+{% for r in rank_rows.bottom %}{{ rank_row(r) }}{% endfor %}{% endif %}</table>
 <details><summary>Per step ({{ sg.per_step|length }})</summary>{{ capped(sg.per_step) }}
 <div class="scroll"><table><tr><th>step</th><th>fastest rank</th><th>fastest</th><th>slowest rank</th><th>slowest</th><th>barrier wait</th><th>slowest × fastest</th><th class="l">held by (slowest rank's last session)</th></tr>
 {% for r in sg.per_step[:max_rows] %}<tr><td>{{ r.step }}</td>{% if r.slowest_s is not defined %}<td>–</td><td>–</td><td>–</td><td>–</td><td>–</td><td>–</td><td class="l">no rollout time on any rank</td></tr>{% else %}<td>{{ r.fastest_rank }}</td><td>{{ r.fastest_s|s }}</td><td>{{ r.slowest_rank }}</td><td>{{ r.slowest_s|s }}</td><td>{{ r.barrier_wait_s|s }}</td><td>{{ r.slowest_over_fastest|x }}</td><td class="l">{% if r.held_by %}session {{ r.held_by.session_id }} (task {{ r.held_by.task_id }}): {{ r.held_by|why }}{% else %}–{% endif %}</td></tr>{% endif %}
@@ -230,7 +231,7 @@ last phase's end). Time by turn index: mean per execution of each phase at that 
 <h2>7. Run summary</h2>
 {% set sm = rep.summary %}
 <p class="explain">Every scope name in the trace files. Wall time {{ sm.wall_total_s|s }} summed over ranks
-({% for r, w in sm.wall_s.items() %}rank {{ r }} {{ w|s }}{% if not loop.last %}, {% endif %}{% endfor %}); concurrent
+({% if many.wall %}{{ many.wall }}{% else %}{% for r, w in sm.wall_s.items() %}rank {{ r }} {{ w|s }}{% if not loop.last %}, {% endif %}{% endfor %}{% endif %}); concurrent
 scopes can exceed 100%.</p>
 <div class="scroll"><table><tr><th class="l">scope</th><th>count</th><th>total</th><th>mean</th><th>P50</th><th>P99</th><th>max</th><th>wall share</th></tr>
 {% for r in sm.scopes[:max_rows] %}<tr><td class="l">{{ r.name }}</td><td>{{ r.count }}</td><td>{{ r.total_s|s }}</td><td>{{ r.mean_s|s }}</td><td>{{ r.p50_s|s }}</td><td>{{ r.p99_s|s }}</td><td>{{ r.max_s|s }}</td><td>{{ r.wall_share|pct }}</td></tr>
@@ -239,7 +240,7 @@ scopes can exceed 100%.</p>
 <h3>Counters</h3>
 <table><tr><th class="l">counter</th><th>total</th><th>per second</th><th class="l">per rank (total, /s)</th></tr>
 {% for c in sm.counters %}<tr><td class="l">{{ c.name }}</td><td>{{ c.total|num }}</td><td>{{ c.rate_per_s|num }}</td>
-<td class="l">{% for r, v in c.per_rank.items() %}rank {{ r }}: {{ v.total|num }}, {{ v.rate_per_s|num }}/s{% if not loop.last %}; {% endif %}{% endfor %}</td></tr>
+<td class="l">{% if c.name in many.counters %}{{ many.counters[c.name] }}{% else %}{% for r, v in c.per_rank.items() %}rank {{ r }}: {{ v.total|num }}, {{ v.rate_per_s|num }}/s{% if not loop.last %}; {% endif %}{% endfor %}{% endif %}</td></tr>
 {% endfor %}</table>
 {% endif %}
 {{ plot("scopes") }}
