@@ -13,27 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "helpers"))
-from synth_run import SynthSpec, write_run
-
-
-def report(logdir: Path, out: Path) -> tuple[float, int]:
-    """Wall seconds and peak RSS (bytes) of ``rltrace report logdir -o out`` in a child process."""
-    t0 = time.perf_counter()
-    with open(out.with_suffix(".log"), "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "rltrace.cli", "report", str(logdir), "-o", str(out),
-                                 "--no-progress"], stdout=log, stderr=subprocess.STDOUT)
-        _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t0
-    if os.waitstatus_to_exitcode(status) != 0:
-        sys.exit(f"rltrace report failed:\n{out.with_suffix('.log').read_text()}")
-    return wall, usage.ru_maxrss * 1024
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_report import SynthSpec, report, write_run  # the same child-process measurement
 
 
 def main() -> None:
