@@ -132,35 +132,12 @@ class Pipeline:
         self.session_processor: SessionMetricsProcessor | None = None
         self.metric_readers: list[Any] = []
         self.meter_provider = self._meter_provider(cfg, metric_readers or [])
-        if cfg.session_tracer.enabled:
-            self.sessions_path = logdir / SESSIONS_DIR / self._file_name("sessions", os.getpid())
-            meter = aggregates = None
-            if self.meter_provider is not None:
-                # aggregated in place and handed to the readers as finished points; through the
-                # SDK one measurement at a time only if a reader wants another aggregation
-                aggregates = make_aggregates(self.metric_readers, self.resource,
-                                             InstrumentationScope("rltrace", __version__))
-                if aggregates is None:
-                    meter = self.meter_provider.get_meter("rltrace", __version__)
-            self.session_processor = SessionMetricsProcessor(
-                SessionRecordWriter(self.sessions_path, cfg.session_tracer.flush_threshold),
-                rank=rank, meter=meter, role=cfg.role, aggregates=aggregates,
-                phases=registry.phases,
-            )
-            self.record_processors.append(self.session_processor)
         #: the ring every finalized session is kept in until its record is on disk
         self.flight: FlightRecorder | None = None
-        if self.session_processor is not None and cfg.session_tracer.flight_recorder:
-            self._new_flight(os.getpid())
         #: the live state ``rltrace top`` reads (open sessions, current step), when enabled
         self.live: LivePublisher | None = None
-        if self.session_processor is not None and cfg.live_interval_s > 0:
-            self.live = LivePublisher(
-                live_path(logdir, self._file_name("live", os.getpid())),
-                interval_s=cfg.live_interval_s, session_processor=self.session_processor,
-                rank=rank, world_size=world_size, role=cfg.role, host=self.host,
-                experiment=cfg.experiment_name, trial=cfg.trial_name, registry=registry,
-            )
+        if cfg.session_tracer.enabled:
+            self._session_side(cfg, registry)
         self.summary: ScopeSummary | None = None
         if cfg.print_summary:  # collected only when asked for (it costs the exporter thread)
             self.summary = ScopeSummary(counters=self.counters)
@@ -182,19 +159,7 @@ class Pipeline:
             self.add_queued(self.chrome)
         self.otlp: BoundedBatchProcessor | None = None
         self.tail_sampler: TaskTailSampler | None = None
-        otlp = make_span_exporter(cfg.otlp)
-        if otlp is not None:
-            self.otlp = BoundedBatchProcessor(
-                otlp, max_queue_size=cfg.otlp.max_queue_size,
-                max_export_batch_size=cfg.otlp.max_export_batch_size,
-                shutdown_timeout_s=cfg.otlp.timeout_s if cfg.otlp.timeout_s is not None else 5.0,
-                encoder=RecordEncoder(self.builder),
-            )
-            if cfg.sampling.mode == "sessions":  # whole task traces, decided when the task ends
-                self.tail_sampler = TaskTailSampler(self.otlp, cfg.sampling)
-                self._own(self.tail_sampler)
-            else:
-                self._own(self.otlp)
+        self._otlp_side(cfg)
         for p in self.user_processors:
             self.processor.add_span_processor(p)
         self._refresh_direct()
@@ -214,6 +179,50 @@ class Pipeline:
         self._lost_reported = 0
         self._lost_warned_at = 0.0
         self.errors = 0
+
+    def _session_side(self, cfg: TracerConfig, registry: SessionRegistry) -> None:
+        """Session records (and their metrics), the flight recorder, the live state."""
+        self.sessions_path = self.log_dir / SESSIONS_DIR / self._file_name("sessions", os.getpid())
+        meter = aggregates = None
+        if self.meter_provider is not None:
+            # aggregated in place and handed to the readers as finished points; through the
+            # SDK one measurement at a time only if a reader wants another aggregation
+            aggregates = make_aggregates(self.metric_readers, self.resource,
+                                         InstrumentationScope("rltrace", __version__))
+            if aggregates is None:
+                meter = self.meter_provider.get_meter("rltrace", __version__)
+        self.session_processor = SessionMetricsProcessor(
+            SessionRecordWriter(self.sessions_path, cfg.session_tracer.flush_threshold),
+            rank=self.rank, meter=meter, role=cfg.role, aggregates=aggregates,
+            phases=registry.phases,
+        )
+        self.record_processors.append(self.session_processor)
+        if cfg.session_tracer.flight_recorder:
+            self._new_flight(os.getpid())
+        if cfg.live_interval_s > 0:
+            self.live = LivePublisher(
+                live_path(self.log_dir, self._file_name("live", os.getpid())),
+                interval_s=cfg.live_interval_s, session_processor=self.session_processor,
+                rank=self.rank, world_size=self.world_size, role=cfg.role, host=self.host,
+                experiment=cfg.experiment_name, trial=cfg.trial_name, registry=registry,
+            )
+
+    def _otlp_side(self, cfg: TracerConfig) -> None:
+        """The OTLP sender (behind session-aware sampling when that is the mode), if configured."""
+        otlp = make_span_exporter(cfg.otlp)
+        if otlp is None:
+            return
+        self.otlp = BoundedBatchProcessor(
+            otlp, max_queue_size=cfg.otlp.max_queue_size,
+            max_export_batch_size=cfg.otlp.max_export_batch_size,
+            shutdown_timeout_s=cfg.otlp.timeout_s if cfg.otlp.timeout_s is not None else 5.0,
+            encoder=RecordEncoder(self.builder),
+        )
+        if cfg.sampling.mode == "sessions":  # whole task traces, decided when the task ends
+            self.tail_sampler = TaskTailSampler(self.otlp, cfg.sampling)
+            self._own(self.tail_sampler)
+        else:
+            self._own(self.otlp)
 
     def _new_flight(self, pid: int) -> None:
         """A ring for this process's session records, given to the registry."""

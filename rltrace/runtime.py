@@ -158,8 +158,8 @@ class Runtime:
             _use_injected(new, old)
             state.sampling = new.head_sampling if new is not None else None
             state.on_start = new.on_start_hooks if new is not None else None
-            reg.off_reason = None if cfg.session_tracer.enabled or new is None else \
-                "session_tracer.enabled is false in the config"
+            reg.switched_off(None if cfg.session_tracer.enabled or new is None else
+                             "session_tracer.enabled is false in the config")
             if new is None:
                 state.enabled = False
                 state.device = None
@@ -316,7 +316,7 @@ class Runtime:
                 reg.close_all()  # open sessions are written as pending, open phases closed
             state.enabled = False
             reg.enabled = False
-            reg.off_reason = None
+            reg.switched_off(None)
             state.wake = state.help = _noop
             if p is not None:
                 p.close(timeout)  # (its last records still draw ids under its sampler)

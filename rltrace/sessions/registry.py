@@ -147,6 +147,12 @@ class SessionRegistry:
             self.said_off("register_task")
         return task_id
 
+    def switched_off(self, reason: str | None) -> None:
+        """Why session calls record nothing now (said once per configuration, at the first
+        call), or None: nothing to say (tracing not configured, or session tracing on)."""
+        self.off_reason = reason
+        self._off_warned = False
+
     def said_off(self, api: str) -> None:
         """Say once that session calls record nothing while session tracing is off."""
         if not self._off_warned:
