@@ -34,7 +34,7 @@ from zlib import crc32
 
 import orjson
 
-from rltrace.exporters.files import open_no_follow
+from rltrace.exporters.files import open_for_append, open_no_follow
 from rltrace.exporters.values import dumps_line, json_safe
 
 from .pids import pid_alive
@@ -215,7 +215,7 @@ def recover(logdir: Path, *, only_dead: bool = True) -> list[tuple[Path, int]]:
         if only_dead and pid_alive(pid):
             continue
         records = ring.with_name(records_name)
-        n = _append_missing(records, entries, _rank_of(ring.name), _role_of(ring, logdir))
+        n = _append_missing(records, entries, _rank_of(ring.name), _role_of(ring))
         ring.unlink(missing_ok=True)
         if n:
             out.append((records, n))
@@ -227,8 +227,6 @@ def _append_missing(records: Path, entries: list[list[Any]], rank: int, role: st
     lines = [orjson.dumps(recovered_record(e, rank, role)) + b"\n" for e in entries
              if _key(e[0], e[1]) not in known]
     if lines:
-        from rltrace.exporters.files import open_for_append
-
         with open_for_append(records) as fh:
             fh.write(b"".join(lines))
     return len(lines)
@@ -239,7 +237,7 @@ def _rank_of(name: str) -> int:
     return int(head) if head.isdigit() else 0
 
 
-def _role_of(ring: Path, logdir: Path) -> str | None:
+def _role_of(ring: Path) -> str | None:
     """``session_tracer/{role}/.flight-...``: the role folder, if any."""
     parent = ring.parent
     return parent.name if parent.parent.name == "session_tracer" else None

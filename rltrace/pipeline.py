@@ -440,8 +440,7 @@ class Pipeline:
                     try:
                         q.on_end(rec)
                     except Exception as exc:
-                        self.errors += 1
-                        internal_error("span export", exc)
+                        self._sink_error(exc)
             self._drain()
             return
         build = self.builder.build
@@ -456,8 +455,7 @@ class Pipeline:
                     rp.on_record(rec)
                 on_end(build(rec) if isinstance(rec, RecordBase) else rec)
             except Exception as exc:
-                self.errors += 1
-                internal_error("span export", exc)
+                self._sink_error(exc)
         self._drain()
 
     def _sink_error(self, exc: Exception) -> None:

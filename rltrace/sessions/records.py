@@ -336,9 +336,13 @@ class PhaseScope(Scope):
         if interrupted or exc is not None:
             self.set_attribute(ATTR_INTERRUPTED, True)
         self.finish(end, exc)
-        log = self.parent.phase_log
+        self._log_in(self.parent, end, interrupted or exc is not None)
+
+    def _log_in(self, sess: SessionScope, end: int, interrupted: bool) -> None:
+        """Note this ended execution on its session while a flight recorder keeps sessions."""
+        log = sess.phase_log
         if log is not None:
-            log.append((self.spec.name, self.start_ns, end, self.turn, interrupted or exc is not None))
+            log.append((self.spec.name, self.start_ns, end, self.turn, interrupted))
 
     def __enter__(self) -> PhaseScope:
         if self.parent is not None:  # started before: a handle used in ``with``, or reused
@@ -388,9 +392,7 @@ class PhaseScope(Scope):
             if exc is not None:
                 self.set_attribute(ATTR_INTERRUPTED, True)
             self.finish(end, exc)
-            log = sess.phase_log
-            if log is not None:
-                log.append((self.spec.name, self.start_ns, end, self.turn, exc is not None))
+            self._log_in(sess, end, exc is not None)
 
     async def __aenter__(self) -> PhaseScope:
         return self.__enter__()
