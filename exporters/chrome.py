@@ -11,6 +11,11 @@ crash leaves every written line valid):
   AReaL, every event's ``args`` carry ``rank`` (and ``role`` when set) unless the caller's
   args already hold those keys.
 
+When the run sends spans over OTLP (``with_ids``), every slice's args also carry the span's
+OTel ``trace_id`` and ``span_id`` (hex, as Jaeger and Tempo show them), so a slice on the
+timeline can be looked up in the tracing backend; without OTLP no ids are drawn (the hot path
+never draws them) and none are written.
+
 Timestamps are epoch microseconds (``ts`` a whole number, ``dur`` exact to the nanosecond from
 that floored start), so files from different ranks and hosts line up, end times are exact and
 nested slices stay nested in Perfetto.
@@ -75,6 +80,8 @@ _TIMES = b'%d,"dur":%d.%03d'
 _TAIL = b',"name":%s,"cat":%s,"args":%s}\n'
 _I = b'{"pid":%d,"tid":%d,"ph":"i","s":"t","ts":%d,"name":%s,"cat":%s,"args":%s}\n'
 _CACHE_MAX = 4096
+#: the span's OTel ids, appended inside a record's args (``with_ids``)
+_IDS = b',"trace_id":"%032x","span_id":"%016x"}'
 
 
 class _SpanTimes:
@@ -99,8 +106,11 @@ class ChromeEncoder:
     def __init__(
         self, *, rank: int = 0, world_size: int = 1, role: str | None = None,
         host: str | None = None, experiment: str | None = None, trial: str | None = None,
+        with_ids: bool = False,
     ) -> None:
         self.rank = rank
+        #: write each record's OTel trace and span ids into its args (drawn if not yet)
+        self.with_ids = with_ids
         self.world_size = world_size
         self.role = role
         self.host = host or socket.gethostname()
@@ -209,6 +219,7 @@ class ChromeEncoder:
         tids, thread_names_now = self._tids, thread_names()
         append, args_json, args_only = out.append, self.args_json, self._args_only
         heads, tails = self._heads, self._tails
+        with_ids = self.with_ids
         for item in items:
             if getattr(item, "slot_attrs", True) or item.extra is not None:
                 self._encode_isolated(item, pid, out)  # not plain (or a ReadableSpan)
@@ -224,10 +235,12 @@ class ChromeEncoder:
                 head = heads[tid] = b'{"pid":%d,"tid":%d,"ph":"X","ts":' % (pid, tid)
             args = item.args
             try:
-                tail = tails.get((item.name, item.category)) if args is None else None
+                tail = tails.get((item.name, item.category)) if args is None and not with_ids else None
             except TypeError:  # an unhashable category object
                 tail = None
-            if tail is None:
+            if with_ids:
+                tail = self._tail_with_ids(item, args)
+            elif tail is None:
                 tail = self._tail(item.name, item.category, args_only if args is None else None,
                                   args, args_json)
             us = item.start_ns // 1000
@@ -254,6 +267,19 @@ class ChromeEncoder:
         except Exception as exc:  # one bad value costs its own args, never a neighbour
             encoded = self._unencodable(exc)
         return _TAIL % (self._name(name), self._cat(category), encoded)
+
+    def _tail_with_ids(self, item: Any, args: Any) -> bytes:
+        """The tail of a plain record's line with its ids in its args."""
+        try:
+            encoded = self.args_json(args)
+        except Exception as exc:  # one bad value costs its own args, never a neighbour
+            encoded = self._unencodable(exc)
+        return _TAIL % (self._name(item.name), self._cat(item.category), self._with_ids(item, encoded))
+
+    def _with_ids(self, item: Any, args: bytes) -> bytes:
+        """``args`` (a JSON object) with the record's OTel ids added."""
+        sc = item.get_span_context()
+        return args[:-1] + (_IDS if len(args) > 2 else _IDS[1:]) % (sc[0], sc[1])
 
     def _encode_isolated(self, item: Any, pid: int, out: list[bytes]) -> None:
         """:meth:`_encode_item` into lines of its own: a record whose attributes cannot be
@@ -304,9 +330,10 @@ class ChromeEncoder:
         args = rec.args
         extra = rec.extra
         us = rec.start_ns // 1000
+        ids = self._with_ids if self.with_ids else _no_ids
         if extra is None and not rec.slot_attrs:
             d = rec.end_ns - us * 1000
-            out.append(_X % (pid, tid, us, d // 1000, d % 1000, name, cat, self.args_json(args)))
+            out.append(_X % (pid, tid, us, d // 1000, d % 1000, name, cat, ids(rec, self.args_json(args))))
             return
         own = rec.record_attrs()
         if not args:
@@ -319,16 +346,16 @@ class ChromeEncoder:
             args = dict(args)
         if extra is None:
             d = rec.end_ns - us * 1000
-            out.append(_X % (pid, tid, us, d // 1000, d % 1000, name, cat, self.args_json(args)))
+            out.append(_X % (pid, tid, us, d // 1000, d % 1000, name, cat, ids(rec, self.args_json(args))))
             return
         error = extra.get("error")
         if error is not None:
             args["error"] = f"{error[0]}: {error[1]}"
         if extra.get("instant"):
-            out.append(_I % (pid, tid, us, name, cat, self.args_json(args)))
+            out.append(_I % (pid, tid, us, name, cat, ids(rec, self.args_json(args))))
             return
         d = rec.end_ns - us * 1000
-        out.append(_X % (pid, tid, us, d // 1000, d % 1000, name, cat, self.args_json(args)))
+        out.append(_X % (pid, tid, us, d // 1000, d % 1000, name, cat, ids(rec, self.args_json(args))))
         for ev_name, ts, ev_args, ev_cat in extra.get("events", ()):
             out.append(_I % (pid, tid, ts // 1000, self._name(ev_name),
                              self._cat(ev_cat) if ev_cat is not None else cat,
@@ -354,6 +381,9 @@ class ChromeEncoder:
         args = chrome_args(attrs)
         if span.status.status_code is StatusCode.ERROR:
             args["error"] = span.status.description
+        if self.with_ids:
+            args["trace_id"] = f"{span.context.trace_id:032x}"
+            args["span_id"] = f"{span.context.span_id:016x}"
         start = span.start_time or 0
         end = span.end_time or start
         sid = b'"0x%016x"' % span.context.span_id
@@ -366,6 +396,10 @@ class ChromeEncoder:
                        + _dumps(chrome_args(ev.attributes or {})) + b"}\n")
         out.append(head + b'"e","id":' + sid + b',"ts":%d' % (end // 1000) + b',"name":' + name
                    + b',"cat":' + cat + b"}\n")
+
+
+def _no_ids(item: Any, args: bytes) -> bytes:
+    return args
 
 
 class ChromeTraceExporter(SpanExporter):

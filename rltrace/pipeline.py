@@ -160,6 +160,8 @@ class Pipeline:
         self.otlp: BoundedBatchProcessor | None = None
         self.tail_sampler: TaskTailSampler | None = None
         self._otlp_side(cfg)
+        if self.chrome is not None:  # slices name their OTel ids when the spans go out over OTLP
+            self.chrome.encoder.with_ids = self.otlp is not None
         for p in self.user_processors:
             self.processor.add_span_processor(p)
         self._refresh_direct()

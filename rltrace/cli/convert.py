@@ -35,6 +35,9 @@ _RANK_RE = re.compile(r"traces-r(\d+)")
 _PID_RE = re.compile(rb'^\{"pid":(-?\d+),')
 #: messages kept about what was skipped (the counts are exact)
 MAX_MESSAGES = 50
+FORMATS = ("json", "perfetto")
+#: output suffixes that choose Perfetto's native format (rltrace.pftrace.SUFFIXES)
+NATIVE_SUFFIXES = (".pftrace", ".perfetto-trace", ".perfetto")
 
 
 class ConvertError(ValueError):
@@ -53,6 +56,9 @@ class ConvertResult:
     skipped: list[str] = field(default_factory=list)
     skipped_lines: int = 0
     skipped_fields: int = 0
+    #: the native format's: sessions drawn, arrows to the train steps that consumed them
+    sessions: int = 0
+    flows: int = 0
 
     def skip_line(self, msg: str) -> None:
         self.skipped_lines += 1
@@ -227,8 +233,9 @@ class _Merge:
             self.writer.write(orjson.dumps(ev))
         self.bar.update(_size(path))
 
-    def jsonl_file(self, fi: int, path: Path) -> None:
-        """Append the events of a JSONL trace file, line by line."""
+    def lines(self, path: Path) -> Iterator[tuple[int, bytes]]:
+        """(line number, bytes) of a JSONL trace file's lines within the cap (the others, and a
+        file that cannot be read, are reported and skipped)."""
         try:
             src = open(path, "rb")  # noqa: SIM115 - closed by the with below
         except OSError as exc:
@@ -242,22 +249,42 @@ class _Merge:
                                           f"{line_reader.LINE_CAP} byte cap, skipped")
                     continue
                 self.bar.update(len(raw))
-                self.line(fi, path, lineno, raw)
+                yield lineno, raw
 
-    def line(self, fi: int, path: Path, lineno: int, raw: bytes) -> None:
-        """Append one line's event: its bytes with the pid rewritten, or re-encoded if it changed."""
+    def jsonl_file(self, fi: int, path: Path) -> None:
+        """Append the events of a JSONL trace file, line by line."""
+        for lineno, raw in self.lines(path):
+            self.line(fi, path, lineno, raw)
+
+    def parse(self, path: Path, lineno: int, raw: bytes) -> tuple[dict[str, Any], bool] | None:
+        """One line's checked event and whether a malformed field was removed from it (None: the
+        line is skipped, and counted)."""
         line = raw.strip()
         if not line:
-            return
+            return None
         try:
             ev = orjson.loads(line)
         except orjson.JSONDecodeError:
             what = "truncated last line" if not raw.endswith(b"\n") else "invalid JSON"
             self.result.skip_line(f"{path}:{lineno}: {what}, skipped")
-            return
+            return None
         changed = self.check(ev, f"{path}:{lineno}")
-        if changed is None:
+        return None if changed is None else (ev, changed)
+
+    def events(self, path: Path) -> Iterator[dict[str, Any]]:
+        """The checked events of a JSONL trace file."""
+        for lineno, raw in self.lines(path):
+            parsed = self.parse(path, lineno, raw)
+            if parsed is not None:
+                yield parsed[0]
+
+    def line(self, fi: int, path: Path, lineno: int, raw: bytes) -> None:
+        """Append one line's event: its bytes with the pid rewritten, or re-encoded if it changed."""
+        parsed = self.parse(path, lineno, raw)
+        if parsed is None:
             return
+        ev, changed = parsed
+        line = raw.strip()
         pid = ev.get("pid")
         m = _PID_RE.match(line)
         if m is not None and not changed and int(m.group(1)) == pid:  # our own layout: keep the bytes
@@ -269,6 +296,39 @@ class _Merge:
         self.writer.write(line)
 
 
+def _need_perfetto() -> None:
+    try:
+        import perfetto.protos.perfetto.trace.perfetto_trace_pb2  # noqa: F401
+    except ImportError:
+        raise ConvertError("rltrace convert: the native Perfetto format needs the perfetto package: "
+                           "pip install 'rltrace[perfetto]' (the README's install, '.[dev]', has it), "
+                           "or write JSON (-o trace.json)") from None
+
+
+def _write_native(files: list[Path], merge: _Merge, fh: BinaryIO, result: ConvertResult) -> None:
+    """The native trace: the arrows that cross files planned (a first pass over the task,
+    session and step lines), then each file's events onto the trace's tracks
+    (:mod:`rltrace.pftrace`)."""
+    from ..pftrace import NativeTrace, PacketWriter, plan_arrows
+
+    out = PacketWriter(fh)
+    trace = NativeTrace(out, plan_arrows((i, p) for i, p in enumerate(files) if p.suffix != ".json"), result)
+    for i, path in enumerate(files):
+        if path.suffix == ".json":
+            m = re.search(r"-r(\d+)(?:-|$)", path.stem)
+            events = sorted(_events_of_json(path, merge), key=lambda e: e.get("ph") != "M")
+            trace.file(i, events, onto_rank=int(m.group(1)) if m else None)
+            merge.bar.update(_size(path))
+        else:
+            m = _RANK_RE.search(path.name)
+            trace.file(i, merge.events(path), rank_hint=int(m.group(1)) if m else None)
+    out.flush()
+    result.events = out.events
+    result.processes = trace.processes
+    result.sessions = trace.sessions
+    result.flows = trace.flows
+
+
 def _size(path: Path) -> int:
     try:
         return path.stat().st_size
@@ -276,17 +336,32 @@ def _size(path: Path) -> int:
         return 0
 
 
-def convert(
-    inputs: Iterable[str | Path], output: str | Path, *, progress: bool | None = None
-) -> ConvertResult:
-    """Merge the trace files found in ``inputs`` into ``output`` (``{"traceEvents": [...]}``).
+def output_format(output: str | Path, fmt: str | None = None) -> str:
+    """``"perfetto"`` (native protobuf) or ``"json"``: ``fmt`` if given, else by the suffix."""
+    if fmt is not None:
+        if fmt not in FORMATS:
+            raise ConvertError(f"rltrace convert: unknown format {fmt!r}: use one of {', '.join(FORMATS)}")
+        return fmt
+    return "perfetto" if Path(output).suffix.lower() in NATIVE_SUFFIXES else "json"
 
-    ``.json`` inputs (an already merged file, or a ``torch.profiler`` export) are read whole
-    and their events appended; ``.jsonl`` inputs are streamed.  ``progress`` shows a progress
-    bar (default: only when stderr is a terminal).
+
+def convert(
+    inputs: Iterable[str | Path], output: str | Path, *, progress: bool | None = None,
+    fmt: str | None = None,
+) -> ConvertResult:
+    """Merge the trace files found in ``inputs`` into ``output``.
+
+    The format is ``fmt`` (``"json"`` or ``"perfetto"``), else chosen by the output's suffix
+    (``.pftrace``: Perfetto's native protobuf, see :mod:`rltrace.pftrace`; anything else:
+    ``{"traceEvents": [...]}``).  ``.json`` inputs (an already merged file, or a
+    ``torch.profiler`` export) are read whole; ``.jsonl`` inputs are streamed.  ``progress``
+    shows a progress bar (default: only when stderr is a terminal).
     """
     from tqdm import tqdm
 
+    native = output_format(output, fmt) == "perfetto"
+    if native:
+        _need_perfetto()
     files = find_trace_files(inputs)
     out = Path(output)
     result = ConvertResult(output=out, files=files)
@@ -300,15 +375,18 @@ def convert(
                disable=(None if progress is None else not progress), leave=False)
     merge = _Merge(fh, result, bar)
     try:
-        fh.write(b'{"traceEvents":[')
-        for i, path in enumerate(files):
-            (merge.json_file if path.suffix == ".json" else merge.jsonl_file)(i, path)
-        fh.write(b'\n],"displayTimeUnit":"ms"}\n')
+        if native:
+            _write_native(files, merge, fh, result)
+        else:
+            fh.write(b'{"traceEvents":[')
+            for i, path in enumerate(files):
+                (merge.json_file if path.suffix == ".json" else merge.jsonl_file)(i, path)
+            fh.write(b'\n],"displayTimeUnit":"ms"}\n')
+            result.events = merge.writer.count
+            result.processes = len(merge.pids)
     finally:
         bar.close()
         fh.close()
-    result.events = merge.writer.count
-    result.processes = len(merge.pids)
     for msg in result.skipped:
         logger.warning("rltrace convert: %s", msg)
     return result

@@ -293,19 +293,35 @@ def run_demo(opts: DemoOptions) -> int:
     took_s = time.perf_counter() - t0
     merged = logdir / "trace.json"
     res = convert([logdir], merged, progress=False)
+    native, native_line = _native_trace(logdir)
     print(f"rltrace demo: {opts.ranks} rank(s) x {opts.steps} steps in {_run_seconds(logdir, took_s):.1f} s; "
           f"logs in {logdir}")
     print(_summarise(logdir))
-    print(f"merged trace: {merged} ({res.events} events)")
-    print(_next_steps(logdir, merged))
+    print(f"merged trace: {merged} ({res.events} events, Chrome JSON)")
+    print(native_line)
+    print(_next_steps(logdir, native or merged))
     return 0
 
 
-def _next_steps(logdir: Path, merged: Path) -> str:
+def _native_trace(logdir: Path) -> tuple[Path | None, str]:
+    """The run as Perfetto's native trace (``trace.pftrace``), and the line that names it."""
+    from .convert import ConvertError, convert
+
+    native = logdir / "trace.pftrace"
+    try:
+        res = convert([logdir], native, progress=False)
+    except ConvertError as exc:  # the perfetto extra is missing: say how to get it
+        return None, f"native trace: not written ({exc})"
+    return native, (f"native trace: {native} ({res.sessions} sessions on task/session tracks, "
+                    f"{res.flows} arrows to the train steps that used them, counters)")
+
+
+def _next_steps(logdir: Path, trace: Path) -> str:
     """What to do with the run next, with the log dir actually used."""
     return "\n".join([
         "next:",
-        f"  open the timeline   https://ui.perfetto.dev -> Open trace file -> {merged.resolve()}",
+        f"  open the timeline   https://ui.perfetto.dev -> Open trace file -> {trace.resolve()}",
+        f"  query it with SQL   trace_processor {trace.resolve()}   (Perfetto's, see the README)",
         f"  read the report     rltrace report {logdir}",
         f"  watch a live run    rltrace top {logdir}   (or: rltrace demo --live)",
     ])

@@ -15,12 +15,13 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 
     output = args.output if args.output is not None else default_output(args.inputs[0])
     try:
-        res = convert(args.inputs, output, progress=args.progress)
+        res = convert(args.inputs, output, progress=args.progress, fmt=args.format)
     except ConvertError as exc:
         print(exc, file=sys.stderr)
         return 2
+    native = f", {res.sessions} session(s), {res.flows} arrow(s) to train steps" if res.sessions else ""
     print(f"wrote {res.output}: {res.events} events from {len(res.files)} file(s), "
-          f"{res.processes} process(es){res.summary()}")
+          f"{res.processes} process(es){native}{res.summary()}")
     for msg in res.skipped:
         print(f"  {msg}")
     print(f"open it at https://ui.perfetto.dev (Open trace file), or query it with SQL in "
@@ -166,8 +167,11 @@ def build_parser() -> argparse.ArgumentParser:
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     c.add_argument("inputs", nargs="+", help="trace files, globs or log dirs")
     c.add_argument("-o", "--output", default=None,
-                   help="output .json file (default: trace.json in a log dir given first, else "
-                        "<name>.merged.json beside the first file)")
+                   help="output file: .json (Chrome JSON) or .pftrace (Perfetto's native protobuf: "
+                        "task/session tracks, arrows, counters) (default: trace.json in a log dir "
+                        "given first, else <name>.merged.json beside the first file)")
+    c.add_argument("--format", choices=("json", "perfetto"), default=None,
+                   help="output format (default: by the output's suffix, .pftrace is perfetto)")
     c.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="show a progress bar (default: when stderr is a terminal)")
     c.set_defaults(func=_cmd_convert)

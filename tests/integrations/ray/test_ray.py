@@ -300,6 +300,38 @@ def test_the_merged_trace_shows_each_actor_as_a_named_process(run: dict[str, Any
     assert sum(n.startswith("[rollout] Rank ") for n in names) == 2
 
 
+def test_the_native_trace_puts_actor_sessions_under_their_task_with_arrows_from_the_drivers_task(
+        run: dict[str, Any], tmp_path: Path) -> None:
+    """The driver registers one task per step; the rollout actors run its sessions.  In the
+    native trace each actor's sessions sit on tracks under a task track of the actor's process,
+    and the driver's task slice (another file) has an arrow to every one of them."""
+    trace = tmp_path / "ray.pftrace"
+    proc = subprocess.run([sys.executable, "-m", "rltrace.cli", "convert", str(run["logdir"]),
+                           "-o", str(trace)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    sessions = """select extract_arg(s.arg_set_id, 'debug.rl_task_id') as task, st.name as strack,
+        tt.name as ttrack, pr.name as pname from slice s join track st on s.track_id = st.id
+        join track tt on st.parent_id = tt.id join process_track ptt on ptt.id = tt.id
+        join process pr on pr.upid = ptt.upid where s.category = 'rl.session'"""
+    arrows = """select extract_arg(so.arg_set_id, 'debug.rl_task_id') as task, po.name as src,
+        extract_arg(si.arg_set_id, 'debug.rl_task_id') as stask
+        from flow f join slice so on so.id = f.slice_out join slice si on si.id = f.slice_in
+        join process_track pto on pto.id = so.track_id join process po on po.upid = pto.upid
+        where so.category = 'rl.task' and si.category = 'rl.session'"""
+    res = perfetto_check(trace, sessions, arrows)
+    assert res["ok"] is True and res["import_errors"] == []
+    records = _records(run["logdir"], "rollout")
+    rows = [r for r in res["queries"][sessions] if r["pname"].startswith("[rollout] ")]
+    assert len(rows) == len(records) == STEPS * 2 * SESSIONS
+    for r in rows:
+        assert r["ttrack"].startswith(f"task {r['task']} · step "), r
+    got = Counter(r["task"] for r in res["queries"][arrows] if r["task"] == r["stask"])
+    driver_tasks = {r["task_id"] for r in records}
+    assert {t: got[t] for t in driver_tasks} == {t: 2 * SESSIONS for t in driver_tasks}
+    assert all(not r["src"].startswith("[rollout] ") for r in res["queries"][arrows]
+               if r["task"] in driver_tasks)  # drawn from the driver's task slice
+
+
 def test_rltrace_top_shows_each_actor_as_a_rank_with_its_role(run: dict[str, Any]) -> None:
     """``rltrace top --once`` over the run: a row per process, with the actor's rank and role
     (the live files each worker published), the pooled workers in their band."""

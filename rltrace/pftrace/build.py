@@ -1,0 +1,500 @@
+"""The native trace of a run: processes, tracks, slices, flows and counters from the checked
+events of the per-rank Chrome files (and ``torch.profiler`` traces), in one pass per file.
+
+Track tree (every track named; the UI orders children by their first slice):
+
+* a process per rank, named as the Chrome file names it (``[role] Rank R, Process P · host``);
+* under it, a track per task (the GRPO group) ``task T · step S`` holding the ``rl.task``
+  slice, and under each task a track per session ``session N · status`` whose slice holds its
+  turns, phases and the waits between them (:mod:`.sessions`); a rejected, failed or dropped
+  session ends in a marked instant with its reason; phases of one session that overlap go to a
+  child track of the session's;
+* the rank's threads (``rltrace.step`` and the other scopes: train step, weight sync, ...), as
+  in the Chrome file; ``torch.profiler`` traces' threads under the rank's process;
+* counter tracks: sessions in flight, queue depth (submitted, no phase begun), accepted /
+  rejected / failed so far in each step, generated tokens per second.
+
+Flows: the task's slice to each of its sessions; each accepted session to the train step that
+consumed it (:mod:`.plan`), ending on an instant ``consumed N sample(s)`` inside that step.
+Every slice carries the event's args, among them the OTel ``trace_id``/``span_id`` rltrace
+writes when spans go out over OTLP, so a slice can be looked up in Jaeger or Tempo.
+
+Memory: sessions wait for their task's span (their group's end splits group wait from before
+finalize) and scopes for their parent (:mod:`.lanes`); both are bounded by what runs at once.
+Counters keep a few bytes per session until their file ends.
+"""
+
+from __future__ import annotations
+
+import re
+from array import array
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+from ..semconv import ATTR_SESSION, ATTR_STATUS, ATTR_STEP, ATTR_TASK, SESSION_SPAN, TASK_SPAN
+from . import sessions as sess_mod
+from .lanes import Lane, Node, preorder
+from .packets import INSTANT, SLICE_BEGIN, SLICE_END, PacketWriter, annotate, stable_id
+from .plan import Plan, consume_flow, cross_task_flow, start_ns, step_of
+
+#: sessions held for their task's span before the oldest group is written without it
+MAX_HELD_SESSIONS = 100_000
+_LABEL_RANK = re.compile(r"(?:^|,)rank=(-?\d+)")
+_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+_STATUS_COUNTERS = ("accepted", "rejected", "failed")
+
+
+class Result(Protocol):
+    """Where the builder reports what it skipped (``rltrace convert``'s result)."""
+
+    def skip_line(self, msg: str) -> None: ...
+
+
+def task_flow(fi: int, pid: Any, task: Any, session: Any) -> int:
+    """The flow id of the arrow from a task to one of its sessions."""
+    return stable_id("task", fi, pid, task, session)
+
+
+class _Counts:
+    """A process's counter samples, kept compactly until its file ends."""
+
+    def __init__(self) -> None:
+        self.flight_ts = array("q")
+        self.flight_d = array("b")
+        self.queue_ts = array("q")
+        self.queue_d = array("b")
+        #: (finalize ts, step, status index) of finalized sessions
+        self.final_ts = array("q")
+        self.final_step = array("q")
+        self.final_status = array("b")
+        self.tokens: defaultdict[int, float] = defaultdict(float)
+
+
+class Proc:
+    """One process of one input file: its track, rank, threads and counters."""
+
+    def __init__(self, uuid: int, pid: int, rank: Any) -> None:
+        self.uuid = uuid
+        self.pid = pid
+        self.rank = rank
+        self.label: str | None = None
+        self.written = False
+        self.threads: dict[Any, tuple[int, Lane]] = {}
+        self.thread_names: dict[Any, str] = {}
+        self.tracks: dict[Any, int] = {}
+        self.counts = _Counts()
+
+
+class _Group:
+    """A task's sessions, held until its ``rl.task`` span (or the file's end)."""
+
+    __slots__ = ("done", "end", "sessions", "uuid")
+
+    def __init__(self, uuid: int) -> None:
+        self.uuid = uuid
+        self.sessions: dict[Any, sess_mod.Session] = {}
+        self.done = False
+        self.end = 0
+
+
+class NativeTrace:
+    """One merged native trace being written: shared by the files it is built from."""
+
+    def __init__(self, out: PacketWriter, plan: Plan, result: Result) -> None:
+        self.out = out
+        self.plan = plan
+        self.result = result
+        self._next_pid = 1
+        self._next_tid = 1_000
+        #: rank -> its (first) process, for ``torch.profiler`` traces of that rank
+        self.rank_procs: dict[Any, Proc] = {}
+        self.sessions = 0
+        self.flows = 0
+
+    @property
+    def processes(self) -> int:
+        return self._next_pid - 1
+
+    def new_pid(self) -> int:
+        pid = self._next_pid
+        self._next_pid += 1
+        return pid
+
+    def new_tid(self) -> int:
+        tid = self._next_tid
+        self._next_tid += 1
+        return tid
+
+    def file(self, fi: int, events: Iterable[dict[str, Any]], rank_hint: Any = None,
+             onto_rank: Any = None) -> None:
+        """Add one file's checked events.  ``onto_rank``: a ``torch.profiler`` trace of that rank,
+        whose threads go under the rank's process."""
+        fb = FileBuilder(self, fi, rank_hint, onto_rank)
+        for ev in events:
+            fb.event(ev)
+        fb.close()
+
+
+class FileBuilder:
+    """One input file's events onto the native trace."""
+
+    def __init__(self, trace: NativeTrace, fi: int, rank_hint: Any, onto_rank: Any) -> None:
+        self.trace = trace
+        self.out = trace.out
+        self.fi = fi
+        self.rank_hint = rank_hint
+        self.onto = trace.rank_procs.get(onto_rank) if onto_rank is not None else None
+        self.onto_rank = onto_rank
+        self.procs: dict[Any, Proc] = {}
+        self.groups: dict[tuple[Any, Any], _Group] = {}
+        self.open: dict[tuple[Any, Any], sess_mod.Session] = {}
+        self.held = 0
+
+    # -- processes and tracks ------------------------------------------------------------------
+    def proc(self, pid: Any) -> Proc:
+        p = self.procs.get(pid)
+        if p is None:
+            if self.onto is not None:
+                p = self.onto
+            else:
+                p = Proc(stable_id("proc", self.fi, pid), self.trace.new_pid(), self.rank_hint)
+            self.procs[pid] = p
+        return p
+
+    def written(self, p: Proc) -> Proc:
+        """``p`` with its descriptor written (the first time an event needs it)."""
+        if not p.written:
+            p.written = True
+            td = self.out.track(p.uuid)
+            td.process.pid = p.pid
+            if self.onto_rank is not None and p.label is None:
+                p.label = f"[Rank {self.onto_rank}, torch.profiler]"
+            td.process.process_name = p.label or (f"Rank {p.rank}" if p.rank is not None
+                                                   else f"process {p.pid}")
+            if p.rank is not None and type(p.rank) is int:
+                td.sibling_order_rank = p.rank
+                self.trace.rank_procs.setdefault(p.rank, p)
+        return p
+
+    def thread(self, p: Proc, pid: Any, tid: Any) -> tuple[int, Lane]:
+        key = (pid, tid)
+        known = p.threads.get(key)
+        if known is None:
+            uuid = stable_id("thread", self.fi, pid, tid)
+            td = self.out.track(uuid)
+            td.thread.pid = p.pid
+            td.thread.tid = self.trace.new_tid()
+            name = p.thread_names.get(key) or (f"torch.profiler · {tid}" if self.onto else f"thread {tid}")
+            td.thread.thread_name = name
+            known = p.threads[key] = (uuid, Lane(lambda n, u=uuid: self.write_tree(u, n)))
+        return known
+
+    def child_track(self, p: Proc, key: Any, name: str, parent: int | None = None,
+                    counter: bool = False) -> int:
+        uuid = p.tracks.get(key)
+        if uuid is None:
+            uuid = p.tracks[key] = stable_id("track", self.fi, p.pid, key)
+            td = self.out.track(uuid, name, p.uuid if parent is None else parent)
+            if counter:
+                td.counter.SetInParent()
+        return uuid
+
+    # -- events ------------------------------------------------------------------------------------
+    def event(self, ev: dict[str, Any]) -> None:
+        ph = ev.get("ph")
+        if ph == "M":
+            self.meta(ev)
+            return
+        pid = ev.get("pid")
+        p = self.written(self.proc(pid))
+        args = ev.get("args")
+        if type(args) is not dict:
+            args = {}
+        name = str(ev.get("name", ""))
+        cat = str(ev.get("cat") or "")
+        if ph == "X":
+            start = start_ns(ev)
+            end = start + round(float(ev.get("dur") or 0) * 1000)
+            if ATTR_SESSION in args and self.onto is None:
+                self.session_event(p, pid, name, cat, start, end, args)
+            elif name == TASK_SPAN and ATTR_TASK in args and self.onto is None:
+                self.task_ended(p, pid, args, start, end)
+            else:
+                self.scope(p, pid, ev.get("tid"), Node(start, end, name, cat, args), args, ev)
+        elif ph in ("i", "I", "n") and "ts" in ev:
+            ts = start_ns(ev)
+            if ATTR_SESSION in args and ph != "n" and self.onto is None:
+                s = self.session(pid, args)
+                s.instants.append((ts, name, cat, args))
+            elif ph == "n":
+                self.out.event(ts, INSTANT, self.async_track(p, ev), name, cat)
+            else:
+                self.thread(p, pid, ev.get("tid"))[1].place(Node(ts, None, name, cat, args))
+        elif ph == "C" and "ts" in ev:
+            for key, value in args.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    label = name if key == "value" else f"{name}.{key}"
+                    self.out.counter(start_ns(ev), self.child_track(p, ("C", label), label, counter=True),
+                                     value)
+        elif ph in ("b", "e") and "ts" in ev:
+            te = self.out.event(start_ns(ev), SLICE_BEGIN if ph == "b" else SLICE_END,
+                                self.async_track(p, ev), name if ph == "b" else None,
+                                cat if ph == "b" else None)
+            if ph == "b":
+                annotate(te, args)
+        elif ph in ("B", "E") and "ts" in ev:
+            uuid = self.thread(p, pid, ev.get("tid"))[0]
+            te = self.out.event(start_ns(ev), SLICE_BEGIN if ph == "B" else SLICE_END, uuid,
+                                name if ph == "B" else None, cat if ph == "B" else None)
+            annotate(te, args)
+        else:
+            self.trace.result.skip_line(f"event of phase {ph!r} not drawn on the native timeline")
+
+    def meta(self, ev: dict[str, Any]) -> None:
+        pid, args = ev.get("pid"), ev.get("args") or {}
+        name = ev.get("name")
+        if self.onto is not None and name == "process_name":
+            return  # its threads go under the rank's process
+        p = self.proc(pid)
+        if name == "process_name" and not p.written:
+            p.label = str(args.get("name", ""))
+        elif name == "process_labels":
+            m = _LABEL_RANK.search(str(args.get("labels", "")))
+            if m and not p.written:
+                p.rank = int(m.group(1))
+        elif name == "process_sort_index" and p.rank is None and type(args.get("sort_index")) is int:
+            p.rank = args["sort_index"]
+        elif name == "thread_name":
+            label = str(args.get("name", "")) or f"thread {ev.get('tid')}"
+            p.thread_names[(pid, ev.get("tid"))] = f"torch.profiler · {label}" if self.onto else label
+
+    def async_track(self, p: Proc, ev: dict[str, Any]) -> int:
+        key = ("async", ev.get("cat"), ev.get("id"), ev.get("id2"))
+        return self.child_track(p, key, str(ev.get("name", "span")))
+
+    # -- scopes (threads) -----------------------------------------------------------------------
+    def scope(self, p: Proc, pid: Any, tid: Any, node: Node, args: dict[str, Any],
+              ev: dict[str, Any]) -> None:
+        lane = self.thread(p, pid, tid)[1]
+        lane.add(node)
+        step = step_of(ev)
+        if step is None:
+            return
+        consumed = self.trace.plan.consumed.pop((args.get("rank"), step), None)
+        if consumed is None or node.end is None:
+            return
+        at = min(max(consumed.last_end_ns, node.start), node.end)
+        n = len(consumed.flows)
+        lane.place(Node(at, None, f"consumed {n} sample(s)", "rl.consume",
+                        {"rl.consumed": n, ATTR_STEP: step}, flows_end=consumed.flows))
+
+    def write_tree(self, track: int, root: Node) -> None:
+        out = self.out
+
+        def visit(n: Node, begin: bool) -> None:
+            if n.end is None:
+                if begin:
+                    te = out.event(n.start, INSTANT, track, n.name, n.category)
+                    annotate(te, n.args)
+                    if n.flows_end is not None:
+                        te.terminating_flow_ids.extend(n.flows_end)
+                        self.trace.flows += len(n.flows_end)
+            elif begin:
+                annotate(out.event(n.start, SLICE_BEGIN, track, n.name, n.category), n.args)
+            else:
+                out.event(n.end, SLICE_END, track)
+
+        preorder(root, visit)
+
+    # -- sessions --------------------------------------------------------------------------------
+    def session(self, pid: Any, args: dict[str, Any]) -> sess_mod.Session:
+        sid = args[ATTR_SESSION]
+        key = (pid, sid)
+        s = self.open.get(key)
+        if s is None:
+            s = self.open[key] = sess_mod.Session(sid)
+        task = args.get(ATTR_TASK)
+        if task is not None and s.task is None:
+            s.task = task
+        return s
+
+    def session_event(self, p: Proc, pid: Any, name: str, cat: str, start: int, end: int,
+                      args: dict[str, Any]) -> None:
+        s = self.session(pid, args)
+        if name != SESSION_SPAN:
+            s.phases.append(sess_mod.Phase(start, end, name, cat, args))
+            return
+        s.own = (start, end, cat, args)
+        c = p.counts
+        c.flight_ts.extend((start, end))
+        c.flight_d.extend((1, -1))
+        status = args.get(ATTR_STATUS)
+        step = args.get(ATTR_STEP)
+        if status in _STATUS_COUNTERS and type(step) is int and abs(step) < 1 << 62:
+            c.final_ts.append(end)
+            c.final_step.append(step)
+            c.final_status.append(_STATUS_COUNTERS.index(status))
+        if s.task is None:
+            self.write_session(p, pid, s, None)
+            return
+        g = self.group(p, pid, s.task)
+        g.sessions[s.sid] = s
+        self.held += 1
+        if g.done:  # its task's span came first: written now, against the group's end
+            self.write_session(p, pid, s, g)
+        elif self.held > MAX_HELD_SESSIONS:
+            self.flush_oldest()
+
+    def group(self, p: Proc, pid: Any, task: Any) -> _Group:
+        key = (pid, task)
+        g = self.groups.get(key)
+        if g is None:
+            g = self.groups[key] = _Group(stable_id("task-track", self.fi, pid, task))
+        return g
+
+    def task_ended(self, p: Proc, pid: Any, args: dict[str, Any], start: int, end: int) -> None:
+        task = args[ATTR_TASK]
+        g = self.group(p, pid, task)
+        step = args.get(ATTR_STEP)
+        self.out.track(g.uuid, f"task {task}" + (f" · step {step}" if step is not None else ""), p.uuid)
+        te = self.out.event(start, SLICE_BEGIN, g.uuid, f"task {task}", "rl.task")
+        annotate(te, args)
+        ready = [s for s in g.sessions.values() if s.own is not None]
+        te.flow_ids.extend(task_flow(self.fi, pid, task, s.sid) for s in ready)
+        for s in ready:
+            s.from_task = True
+        te.flow_ids.extend(self.trace.plan.cross.pop(task, ()))  # its sessions in other files
+        self.out.event(end, SLICE_END, g.uuid)
+        g.done = True
+        self.write_group(p, pid, g)
+
+    def write_group(self, p: Proc, pid: Any, g: _Group) -> None:
+        ready = [s for s in g.sessions.values() if s.own is not None]
+        if ready:
+            g.end = max(g.end, max(s.own_end() for s in ready))
+        for s in ready:
+            self.write_session(p, pid, s, g)
+
+    def flush_oldest(self) -> None:
+        """Too many sessions held: the oldest group is written without its task's span."""
+        for key, g in self.groups.items():
+            if not g.done and g.sessions:
+                self.write_group(self.procs[key[0]], key[0], g)
+                if not g.sessions:
+                    del self.groups[key]
+                return
+
+    def write_session(self, p: Proc, pid: Any, s: sess_mod.Session, g: _Group | None) -> None:
+        self.open.pop((pid, s.sid), None)
+        if g is not None:
+            if g.sessions.pop(s.sid, None) is not None:
+                self.held -= 1
+            if not g.sessions and g.done:
+                self.groups.pop((pid, s.task), None)
+        self.trace.sessions += 1
+        out = self.out
+        parent = g.uuid if g is not None and g.done else p.uuid
+        if g is not None and not g.done:  # its task's span is elsewhere, or never came
+            step = f" · step {s.step}" if s.step is not None else ""
+            parent = self.child_track(p, ("task", s.task), f"task {s.task}{step}")
+        uuid = stable_id("session", self.fi, pid, s.sid)
+        label = f"session {s.sid} · {s.status}"
+        out.track(uuid, label, parent)
+        group_end = g.end if g is not None and g.end else s.own_end()
+        lanes = sess_mod.pieces(s, group_end, label)
+        c = p.counts
+        start, final = s.window()
+        d, base = s.decomposition()
+        first = base + int(d.raw[0][3]) if d.raw and d.raw[0][1] == "queue" else start
+        if s.own is not None:
+            c.queue_ts.extend((start, first if s.phases else final))
+            c.queue_d.extend((1, -1))
+        for ph in s.phases:
+            tokens = ph.args.get(_OUTPUT_TOKENS)
+            if isinstance(tokens, (int, float)) and not isinstance(tokens, bool):
+                c.tokens[ph.end // 1_000_000_000] += tokens
+        flows_in: list[int] = []
+        if s.from_task:
+            flows_in.append(task_flow(self.fi, pid, s.task, s.sid))
+        elif s.own is not None and type(s.sid) is int and self.trace.plan.task_elsewhere(s.task, self.fi):
+            flows_in.append(cross_task_flow(s.task, s.own[3].get("rank"), s.sid))
+        flows_out: list[int] = []
+        step = s.step
+        if s.status == "accepted" and s.own is not None and type(step) is int and abs(step) < 1 << 62:
+            rank = s.own[3].get("rank")
+            if self.trace.plan.consumer(rank, step, s.own[1]) is not None:
+                flows_out.append(consume_flow(rank, s.sid))
+        for i, lane in enumerate(lanes):
+            track = uuid if i == 0 else stable_id("session-lane", self.fi, pid, s.sid, i)
+            if i:
+                out.track(track, f"{label} · concurrent {i}", uuid)
+            self.write_pieces(track, lane, flows_in if i == 0 else (), flows_out if i == 0 else ())
+
+    def write_pieces(self, track: int, pieces: list[sess_mod.Piece], flows_in: Any,
+                     flows_out: Any) -> None:
+        out = self.out
+        pieces.sort(key=lambda x: (x[0], x[2], -x[1]))
+        open_ends: list[int] = []
+        first = True
+        for start, end, order, name, cat, args in pieces:
+            while open_ends and open_ends[-1] <= start and not (order == sess_mod.INSTANT
+                                                                 and open_ends[-1] == start):
+                out.event(open_ends.pop(), SLICE_END, track)
+            if order == sess_mod.INSTANT:
+                annotate(out.event(start, INSTANT, track, name, cat), args)
+                continue
+            te = out.event(start, SLICE_BEGIN, track, name, cat)
+            annotate(te, args)
+            if first:
+                first = False
+                te.terminating_flow_ids.extend(flows_in)
+                te.flow_ids.extend(flows_out)
+            open_ends.append(end)
+        while open_ends:
+            out.event(open_ends.pop(), SLICE_END, track)
+
+    # -- the file's end ----------------------------------------------------------------------------
+    def close(self) -> None:
+        for (pid, _task), g in list(self.groups.items()):
+            self.write_group(self.procs[pid], pid, g)
+        for (pid, _sid), s in list(self.open.items()):  # phases whose session never ended
+            self.write_session(self.procs[pid], pid, s, None)
+        for p in {id(p): p for p in self.procs.values()}.values():
+            for _uuid, lane in p.threads.values():
+                lane.close()
+            if self.onto is None:
+                self.write_counters(p)
+        self.out.flush()
+
+    def write_counters(self, p: Proc) -> None:
+        c = p.counts
+        for name, ts, deltas in (("sessions in flight", c.flight_ts, c.flight_d),
+                                 ("queue depth (submitted, no phase yet)", c.queue_ts, c.queue_d)):
+            if not ts:
+                continue
+            track = self.child_track(p, ("counter", name), name, counter=True)
+            level = 0
+            order = sorted(range(len(ts)), key=lambda i: (ts[i], deltas[i]))
+            for i in order:
+                level += deltas[i]
+                self.out.counter(ts[i], track, level)
+        if c.final_ts:
+            per: dict[tuple[int, int], int] = defaultdict(int)
+            tracks = [self.child_track(p, ("counter", s), f"{s} in step", counter=True)
+                      for s in _STATUS_COUNTERS]
+            for i in sorted(range(len(c.final_ts)), key=c.final_ts.__getitem__):
+                key = (c.final_step[i], c.final_status[i])
+                per[key] += 1
+                self.out.counter(c.final_ts[i], tracks[c.final_status[i]], per[key])
+        if c.tokens:
+            track = self.child_track(p, ("counter", "tokens"), "generated tokens/s", counter=True)
+            last = None
+            for sec in sorted(c.tokens):
+                if last is not None and sec > last + 1:
+                    self.out.counter((last + 1) * 1_000_000_000, track, 0)
+                self.out.counter(sec * 1_000_000_000, track, c.tokens[sec])
+                last = sec
+            if last is not None:
+                self.out.counter((last + 1) * 1_000_000_000, track, 0)
+        p.counts = _Counts()

@@ -1,0 +1,131 @@
+"""Writing Perfetto's own protobuf: ``TracePacket``s from the ``perfetto`` package's protos,
+streamed to a file in batches, and the ids that tie tracks and flows together.
+
+A Perfetto trace is a ``Trace`` message: a repeated ``packet`` field.  Concatenated ``Trace``
+messages are one valid ``Trace``, so packets are written in batches of :data:`BATCH` and memory
+stays flat however large the trace.  No incremental state (interning, sequence flags) is used:
+every packet stands alone, so a trace cut short is still readable up to its last whole batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any, BinaryIO
+
+import orjson
+from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import (
+    Trace,
+    TracePacket,
+    TrackDescriptor,
+    TrackEvent,
+)
+
+#: packets per serialized ``Trace`` batch
+BATCH = 4096
+#: one writer sequence for the whole file (no incremental state is used)
+SEQUENCE = 1
+SLICE_BEGIN = TrackEvent.TYPE_SLICE_BEGIN
+SLICE_END = TrackEvent.TYPE_SLICE_END
+INSTANT = TrackEvent.TYPE_INSTANT
+COUNTER = TrackEvent.TYPE_COUNTER
+CHRONOLOGICAL = TrackDescriptor.CHRONOLOGICAL
+#: the largest integer a debug annotation holds (int64)
+_INT_MAX = (1 << 63) - 1
+
+
+def stable_id(*parts: Any) -> int:
+    """A non-zero 64-bit id of ``parts`` (track uuids, flow ids): the same in every process and
+    run, so ids computed in two passes, or for two files, meet."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") or 1
+
+
+class PacketWriter:
+    """Streams ``TracePacket``s to ``fh`` in batches; counts the track events written."""
+
+    def __init__(self, fh: BinaryIO) -> None:
+        self.fh = fh
+        self.trace = Trace()
+        self.pending = 0
+        #: track events (slice begins/ends, instants, counter values) written
+        self.events = 0
+        self.bytes = 0
+
+    def packet(self) -> TracePacket:
+        """A new packet of the current batch (the previous batch is written first if full)."""
+        if self.pending >= BATCH:
+            self.flush()
+        self.pending += 1
+        p = self.trace.packet.add()
+        p.trusted_packet_sequence_id = SEQUENCE
+        return p
+
+    def track(self, uuid: int, name: str | None = None, parent: int | None = None) -> TrackDescriptor:
+        """A ``TrackDescriptor`` packet for ``uuid`` (the caller fills the kind: process, thread,
+        counter), its children ordered by their first slice."""
+        td = self.packet().track_descriptor
+        td.uuid = uuid
+        if parent is not None:
+            td.parent_uuid = parent
+        if name is not None:
+            td.name = name
+        td.child_ordering = CHRONOLOGICAL
+        return td
+
+    def event(self, ts: int, kind: int, track: int, name: str | None = None,
+              category: str | None = None) -> TrackEvent:
+        """A ``TrackEvent`` packet at ``ts`` (ns) on ``track``."""
+        p = self.packet()
+        p.timestamp = ts
+        te = p.track_event
+        te.type = kind  # type: ignore[assignment]
+        te.track_uuid = track
+        if name is not None:
+            te.name = name
+        if category:
+            te.categories.append(category)
+        self.events += 1
+        return te
+
+    def counter(self, ts: int, track: int, value: float) -> None:
+        """One counter value at ``ts``."""
+        te = self.event(ts, COUNTER, track)
+        if type(value) is int and -_INT_MAX <= value <= _INT_MAX:
+            te.counter_value = value
+        else:
+            te.double_counter_value = float(value)
+
+    def flush(self) -> None:
+        """Write the current batch."""
+        if self.pending:
+            data = self.trace.SerializeToString()
+            self.fh.write(data)
+            self.bytes += len(data)
+            self.trace = Trace()
+            self.pending = 0
+
+
+def annotate(te: TrackEvent, args: Mapping[str, Any] | None) -> None:
+    """The event's args as debug annotations (what Perfetto shows as the slice's arguments):
+    numbers, booleans and strings as such, anything else as its JSON."""
+    if not args:
+        return
+    add = te.debug_annotations.add
+    for key, value in args.items():
+        a = add()
+        a.name = str(key)
+        t = type(value)
+        if t is str:
+            a.string_value = value
+        elif t is bool:
+            a.bool_value = value
+        elif t is int and -_INT_MAX <= value <= _INT_MAX:
+            a.int_value = value
+        elif t is float:
+            a.double_value = value
+        else:
+            try:
+                a.legacy_json_value = orjson.dumps(value, default=str).decode()
+            except (TypeError, orjson.JSONEncodeError):
+                a.string_value = repr(value)[:200]
