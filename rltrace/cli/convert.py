@@ -32,11 +32,11 @@ TRACE_GLOB = "traces-r*.jsonl"
 PROFILER_GLOB = "torch_profiler/*.json"
 _SESSION_RE = re.compile(r"sessions-r\d+\.jsonl$")
 _RANK_RE = re.compile(r"traces-r(\d+)")
-_PID_RE = re.compile(rb'^\{"pid":(-?\d+),')
+_HEAD_RE = re.compile(rb'^\{"pid":(-?\d+),"tid":(-?\d+),')
 #: messages kept about what was skipped (the counts are exact)
 MAX_MESSAGES = 50
 FORMATS = ("json", "perfetto")
-#: output suffixes that choose Perfetto's native format (rltrace.pftrace.SUFFIXES)
+#: output suffixes that choose Perfetto's native format
 NATIVE_SUFFIXES = (".pftrace", ".perfetto-trace", ".perfetto")
 
 
@@ -202,6 +202,8 @@ class _Merge:
         self.bar = bar
         self.pids: dict[tuple[int, int], int] = {}
         self._notes: list[str] = []
+        #: the named task/session tracks and arrows added to the JSON (None: lines as they are)
+        self.tracks: Any = None
 
     def new_pid(self, file_index: int, pid: int) -> int:
         key = (file_index, pid)
@@ -279,21 +281,38 @@ class _Merge:
                 yield parsed[0]
 
     def line(self, fi: int, path: Path, lineno: int, raw: bytes) -> None:
-        """Append one line's event: its bytes with the pid rewritten, or re-encoded if it changed."""
+        """Append one line's event: its bytes with the pid (and tid, when it moves to a task's or
+        session's track) rewritten, or re-encoded if it changed; then the lines that go with it
+        (:mod:`rltrace.timeline.chrome_tracks`)."""
         parsed = self.parse(path, lineno, raw)
         if parsed is None:
             return
         ev, changed = parsed
         line = raw.strip()
         pid = ev.get("pid")
-        m = _PID_RE.match(line)
-        if m is not None and not changed and int(m.group(1)) == pid:  # our own layout: keep the bytes
-            line = b'{"pid":%d,' % self.new_pid(fi, pid) + line[m.end():]
-        elif changed or isinstance(pid, int):
-            if isinstance(pid, int):
-                ev["pid"] = self.new_pid(fi, pid)
+        new_pid = self.new_pid(fi, pid) if isinstance(pid, int) else None
+        extra: list[bytes] = []
+        tid = None
+        if self.tracks is not None and new_pid is not None:
+            tid = self.tracks.place(fi, new_pid, ev, extra)
+        m = _HEAD_RE.match(line)
+        if m is not None and not changed and new_pid is not None and int(m.group(1)) == pid \
+                and int(m.group(2)) == ev.get("tid"):  # our own layout: keep the bytes
+            line = b'{"pid":%d,"tid":%d,' % (new_pid, ev["tid"] if tid is None else tid) + line[m.end():]
+        elif changed or new_pid is not None:
+            if new_pid is not None:
+                ev["pid"] = new_pid
+            if tid is not None:
+                ev["tid"] = tid
             line = orjson.dumps(ev)
         self.writer.write(line)
+        for x in extra:
+            self.writer.write(x)
+
+
+def _jsonl(files: list[Path]) -> list[tuple[int, Path]]:
+    """(index, path) of the streamed (JSONL) files among ``files``."""
+    return [(i, p) for i, p in enumerate(files) if p.suffix != ".json"]
 
 
 def _need_perfetto() -> None:
@@ -308,11 +327,13 @@ def _need_perfetto() -> None:
 def _write_native(files: list[Path], merge: _Merge, fh: BinaryIO, result: ConvertResult) -> None:
     """The native trace: the arrows that cross files planned (a first pass over the task,
     session and step lines), then each file's events onto the trace's tracks
-    (:mod:`rltrace.pftrace`)."""
-    from ..pftrace import NativeTrace, PacketWriter, plan_arrows
+    (:mod:`rltrace.timeline.native`)."""
+    from ..timeline.arrows import plan_arrows
+    from ..timeline.native import NativeTrace
+    from ..timeline.packets import PacketWriter
 
     out = PacketWriter(fh)
-    trace = NativeTrace(out, plan_arrows((i, p) for i, p in enumerate(files) if p.suffix != ".json"), result)
+    trace = NativeTrace(out, plan_arrows(_jsonl(files)), result)
     for i, path in enumerate(files):
         if path.suffix == ".json":
             m = re.search(r"-r(\d+)(?:-|$)", path.stem)
@@ -352,7 +373,7 @@ def convert(
     """Merge the trace files found in ``inputs`` into ``output``.
 
     The format is ``fmt`` (``"json"`` or ``"perfetto"``), else chosen by the output's suffix
-    (``.pftrace``: Perfetto's native protobuf, see :mod:`rltrace.pftrace`; anything else:
+    (``.pftrace``: Perfetto's native protobuf, see :mod:`rltrace.timeline.native`; anything else:
     ``{"traceEvents": [...]}``).  ``.json`` inputs (an already merged file, or a
     ``torch.profiler`` export) are read whole; ``.jsonl`` inputs are streamed.  ``progress``
     shows a progress bar (default: only when stderr is a terminal).
@@ -378,12 +399,17 @@ def convert(
         if native:
             _write_native(files, merge, fh, result)
         else:
+            from ..timeline.arrows import plan_arrows
+            from ..timeline.chrome_tracks import ChromeTracks
+
+            merge.tracks = ChromeTracks(plan_arrows(_jsonl(files)))
             fh.write(b'{"traceEvents":[')
             for i, path in enumerate(files):
                 (merge.json_file if path.suffix == ".json" else merge.jsonl_file)(i, path)
             fh.write(b'\n],"displayTimeUnit":"ms"}\n')
             result.events = merge.writer.count
             result.processes = len(merge.pids)
+            result.flows = merge.tracks.flows
     finally:
         bar.close()
         fh.close()

@@ -290,3 +290,34 @@ def test_a_torn_last_line_costs_only_itself(tmp_path: Path) -> None:
     assert rep["ok"] is True and len(rep["queries"][SESSIONS]) == 1 and len(rep["queries"][PHASES]) == 1
     # no rl.task span (the rank died before the task ended): the session still has a task track
     assert rep["queries"][SESSIONS][0]["ttrack"] == "task 0 · step 0"
+
+
+# -- the merged Chrome JSON of the same demo -----------------------------------------------------------
+JSON_SESSIONS = """select s.name, extract_arg(s.arg_set_id, 'args.rl.session.id') as sid,
+    extract_arg(s.arg_set_id, 'args.rl.task.id') as task, th.name as thread from slice s
+  join thread_track tt on s.track_id = tt.id join thread th using(utid)
+  where extract_arg(s.arg_set_id, 'args.rl.session.id') is not null"""
+JSON_ARROWS = """select so.name as src, si.name as dst, si.category as dcat,
+    st.name as step_name, so.ts + so.dur as send, si.ts as cts
+  from flow f join slice so on so.id = f.slice_out join slice si on si.id = f.slice_in
+  left join slice st on st.track_id = si.track_id and st.name = 'train.step'
+       and si.ts between st.ts and st.ts + st.dur"""
+
+
+def test_the_merged_json_puts_each_session_on_a_named_track_with_arrows(demo: dict[str, Any]) -> None:
+    """AReaL's JSON format, with what it can hold of the structure: a track per session (named,
+    never an anonymous lane) and flow events task -> session -> the train step that used it."""
+    q_sessions, q_arrows = JSON_SESSIONS, JSON_ARROWS
+    rep = perfetto_check(demo["logdir"] / "trace.json", q_sessions, q_arrows)
+    assert rep["ok"] is True and rep["import_errors"] == []
+    rows = rep["queries"][q_sessions]
+    phases = sum(n for r in demo["records"] for n in r["phase_counts"].values())
+    assert len(rows) == len(demo["records"]) + phases
+    for r in rows:  # the session's own slice and its phases, on the session's track
+        assert r["thread"] == f"session {r['sid']} · task {r['task']}", r
+    arrows = rep["queries"][q_arrows]
+    from_tasks = [a for a in arrows if a["src"] == "rl.task"]
+    assert len(from_tasks) == len(demo["records"]) and {a["dst"] for a in from_tasks} == {"rl.session"}
+    consumed = [a for a in arrows if a["dcat"] == "rl.consume"]
+    assert len(consumed) == sum(r["status"] == "accepted" for r in demo["records"])
+    assert all(a["step_name"] == "train.step" and a["cts"] >= a["send"] for a in consumed)

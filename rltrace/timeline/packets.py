@@ -1,5 +1,5 @@
 """Writing Perfetto's own protobuf: ``TracePacket``s from the ``perfetto`` package's protos,
-streamed to a file in batches, and the ids that tie tracks and flows together.
+streamed to a file in batches.
 
 A Perfetto trace is a ``Trace`` message: a repeated ``packet`` field.  Concatenated ``Trace``
 messages are one valid ``Trace``, so packets are written in batches of :data:`BATCH` and memory
@@ -9,7 +9,6 @@ every packet stands alone, so a trace cut short is still readable up to its last
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from typing import Any, BinaryIO
 
@@ -32,13 +31,6 @@ COUNTER = TrackEvent.TYPE_COUNTER
 CHRONOLOGICAL = TrackDescriptor.CHRONOLOGICAL
 #: the largest integer a debug annotation holds (int64)
 _INT_MAX = (1 << 63) - 1
-
-
-def stable_id(*parts: Any) -> int:
-    """A non-zero 64-bit id of ``parts`` (track uuids, flow ids): the same in every process and
-    run, so ids computed in two passes, or for two files, meet."""
-    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") or 1
 
 
 class PacketWriter:

@@ -1,5 +1,5 @@
-"""The arrows that cross files, planned before anything is written: the first of the native
-trace's two passes.
+"""The arrows that cross files, planned before anything is written: the first of two passes
+over the run's files (for the native trace and for the merged Chrome JSON alike).
 
 Two kinds of arrow cross ranks, so no single file can draw them:
 
@@ -22,6 +22,7 @@ that only rolls out tags its sessions' step with a scope's ``global_step`` argum
 
 from __future__ import annotations
 
+import hashlib
 from array import array
 from bisect import bisect_left
 from collections.abc import Iterable
@@ -33,11 +34,17 @@ import orjson
 
 from ..readers import Oversize, iter_lines
 from ..semconv import ATTR_SESSION, ATTR_STATUS, ATTR_STEP, ATTR_TASK, SESSION_SPAN, TASK_SPAN
-from .packets import stable_id
 
 #: the lines the pass parses (rltrace's own layout writes these bytes)
 _MARKS = (b'"rl.step"', b'"name":"rl.session"', b'"name":"rl.task"')
 _INT64 = 1 << 62
+
+
+def stable_id(*parts: Any) -> int:
+    """A non-zero 64-bit id of ``parts`` (track uuids, flow ids): the same in every process and
+    run, so ids computed in two passes, or for two files, meet."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") or 1
 
 
 def consume_flow(rank: Any, session: Any) -> int:

@@ -15,7 +15,7 @@ Track tree (every track named; the UI orders children by their first slice):
   rejected / failed so far in each step, generated tokens per second.
 
 Flows: the task's slice to each of its sessions; each accepted session to the train step that
-consumed it (:mod:`.plan`), ending on an instant ``consumed N sample(s)`` inside that step.
+consumed it (:mod:`.arrows`), ending on an instant ``consumed N sample(s)`` inside that step.
 Every slice carries the event's args, among them the OTel ``trace_id``/``span_id`` rltrace
 writes when spans go out over OTLP, so a slice can be looked up in Jaeger or Tempo.
 
@@ -34,9 +34,9 @@ from typing import Any, Protocol
 
 from ..semconv import ATTR_SESSION, ATTR_STATUS, ATTR_STEP, ATTR_TASK, SESSION_SPAN, TASK_SPAN
 from . import sessions as sess_mod
+from .arrows import Plan, consume_flow, cross_task_flow, stable_id, start_ns, step_of
 from .lanes import Lane, Node, preorder
-from .packets import INSTANT, SLICE_BEGIN, SLICE_END, PacketWriter, annotate, stable_id
-from .plan import Plan, consume_flow, cross_task_flow, start_ns, step_of
+from .packets import INSTANT, SLICE_BEGIN, SLICE_END, PacketWriter, annotate
 
 #: sessions held for their task's span before the oldest group is written without it
 MAX_HELD_SESSIONS = 100_000

@@ -1,0 +1,153 @@
+"""What Chrome JSON can show of the run's structure, added by ``rltrace convert`` to the merged
+JSON (AReaL's format, read by AReaL's tools as before: only ``tid``s change and events are added).
+
+* A named track (a Chrome "thread" of the rank's process) per task, ``task T · step S``, and
+  per session, ``session N · task T``, holding the ``rl.task`` slice, the ``rl.session`` slice
+  and the session's phases: sessions no longer share anonymous ``MainThread [n]`` lanes.
+* Flow events (``s`` / ``f`` with ``bp: e``): the task's slice to each of its sessions (across
+  files too), and each accepted session (from its last phase) to the train step that consumed
+  it (:mod:`.arrows`).
+
+Phases of one session that overlap each other cannot nest on one Chrome track; they are rare,
+and Perfetto then draws the later one beside the other (the native trace puts them on a child
+track).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from ..semconv import ATTR_SESSION, ATTR_STATUS, ATTR_STEP, ATTR_TASK, SESSION_SPAN, TASK_SPAN
+from .arrows import Plan, consume_flow, cross_task_flow, stable_id, start_ns, step_of
+
+#: tids of the tracks added here start above any thread lane the Chrome exporter numbers
+FIRST_TID = 1 << 20
+#: how far inside its slice an arrow's end is placed (µs), so it binds to that slice
+_INSIDE_US = 1.0
+#: how long before the ``consumed`` instant the arrows' ends are (µs; epoch µs as doubles
+#: keep quarter-µs steps)
+_BEFORE_US = 0.5
+
+
+def _flow(ph: str, pid: int, tid: int, ts_us: float, flow_id: int, name: str,
+          enclosing: bool = True) -> bytes:
+    """A flow event: ``s`` binds to the slice open at ``ts_us`` on its thread, ``f`` to the
+    enclosing slice (``bp: e``) or, with ``enclosing=False``, to the next one to start."""
+    ev: dict[str, Any] = {"pid": pid, "tid": tid, "ph": ph, "ts": ts_us, "id": f"0x{flow_id:016x}",
+                          "name": name, "cat": "rl.flow"}
+    if ph == "f" and enclosing:
+        ev["bp"] = "e"
+    return orjson.dumps(ev)
+
+
+def _inside(start_us: float, dur_us: float, from_end: bool = False) -> float:
+    step = min(_INSIDE_US, dur_us / 2)
+    return start_us + dur_us - step if from_end else start_us + step
+
+
+class ChromeTracks:
+    """One conversion's added tracks and arrows (state bounded by the tasks open at once)."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self._tids: dict[Any, int] = {}
+        self._next_tid = FIRST_TID
+        #: (file, pid, task) -> sessions of the task seen in the file: (tid, start µs, dur µs, sid)
+        self._task_sessions: dict[tuple[int, Any, Any], list[tuple[int, float, float, Any]]] = {}
+        #: (file, pid, session) -> (start, dur) µs of its latest-ending phase so far
+        self._last_phase: dict[tuple[int, Any, Any], tuple[float, float]] = {}
+        self.flows = 0
+
+    def _track(self, key: Any, pid: int, name: str, out: list[bytes]) -> int:
+        tid = self._tids.get(key)
+        if tid is None:
+            tid = self._tids[key] = self._next_tid
+            self._next_tid += 1
+            out.append(orjson.dumps({"pid": pid, "tid": tid, "ph": "M", "name": "thread_name",
+                                     "args": {"name": name}}))
+            out.append(orjson.dumps({"pid": pid, "tid": tid, "ph": "M", "name": "thread_sort_index",
+                                     "args": {"sort_index": tid}}))
+        return tid
+
+    def place(self, fi: int, pid: int, ev: dict[str, Any], out: list[bytes]) -> int | None:
+        """The tid ``ev`` (written with pid ``pid``) moves to (None: it stays), after adding to
+        ``out`` the lines that go with it (track names, flow events)."""
+        args = ev.get("args")
+        if type(args) is not dict or ev.get("ph") not in ("X", "i", "I"):
+            return None
+        if ATTR_SESSION in args:
+            return self._session_line(fi, pid, ev, args, out)
+        if ev.get("name") == TASK_SPAN and ATTR_TASK in args and ev.get("ph") == "X":
+            return self._task_line(fi, pid, ev, args, out)
+        step = step_of(ev)
+        if step is not None:
+            self._consumed(pid, ev, args, step, out)
+        return None
+
+    def _session_line(self, fi: int, pid: int, ev: dict[str, Any], args: dict[str, Any],
+                      out: list[bytes]) -> int:
+        sid, task = args[ATTR_SESSION], args.get(ATTR_TASK)
+        label = f"session {sid}" + (f" · task {task}" if task is not None else "")
+        tid = self._track((fi, pid, "session", sid), pid, label, out)
+        if ev.get("ph") != "X":
+            return tid
+        ts, dur = float(ev["ts"]), float(ev.get("dur") or 0)
+        key = (fi, pid, sid)
+        if ev.get("name") != SESSION_SPAN:  # a phase
+            last = self._last_phase.get(key)
+            if last is None or ts + dur >= last[0] + last[1]:
+                self._last_phase[key] = (ts, dur)
+            return tid
+        last = self._last_phase.pop(key, None)
+        if task is not None:
+            if type(sid) is int and self.plan.task_elsewhere(task, fi):  # the arrow's start: there
+                fid = cross_task_flow(task, args.get("rank"), sid)
+                out.append(_flow("f", pid, tid, _inside(ts, dur), fid, "task"))
+            else:
+                self._task_sessions.setdefault((fi, pid, task), []).append((tid, ts, dur, sid))
+        step = args.get(ATTR_STEP)
+        if args.get(ATTR_STATUS) == "accepted" and type(step) is int:
+            rank = args.get("rank")
+            end = start_ns(ev) + round(dur * 1000)
+            if self.plan.consumer(rank, step, end) is not None:  # from its last phase (a leaf:
+                # Perfetto binds the arrow to the slice open at that time, and a finished phase's
+                # slice may still count as open on the track after it ended)
+                at = _inside(*last, from_end=True) if last is not None else _inside(ts, dur)
+                out.append(_flow("s", pid, tid, at, consume_flow(rank, sid), "consumed by"))
+        return tid
+
+    def _task_line(self, fi: int, pid: int, ev: dict[str, Any], args: dict[str, Any],
+                   out: list[bytes]) -> int:
+        task, step = args[ATTR_TASK], args.get(ATTR_STEP)
+        tid = self._track((fi, pid, "task", task), pid,
+                          f"task {task}" + (f" · step {step}" if step is not None else ""), out)
+        ts, dur = float(ev["ts"]), float(ev.get("dur") or 0)
+        at = _inside(ts, dur)
+        for s_tid, s_ts, s_dur, sid in self._task_sessions.pop((fi, pid, task), ()):
+            fid = stable_id("json-task", fi, pid, task, sid)
+            out.append(_flow("s", pid, tid, at, fid, "task"))
+            out.append(_flow("f", pid, s_tid, _inside(s_ts, s_dur), fid, "task"))
+        for fid in self.plan.cross.pop(task, ()):  # its sessions in other files
+            out.append(_flow("s", pid, tid, at, fid, "task"))
+        return tid
+
+    def _consumed(self, pid: int, ev: dict[str, Any], args: dict[str, Any], step: int,
+                  out: list[bytes]) -> None:
+        """An instant ``consumed N sample(s)`` inside train step ``step`` once its last sample
+        ended, and the arrows' ends bound to it.  (Perfetto draws an arrow whose end binds to a
+        slice that started before the arrow's start backwards: the instant starts after.)"""
+        c = self.plan.consumed.pop((args.get("rank"), step), None)
+        if c is None:
+            return
+        ts, dur = float(ev["ts"]), float(ev.get("dur") or 0)
+        at = min(max(c.last_end_ns / 1000, _inside(ts, dur)), _inside(ts, dur, from_end=True))
+        tid = ev.get("tid") if isinstance(ev.get("tid"), int) else 0
+        n = len(c.flows)
+        out.append(orjson.dumps({"pid": pid, "tid": tid, "ph": "i", "s": "t", "ts": at,
+                                 "name": f"consumed {n} sample(s)", "cat": "rl.consume",
+                                 "args": {"rl.consumed": n, ATTR_STEP: step}}))
+        for fid in c.flows:  # just before the instant: bound to the next slice, the instant
+            out.append(_flow("f", pid, tid, at - _BEFORE_US, fid, "consumed by", enclosing=False))
+        self.flows += n
