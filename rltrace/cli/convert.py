@@ -24,6 +24,7 @@ import orjson
 from ..readers import Oversize, check_trace_event, iter_lines
 from ..readers import lines as line_reader
 from ..readers.fields import MAX_SECONDS, is_number
+from ..timeline.arrows import WHOLE, line_ts_ns
 
 logger = logging.getLogger("rltrace")
 
@@ -45,6 +46,15 @@ class ConvertError(ValueError):
 
 
 @dataclass
+class Part:
+    """One output file: its path, the time range and steps it holds, its events."""
+
+    path: Path
+    window: Any
+    events: int
+
+
+@dataclass
 class ConvertResult:
     """What a conversion did: files read, events written, lines (events) skipped, malformed fields
     removed, and the first ``MAX_MESSAGES`` messages saying where and why."""
@@ -56,9 +66,12 @@ class ConvertResult:
     skipped: list[str] = field(default_factory=list)
     skipped_lines: int = 0
     skipped_fields: int = 0
-    #: the native format's: sessions drawn, arrows to the train steps that consumed them
+    #: sessions drawn on their own tracks (native format), arrows to the train steps that
+    #: consumed them
     sessions: int = 0
     flows: int = 0
+    #: the files written: one, or (past ``max_events``) one per range of steps
+    parts: list[Part] = field(default_factory=list)
 
     def skip_line(self, msg: str) -> None:
         self.skipped_lines += 1
@@ -196,8 +209,11 @@ def _events_of_json(path: Path, merge: _Merge) -> Iterator[dict[str, Any]]:
 class _Merge:
     """One conversion: the writer, the pid map (per input file) and the result's counts."""
 
-    def __init__(self, fh: BinaryIO, result: ConvertResult, bar: Any) -> None:
+    def __init__(self, fh: BinaryIO, result: ConvertResult, bar: Any, window: Any) -> None:
         self.writer = _Writer(fh)
+        #: the time range written (:class:`rltrace.timeline.arrows.Window`): a slice goes to the
+        #: file of its start; metadata to every file
+        self.window = window
         self.result = result
         self.bar = bar
         self.pids: dict[tuple[int, int], int] = {}
@@ -227,9 +243,16 @@ class _Merge:
         notes.clear()
         return None if why is not None else changed
 
+    def in_window(self, events: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        """The events that start in this file's time range (and all metadata)."""
+        for ev in events:
+            ts = ev.get("ts")
+            if self.window is WHOLE or not is_number(ts) or self.window.holds(round(ts * 1000)):
+                yield ev
+
     def json_file(self, fi: int, path: Path) -> None:
         """Append the events of a whole-file JSON trace, re-encoded."""
-        for ev in _events_of_json(path, self):
+        for ev in self.in_window(_events_of_json(path, self)):
             if isinstance(ev.get("pid"), int):
                 ev["pid"] = self.new_pid(fi, ev["pid"])
             self.writer.write(orjson.dumps(ev))
@@ -243,6 +266,7 @@ class _Merge:
         except OSError as exc:
             self.result.skip_line(f"{path}: cannot be read ({exc.strerror or exc}), skipped")
             return
+        whole, holds = self.window is WHOLE, self.window.holds
         with src:
             for lineno, raw in enumerate(iter_lines(src), 1):
                 if isinstance(raw, Oversize):
@@ -251,6 +275,10 @@ class _Merge:
                                           f"{line_reader.LINE_CAP} byte cap, skipped")
                     continue
                 self.bar.update(len(raw))
+                if not whole:
+                    ns = line_ts_ns(raw)
+                    if ns is not None and not holds(ns):
+                        continue
                 yield lineno, raw
 
     def jsonl_file(self, fi: int, path: Path) -> None:
@@ -324,30 +352,29 @@ def _need_perfetto() -> None:
                            "or write JSON (-o trace.json)") from None
 
 
-def _write_native(files: list[Path], merge: _Merge, fh: BinaryIO, result: ConvertResult) -> None:
+def _write_native(files: list[Path], merge: _Merge, fh: BinaryIO, result: ConvertResult, plan: Any) -> None:
     """The native trace: the arrows that cross files planned (a first pass over the task,
     session and step lines), then each file's events onto the trace's tracks
     (:mod:`rltrace.timeline.native`)."""
-    from ..timeline.arrows import plan_arrows
     from ..timeline.native import NativeTrace
     from ..timeline.packets import PacketWriter
 
     out = PacketWriter(fh)
-    trace = NativeTrace(out, plan_arrows(_jsonl(files)), result)
+    trace = NativeTrace(out, plan, result, merge.window)
     for i, path in enumerate(files):
         if path.suffix == ".json":
             m = re.search(r"-r(\d+)(?:-|$)", path.stem)
-            events = sorted(_events_of_json(path, merge), key=lambda e: e.get("ph") != "M")
+            events = sorted(merge.in_window(_events_of_json(path, merge)), key=lambda e: e.get("ph") != "M")
             trace.file(i, events, onto_rank=int(m.group(1)) if m else None)
             merge.bar.update(_size(path))
         else:
             m = _RANK_RE.search(path.name)
             trace.file(i, merge.events(path), rank_hint=int(m.group(1)) if m else None)
     out.flush()
-    result.events = out.events
-    result.processes = trace.processes
-    result.sessions = trace.sessions
-    result.flows = trace.flows
+    result.events += out.events
+    result.processes = max(result.processes, trace.processes)
+    result.sessions += trace.sessions
+    result.flows += trace.flows
 
 
 def _size(path: Path) -> int:
@@ -368,7 +395,7 @@ def output_format(output: str | Path, fmt: str | None = None) -> str:
 
 def convert(
     inputs: Iterable[str | Path], output: str | Path, *, progress: bool | None = None,
-    fmt: str | None = None,
+    fmt: str | None = None, max_events: int | None = None,
 ) -> ConvertResult:
     """Merge the trace files found in ``inputs`` into ``output``.
 
@@ -377,8 +404,15 @@ def convert(
     ``{"traceEvents": [...]}``).  ``.json`` inputs (an already merged file, or a
     ``torch.profiler`` export) are read whole; ``.jsonl`` inputs are streamed.  ``progress``
     shows a progress bar (default: only when stderr is a terminal).
+
+    ``max_events``: a run of more events is written as several files, each of whole steps
+    (``<name>.steps-A-B<suffix>``; :func:`rltrace.timeline.arrows.split_windows`), listed in
+    the result's ``parts``; a slice goes to the file of its start, and an arrow whose ends fall
+    in two files is not drawn.
     """
     from tqdm import tqdm
+
+    from ..timeline.arrows import plan_arrows, split_windows
 
     native = output_format(output, fmt) == "perfetto"
     if native:
@@ -386,33 +420,58 @@ def convert(
     files = find_trace_files(inputs)
     out = Path(output)
     result = ConvertResult(output=out, files=files)
-    total = sum(map(_size, files))
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fh = open(out, "wb")  # noqa: SIM115 - closed in finally
-    except OSError as exc:
-        raise ConvertError(f"rltrace convert: cannot write {out}: {exc}") from None
+    jsonl = _jsonl(files)
+    plan = plan_arrows(jsonl)
+    windows = split_windows(plan, jsonl, max_events) if max_events else [WHOLE]
+    total = sum(map(_size, files)) * len(windows)
     bar = tqdm(total=total, unit="B", unit_scale=True, desc="rltrace convert",
                disable=(None if progress is None else not progress), leave=False)
-    merge = _Merge(fh, result, bar)
     try:
-        if native:
-            _write_native(files, merge, fh, result)
-        else:
-            from ..timeline.arrows import plan_arrows
-            from ..timeline.chrome_tracks import ChromeTracks
-
-            merge.tracks = ChromeTracks(plan_arrows(_jsonl(files)))
-            fh.write(b'{"traceEvents":[')
-            for i, path in enumerate(files):
-                (merge.json_file if path.suffix == ".json" else merge.jsonl_file)(i, path)
-            fh.write(b'\n],"displayTimeUnit":"ms"}\n')
-            result.events = merge.writer.count
-            result.processes = len(merge.pids)
-            result.flows = merge.tracks.flows
+        for k, window in enumerate(windows):
+            path = out if len(windows) == 1 else _part_path(out, k, window)
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fh = open(path, "wb")  # noqa: SIM115 - closed in finally
+            except OSError as exc:
+                raise ConvertError(f"rltrace convert: cannot write {path}: {exc}") from None
+            merge = _Merge(fh, result, bar, window)
+            events = result.events
+            try:
+                if native:
+                    _write_native(files, merge, fh, result, plan)
+                else:
+                    _write_json(files, merge, fh, result, plan)
+            finally:
+                fh.close()
+            result.parts.append(Part(path, window, result.events - events))
     finally:
         bar.close()
-        fh.close()
+    result.output = result.parts[0].path
     for msg in result.skipped:
         logger.warning("rltrace convert: %s", msg)
     return result
+
+
+def _part_path(out: Path, k: int, window: Any) -> Path:
+    """``trace.steps-0-41.pftrace`` (``trace.part-3.pftrace`` for a run without steps)."""
+    if window.first_step is not None:
+        last = "" if window.last_step is None else f"-{window.last_step}"
+        tag = f"steps-{window.first_step}{last}"
+    else:
+        tag = f"part-{k + 1}"
+    return out.with_name(f"{out.stem}.{tag}{out.suffix}")
+
+
+def _write_json(files: list[Path], merge: _Merge, fh: BinaryIO, result: ConvertResult, plan: Any) -> None:
+    """The merged Chrome JSON (with the tracks and arrows of
+    :mod:`rltrace.timeline.chrome_tracks`)."""
+    from ..timeline.chrome_tracks import ChromeTracks
+
+    merge.tracks = ChromeTracks(plan, merge.window)
+    fh.write(b'{"traceEvents":[')
+    for i, path in enumerate(files):
+        (merge.json_file if path.suffix == ".json" else merge.jsonl_file)(i, path)
+    fh.write(b'\n],"displayTimeUnit":"ms"}\n')
+    result.events += merge.writer.count
+    result.processes = max(result.processes, len(merge.pids))
+    result.flows += merge.tracks.flows

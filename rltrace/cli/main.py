@@ -9,19 +9,37 @@ from collections.abc import Sequence
 
 from ..version import __version__
 
+#: events past which ``convert`` splits its output by step range: a file of 2 M events is about
+#: 0.7 GB of JSON or 0.4 GB of native trace, which Perfetto's in-browser trace processor loads
+#: in under a minute in about 3 GB (benchmarks/bench_convert.py)
+DEFAULT_MAX_EVENTS = 2_000_000
+
 
 def _cmd_convert(args: argparse.Namespace) -> int:
     from .convert import ConvertError, convert
 
+    if args.max_events < 0:
+        print(f"rltrace convert: --max-events must be 0 (one file whatever the size) or a positive "
+              f"number of events, got {args.max_events}", file=sys.stderr)
+        return 2
     output = args.output if args.output is not None else default_output(args.inputs[0])
     try:
-        res = convert(args.inputs, output, progress=args.progress, fmt=args.format)
+        res = convert(args.inputs, output, progress=args.progress, fmt=args.format,
+                      max_events=args.max_events or None)
     except ConvertError as exc:
         print(exc, file=sys.stderr)
         return 2
     native = f", {res.sessions} session(s), {res.flows} arrow(s) to train steps" if res.sessions else ""
-    print(f"wrote {res.output}: {res.events} events from {len(res.files)} file(s), "
-          f"{res.processes} process(es){native}{res.summary()}")
+    print(f"wrote {res.output if len(res.parts) == 1 else f'{len(res.parts)} files'}: {res.events} events "
+          f"from {len(res.files)} file(s), {res.processes} process(es){native}{res.summary()}")
+    if len(res.parts) > 1:
+        print(f"  the run is over --max-events {args.max_events}: split by step range (a slice is in "
+              f"the file of its start; arrows between two files are not drawn):")
+        for part in res.parts:
+            w = part.window
+            steps = (f"steps {w.first_step}-{'' if w.last_step is None else w.last_step}"
+                     if w.first_step is not None else "a time range")
+            print(f"  {part.path}: {steps}, {part.events} events")
     for msg in res.skipped:
         print(f"  {msg}")
     print(f"open it at https://ui.perfetto.dev (Open trace file), or query it with SQL in "
@@ -172,6 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "given first, else <name>.merged.json beside the first file)")
     c.add_argument("--format", choices=("json", "perfetto"), default=None,
                    help="output format (default: by the output's suffix, .pftrace is perfetto)")
+    c.add_argument("--max-events", type=int, default=DEFAULT_MAX_EVENTS,
+                   help="a run of more events is written as several files, one per range of "
+                        "steps, each small enough for Perfetto to load (0: one file)")
     c.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="show a progress bar (default: when stderr is a terminal)")
     c.set_defaults(func=_cmd_convert)

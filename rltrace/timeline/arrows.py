@@ -23,10 +23,12 @@ that only rolls out tags its sessions' step with a scope's ``global_step`` argum
 from __future__ import annotations
 
 import hashlib
+import re
 from array import array
 from bisect import bisect_left
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -78,11 +80,40 @@ def end_ns(ev: dict[str, Any]) -> int:
 
 
 @dataclass
-class Consumed:
-    """The accepted sessions one train step consumed: their flow ids and the last one's end."""
+class Window:
+    """The time range one output file holds (ns, ``lo <= t < hi``; None: unbounded), and the
+    steps it covers.  A slice belongs to the file of its start."""
+
+    lo: int | None = None
+    hi: int | None = None
+    first_step: int | None = None
+    last_step: int | None = None
+
+    def holds(self, ns: int) -> bool:
+        return (self.lo is None or ns >= self.lo) and (self.hi is None or ns < self.hi)
+
+
+#: the whole run in one file
+WHOLE = Window()
+
+
+@dataclass
+class Arrows:
+    """Arrow ends kept for one slice: flow ids, and the start (ns) of each arrow's other end's
+    slice (an arrow whose other end is in another file of a split trace is not drawn)."""
 
     flows: array = field(default_factory=lambda: array("Q"))
+    starts: array = field(default_factory=lambda: array("q"))
     last_end_ns: int = 0
+
+    def add(self, flow: int, start: int) -> None:
+        self.flows.append(flow)
+        self.starts.append(start)
+
+    def within(self, window: Window) -> list[int]:
+        if window is WHOLE:
+            return list(self.flows)
+        return [f for f, s in zip(self.flows, self.starts, strict=True) if window.holds(s)]
 
 
 class _Seen:
@@ -95,12 +126,14 @@ class _Seen:
         self._rank_index: dict[Any, int] = {}
         self.rank = array("l")
         self.step = array("q")
+        self.start = array("q")
         self.end = array("q")
         self.flow = array("Q")
         self.task = array("q")
         self.task_file = array("l")
         self.task_rank = array("l")
         self.task_sid = array("q")
+        self.task_start = array("q")
 
     def rank_of(self, rank: Any) -> int:
         ri = self._rank_index.get(rank)
@@ -112,15 +145,18 @@ class _Seen:
 
 @dataclass
 class Plan:
-    """Train steps by rank, what each consumed, and the tasks whose sessions other files hold."""
+    """Train steps by rank, what each consumed, the tasks whose sessions other files hold, and
+    how many lines the run has."""
 
-    #: rank -> step -> the step's end (ns)
-    steps: dict[Any, dict[int, int]] = field(default_factory=dict)
-    consumed: dict[tuple[Any, int], Consumed] = field(default_factory=dict)
-    #: task id -> the file holding its ``rl.task`` span
-    task_files: dict[Any, int] = field(default_factory=dict)
+    #: rank -> step -> the step's (start, end) in ns
+    steps: dict[Any, dict[int, tuple[int, int]]] = field(default_factory=dict)
+    consumed: dict[tuple[Any, int], Arrows] = field(default_factory=dict)
+    #: task id -> (the file holding its ``rl.task`` span, the span's start)
+    task_files: dict[Any, tuple[int, int]] = field(default_factory=dict)
     #: task id -> arrows to its sessions in other files
-    cross: dict[Any, array] = field(default_factory=dict)
+    cross: dict[Any, Arrows] = field(default_factory=dict)
+    #: lines in the files read (the events a conversion will see, about)
+    lines: int = 0
     _trainer: Any = None
     _sorted: dict[Any, tuple[list[int], list[int]]] = field(default_factory=dict)
 
@@ -136,35 +172,48 @@ class Plan:
                 return who, nums[i]
         return None
 
+    def step_start(self, key: tuple[Any, int]) -> int:
+        """The start (ns) of train step ``key`` ((rank, step))."""
+        return self.steps[key[0]][key[1]][0]
+
     def task_elsewhere(self, task: Any, fi: int) -> bool:
         """Whether ``task``'s span is in another file than ``fi`` (its arrows cross files)."""
         where = self.task_files.get(task)
-        return where is not None and where != fi
+        return where is not None and where[0] != fi
+
+    def step_starts(self) -> list[tuple[int, int]]:
+        """(start ns, step) of every step: its earliest start over the ranks, by start."""
+        first: dict[int, int] = {}
+        for by_step in self.steps.values():
+            for n, (start, _) in by_step.items():
+                first[n] = min(first.get(n, start), start)
+        return sorted((t, n) for n, t in first.items())
 
     def _finish(self, seen: _Seen) -> None:
         if self.steps:
             self._trainer = min(self.steps, key=lambda r: (type(r) is not int, str(r)))
         for rank, by_step in self.steps.items():
             nums = sorted(by_step)
-            self._sorted[rank] = (nums, [by_step[n] for n in nums])
+            self._sorted[rank] = (nums, [by_step[n][1] for n in nums])
         ranks = seen.ranks
-        for ri, step, end, flow in zip(seen.rank, seen.step, seen.end, seen.flow, strict=True):
+        for ri, step, start, end, flow in zip(seen.rank, seen.step, seen.start, seen.end, seen.flow,
+                                              strict=True):
             key = self.consumer(ranks[ri], step, end)
             if key is None:
                 continue
             c = self.consumed.get(key)
             if c is None:
-                c = self.consumed[key] = Consumed()
-            c.flows.append(flow)
+                c = self.consumed[key] = Arrows()
+            c.add(flow, start)
             if end > c.last_end_ns:
                 c.last_end_ns = end
-        for task, fi, ri, sid in zip(seen.task, seen.task_file, seen.task_rank, seen.task_sid,
-                                     strict=True):
+        for task, fi, ri, sid, start in zip(seen.task, seen.task_file, seen.task_rank, seen.task_sid,
+                                            seen.task_start, strict=True):
             if self.task_elsewhere(task, fi):
                 arrows = self.cross.get(task)
                 if arrows is None:
-                    arrows = self.cross[task] = array("Q")
-                arrows.append(cross_task_flow(task, ranks[ri], sid))
+                    arrows = self.cross[task] = Arrows()
+                arrows.add(cross_task_flow(task, ranks[ri], sid), start)
 
 
 def plan_arrows(jsonl_files: Iterable[tuple[int, Path]]) -> Plan:
@@ -181,9 +230,12 @@ def plan_arrows(jsonl_files: Iterable[tuple[int, Path]]) -> Plan:
         name = ev.get("name")
         if step is not None:
             ends = plan.steps.setdefault(rank, {})
-            ends[step] = max(ends.get(step, 0), end_ns(ev))
+            start, end = start_ns(ev), end_ns(ev)
+            if step in ends:
+                start, end = min(start, ends[step][0]), max(end, ends[step][1])
+            ends[step] = (start, end)
         elif name == TASK_SPAN and ATTR_TASK in args:
-            plan.task_files.setdefault(args[ATTR_TASK], fi)
+            plan.task_files.setdefault(args[ATTR_TASK], (fi, start_ns(ev)))
         elif name == SESSION_SPAN and ATTR_SESSION in args:
             sid = args[ATTR_SESSION]
             task = args.get(ATTR_TASK)
@@ -192,13 +244,16 @@ def plan_arrows(jsonl_files: Iterable[tuple[int, Path]]) -> Plan:
                 seen.task_file.append(fi)
                 seen.task_rank.append(seen.rank_of(rank))
                 seen.task_sid.append(sid)
+                seen.task_start.append(start_ns(ev))
             s = args.get(ATTR_STEP)
             if args.get(ATTR_STATUS) == "accepted" and type(s) is int and abs(s) < _INT64:
                 seen.rank.append(seen.rank_of(rank))
                 seen.step.append(s)
+                seen.start.append(start_ns(ev))
                 seen.end.append(end_ns(ev))
                 seen.flow.append(consume_flow(rank, sid))
 
+    lines = 0
     for fi, path in jsonl_files:
         try:
             src = open(path, "rb")  # noqa: SIM115 - closed by the with below
@@ -206,11 +261,83 @@ def plan_arrows(jsonl_files: Iterable[tuple[int, Path]]) -> Plan:
             continue  # the second pass reports it
         with src:
             for raw in iter_lines(src):
+                lines += 1
                 if isinstance(raw, Oversize) or not any(m in raw for m in _MARKS):
                     continue
                 try:
                     see(orjson.loads(raw), fi)
                 except (orjson.JSONDecodeError, TypeError, ValueError, KeyError):
                     continue
+    plan.lines = lines
     plan._finish(seen)
     return plan
+
+
+_TS = re.compile(rb'"ts":(-?\d+)')
+#: the resolution of the line counts that place the cuts of a split trace
+_BUCKET_NS = 10_000_000
+
+
+def line_ts_ns(raw: bytes) -> int | None:
+    """A line's ``ts`` in ns, read from its bytes without parsing it (None: it has none)."""
+    m = _TS.search(raw)
+    return int(m.group(1)) * 1000 if m is not None else None
+
+
+def split_windows(plan: Plan, jsonl_files: list[tuple[int, Path]], max_events: int) -> list[Window]:
+    """Time windows of at most about ``max_events`` lines each (counted per 10 ms), cut at step
+    starts (at 10 ms boundaries when the run has no steps); one window when the run fits."""
+    if plan.lines <= max_events:
+        return [WHOLE]
+    per_bucket: dict[int, int] = {}
+    for _, path in jsonl_files:
+        try:
+            src = open(path, "rb")  # noqa: SIM115 - closed by the with below
+        except OSError:
+            continue
+        with src:
+            for raw in iter_lines(src):
+                if isinstance(raw, Oversize):
+                    continue
+                ns = line_ts_ns(raw)
+                if ns is not None:
+                    b = ns // _BUCKET_NS
+                    per_bucket[b] = per_bucket.get(b, 0) + 1
+    steps = plan.step_starts()
+    cuts: list[tuple[int, int | None]] = (
+        [(t, n) for t, n in steps] if steps else [(b * _BUCKET_NS, None) for b in sorted(per_bucket)])
+    buckets = sorted(per_bucket)
+    cumulative = list(accumulate(per_bucket[b] for b in buckets))
+
+    def lines_before(ns: int) -> int:
+        i = bisect_left(buckets, ns // _BUCKET_NS)
+        return cumulative[i - 1] if i else 0
+
+    def before(step: int | None) -> int | None:
+        return None if step is None else step - 1
+
+    windows: list[Window] = []
+    lo: int | None = None
+    lo_step = cuts[0][1] if cuts else None
+    base = 0
+    last_ok: tuple[int, int | None] | None = None
+    for t, step in cuts[1:]:
+        if lines_before(t) - base <= max_events:
+            last_ok = (t, step)
+            continue
+        # [lo, t) holds too much: close the window at the last boundary that fitted (or at t,
+        # when one step alone is over the limit)
+        cut_t, cut_step = last_ok if last_ok is not None else (t, step)
+        windows.append(Window(lo, cut_t, lo_step, before(cut_step)))
+        lo, lo_step, base, last_ok = cut_t, cut_step, lines_before(cut_t), None
+        if cut_t != t:
+            if lines_before(t) - base <= max_events:
+                last_ok = (t, step)
+            else:
+                windows.append(Window(lo, t, lo_step, before(step)))
+                lo, lo_step, base = t, step, lines_before(t)
+    if last_ok is not None and (cumulative[-1] if cumulative else 0) - base > max_events:
+        windows.append(Window(lo, last_ok[0], lo_step, before(last_ok[1])))  # the tail, too
+        lo, lo_step = last_ok
+    windows.append(Window(lo, None, lo_step, steps[-1][1] if steps else None))
+    return windows

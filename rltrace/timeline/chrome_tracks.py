@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 
 from ..semconv import ATTR_SESSION, ATTR_STATUS, ATTR_STEP, ATTR_TASK, SESSION_SPAN, TASK_SPAN
-from .arrows import Plan, consume_flow, cross_task_flow, stable_id, start_ns, step_of
+from .arrows import WHOLE, Plan, Window, consume_flow, cross_task_flow, stable_id, start_ns, step_of
 
 #: tids of the tracks added here start above any thread lane the Chrome exporter numbers
 FIRST_TID = 1 << 20
@@ -50,8 +50,11 @@ def _inside(start_us: float, dur_us: float, from_end: bool = False) -> float:
 class ChromeTracks:
     """One conversion's added tracks and arrows (state bounded by the tasks open at once)."""
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: Plan, window: Window = WHOLE) -> None:
         self.plan = plan
+        #: the time range this file holds (a split trace: arrows to other files are not drawn)
+        self.window = window
+        self._used: set[Any] = set()
         self._tids: dict[Any, int] = {}
         self._next_tid = FIRST_TID
         #: (file, pid, task) -> sessions of the task seen in the file: (tid, start µs, dur µs, sid)
@@ -103,6 +106,8 @@ class ChromeTracks:
         last = self._last_phase.pop(key, None)
         if task is not None:
             if type(sid) is int and self.plan.task_elsewhere(task, fi):  # the arrow's start: there
+                if not self.window.holds(self.plan.task_files[task][1]):
+                    return tid
                 fid = cross_task_flow(task, args.get("rank"), sid)
                 out.append(_flow("f", pid, tid, _inside(ts, dur), fid, "task"))
             else:
@@ -111,9 +116,10 @@ class ChromeTracks:
         if args.get(ATTR_STATUS) == "accepted" and type(step) is int:
             rank = args.get("rank")
             end = start_ns(ev) + round(dur * 1000)
-            if self.plan.consumer(rank, step, end) is not None:  # from its last phase (a leaf:
-                # Perfetto binds the arrow to the slice open at that time, and a finished phase's
-                # slice may still count as open on the track after it ended)
+            key = self.plan.consumer(rank, step, end)
+            if key is not None and self.window.holds(self.plan.step_start(key)):
+                # from its last phase (a leaf: Perfetto binds the arrow to the slice open at that
+                # time, and a finished phase's slice may still count as open after it ended)
                 at = _inside(*last, from_end=True) if last is not None else _inside(ts, dur)
                 out.append(_flow("s", pid, tid, at, consume_flow(rank, sid), "consumed by"))
         return tid
@@ -129,8 +135,11 @@ class ChromeTracks:
             fid = stable_id("json-task", fi, pid, task, sid)
             out.append(_flow("s", pid, tid, at, fid, "task"))
             out.append(_flow("f", pid, s_tid, _inside(s_ts, s_dur), fid, "task"))
-        for fid in self.plan.cross.pop(task, ()):  # its sessions in other files
-            out.append(_flow("s", pid, tid, at, fid, "task"))
+        cross = self.plan.cross.get(task)
+        if cross is not None and ("task", task) not in self._used:  # its sessions in other files
+            self._used.add(("task", task))
+            for fid in cross.within(self.window):
+                out.append(_flow("s", pid, tid, at, fid, "task"))
         return tid
 
     def _consumed(self, pid: int, ev: dict[str, Any], args: dict[str, Any], step: int,
@@ -138,16 +147,19 @@ class ChromeTracks:
         """An instant ``consumed N sample(s)`` inside train step ``step`` once its last sample
         ended, and the arrows' ends bound to it.  (Perfetto draws an arrow whose end binds to a
         slice that started before the arrow's start backwards: the instant starts after.)"""
-        c = self.plan.consumed.pop((args.get("rank"), step), None)
-        if c is None:
+        key = (args.get("rank"), step)
+        c = self.plan.consumed.get(key)
+        if c is None or key in self._used:
             return
+        self._used.add(key)
+        flows = c.within(self.window)
         ts, dur = float(ev["ts"]), float(ev.get("dur") or 0)
         at = min(max(c.last_end_ns / 1000, _inside(ts, dur)), _inside(ts, dur, from_end=True))
         tid = ev.get("tid") if isinstance(ev.get("tid"), int) else 0
-        n = len(c.flows)
+        n = len(flows)
         out.append(orjson.dumps({"pid": pid, "tid": tid, "ph": "i", "s": "t", "ts": at,
                                  "name": f"consumed {n} sample(s)", "cat": "rl.consume",
                                  "args": {"rl.consumed": n, ATTR_STEP: step}}))
-        for fid in c.flows:  # just before the instant: bound to the next slice, the instant
+        for fid in flows:  # just before the instant: bound to the next slice, the instant
             out.append(_flow("f", pid, tid, at - _BEFORE_US, fid, "consumed by", enclosing=False))
         self.flows += n

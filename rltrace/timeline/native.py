@@ -34,15 +34,19 @@ from typing import Any, Protocol
 
 from ..semconv import ATTR_SESSION, ATTR_STATUS, ATTR_STEP, ATTR_TASK, SESSION_SPAN, TASK_SPAN
 from . import sessions as sess_mod
-from .arrows import Plan, consume_flow, cross_task_flow, stable_id, start_ns, step_of
+from .arrows import WHOLE, Plan, Window, consume_flow, cross_task_flow, stable_id, start_ns, step_of
 from .lanes import Lane, Node, preorder
-from .packets import INSTANT, SLICE_BEGIN, SLICE_END, PacketWriter, annotate
+from .packets import INSTANT, SLICE_BEGIN, SLICE_END, PacketWriter
 
 #: sessions held for their task's span before the oldest group is written without it
 MAX_HELD_SESSIONS = 100_000
 _LABEL_RANK = re.compile(r"(?:^|,)rank=(-?\d+)")
 _OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
 _STATUS_COUNTERS = ("accepted", "rejected", "failed")
+#: args not repeated on every slice: the rank's process names them (sessions and tasks keep
+#: ``rank``, for queries)
+_PER_PROCESS = frozenset({"rank", "role"})
+_ROLE = frozenset({"role"})
 
 
 class Result(Protocol):
@@ -101,10 +105,14 @@ class _Group:
 class NativeTrace:
     """One merged native trace being written: shared by the files it is built from."""
 
-    def __init__(self, out: PacketWriter, plan: Plan, result: Result) -> None:
+    def __init__(self, out: PacketWriter, plan: Plan, result: Result, window: Window = WHOLE) -> None:
         self.out = out
         self.plan = plan
         self.result = result
+        #: the time range this file holds (a split trace: arrows to other files are not drawn)
+        self.window = window
+        #: train steps and tasks whose arrows are drawn (once, should a rank's file repeat)
+        self.used: set[Any] = set()
         self._next_pid = 1
         self._next_tid = 1_000
         #: rank -> its (first) process, for ``torch.profiler`` traces of that rank
@@ -242,12 +250,12 @@ class FileBuilder:
                                 self.async_track(p, ev), name if ph == "b" else None,
                                 cat if ph == "b" else None)
             if ph == "b":
-                annotate(te, args)
+                self.out.annotate(te, args, _PER_PROCESS)
         elif ph in ("B", "E") and "ts" in ev:
             uuid = self.thread(p, pid, ev.get("tid"))[0]
             te = self.out.event(start_ns(ev), SLICE_BEGIN if ph == "B" else SLICE_END, uuid,
                                 name if ph == "B" else None, cat if ph == "B" else None)
-            annotate(te, args)
+            self.out.annotate(te, args, _PER_PROCESS)
         else:
             self.trace.result.skip_line(f"event of phase {ph!r} not drawn on the native timeline")
 
@@ -281,13 +289,16 @@ class FileBuilder:
         step = step_of(ev)
         if step is None:
             return
-        consumed = self.trace.plan.consumed.pop((args.get("rank"), step), None)
-        if consumed is None or node.end is None:
+        key = (args.get("rank"), step)
+        consumed = self.trace.plan.consumed.get(key)
+        if consumed is None or node.end is None or key in self.trace.used:
             return
+        self.trace.used.add(key)
+        flows = consumed.within(self.trace.window)
         at = min(max(consumed.last_end_ns, node.start), node.end)
-        n = len(consumed.flows)
+        n = len(flows)
         lane.place(Node(at, None, f"consumed {n} sample(s)", "rl.consume",
-                        {"rl.consumed": n, ATTR_STEP: step}, flows_end=consumed.flows))
+                        {"rl.consumed": n, ATTR_STEP: step}, flows_end=flows))
 
     def write_tree(self, track: int, root: Node) -> None:
         out = self.out
@@ -296,12 +307,13 @@ class FileBuilder:
             if n.end is None:
                 if begin:
                     te = out.event(n.start, INSTANT, track, n.name, n.category)
-                    annotate(te, n.args)
+                    out.annotate(te, n.args, _PER_PROCESS)
                     if n.flows_end is not None:
                         te.terminating_flow_ids.extend(n.flows_end)
                         self.trace.flows += len(n.flows_end)
             elif begin:
-                annotate(out.event(n.start, SLICE_BEGIN, track, n.name, n.category), n.args)
+                te = out.event(n.start, SLICE_BEGIN, track, n.name, n.category)
+                out.annotate(te, n.args, _PER_PROCESS)
             else:
                 out.event(n.end, SLICE_END, track)
 
@@ -323,7 +335,7 @@ class FileBuilder:
                       args: dict[str, Any]) -> None:
         s = self.session(pid, args)
         if name != SESSION_SPAN:
-            s.phases.append(sess_mod.Phase(start, end, name, cat, args))
+            s.phases.append(sess_mod.Phase.of(start, end, name, cat, args))
             return
         s.own = (start, end, cat, args)
         c = p.counts
@@ -359,12 +371,15 @@ class FileBuilder:
         step = args.get(ATTR_STEP)
         self.out.track(g.uuid, f"task {task}" + (f" · step {step}" if step is not None else ""), p.uuid)
         te = self.out.event(start, SLICE_BEGIN, g.uuid, f"task {task}", "rl.task")
-        annotate(te, args)
+        self.out.annotate(te, args, _ROLE)
         ready = [s for s in g.sessions.values() if s.own is not None]
         te.flow_ids.extend(task_flow(self.fi, pid, task, s.sid) for s in ready)
         for s in ready:
             s.from_task = True
-        te.flow_ids.extend(self.trace.plan.cross.pop(task, ()))  # its sessions in other files
+        cross = self.trace.plan.cross.get(task)
+        if cross is not None and ("task", task) not in self.trace.used:  # its sessions in other files
+            self.trace.used.add(("task", task))
+            te.flow_ids.extend(cross.within(self.trace.window))
         self.out.event(end, SLICE_END, g.uuid)
         g.done = True
         self.write_group(p, pid, g)
@@ -417,13 +432,15 @@ class FileBuilder:
         flows_in: list[int] = []
         if s.from_task:
             flows_in.append(task_flow(self.fi, pid, s.task, s.sid))
-        elif s.own is not None and type(s.sid) is int and self.trace.plan.task_elsewhere(s.task, self.fi):
+        elif s.own is not None and type(s.sid) is int and self.trace.plan.task_elsewhere(s.task, self.fi) \
+                and self.trace.window.holds(self.trace.plan.task_files[s.task][1]):
             flows_in.append(cross_task_flow(s.task, s.own[3].get("rank"), s.sid))
         flows_out: list[int] = []
         step = s.step
         if s.status == "accepted" and s.own is not None and type(step) is int and abs(step) < 1 << 62:
             rank = s.own[3].get("rank")
-            if self.trace.plan.consumer(rank, step, s.own[1]) is not None:
+            key = self.trace.plan.consumer(rank, step, s.own[1])
+            if key is not None and self.trace.window.holds(self.trace.plan.step_start(key)):
                 flows_out.append(consume_flow(rank, s.sid))
         for i, lane in enumerate(lanes):
             track = uuid if i == 0 else stable_id("session-lane", self.fi, pid, s.sid, i)
@@ -442,10 +459,10 @@ class FileBuilder:
                                                                  and open_ends[-1] == start):
                 out.event(open_ends.pop(), SLICE_END, track)
             if order == sess_mod.INSTANT:
-                annotate(out.event(start, INSTANT, track, name, cat), args)
+                out.annotate(out.event(start, INSTANT, track, name, cat), args, _PER_PROCESS)
                 continue
             te = out.event(start, SLICE_BEGIN, track, name, cat)
-            annotate(te, args)
+            out.annotate(te, args, _ROLE if first else _PER_PROCESS)  # first: the session's slice
             if first:
                 first = False
                 te.terminating_flow_ids.extend(flows_in)

@@ -1,7 +1,8 @@
 """A session's subtree on the native timeline: its slice, its turns, its phases and the waits
 between them, laid out from the events of its spans.
 
-The waits are the report's decomposition (:func:`rltrace.readers.timeline.decompose`, one
+The waits (those of at least :data:`MIN_WAIT_SHARE` of the session) are the report's
+decomposition (:func:`rltrace.readers.timeline.decompose`, one
 implementation): queue wait (submit to the first phase), the gaps between phases, group wait
 (its own end to its group's last sibling's end) and before finalize.  Times stay in integer
 nanoseconds: the decomposition runs on offsets from the session's submit, which a double holds
@@ -22,6 +23,9 @@ from ..semconv import ATTR_REASON, ATTR_STATUS, ATTR_STEP, ATTR_TURN
 Piece = tuple[int, int, int, str, str, "dict[str, Any] | None"]
 SESSION, TURN, PHASE, INSTANT = 0, 1, 2, 3
 WAIT_CATEGORY = "rl.wait"
+#: waits shorter than this share of their session are not drawn (the report counts them all):
+#: microsecond gaps between phases are invisible on a timeline and would double its events
+MIN_WAIT_SHARE = 0.005
 
 
 @dataclass(slots=True)
@@ -33,11 +37,12 @@ class Phase:
     name: str
     category: str
     args: dict[str, Any]
+    turn: int | None = None
 
-    @property
-    def turn(self) -> int | None:
-        t = self.args.get(ATTR_TURN)
-        return t if type(t) is int else None
+    @classmethod
+    def of(cls, start: int, end: int, name: str, category: str, args: dict[str, Any]) -> Phase:
+        t = args.get(ATTR_TURN)
+        return cls(start, end, name, category, args, t if type(t) is int else None)
 
 
 @dataclass(slots=True)
@@ -142,8 +147,9 @@ def pieces(sess: Session, group_end: int, label: str) -> list[list[Piece]]:
             own.append((s, e, TURN, f"turn {turn}", "rl.turn", {ATTR_TURN: turn}))
     own.extend((p.start, p.end, PHASE, p.name, p.category, p.args) for p in first)
     d, base = sess.decomposition()
+    min_wait = max(1, (final - start) * MIN_WAIT_SHARE)
     for seg in timeline.split_segments(d, float(group_end - base)):
-        if seg.kind != timeline.KIND_PHASE and seg.end > seg.start:
+        if seg.kind != timeline.KIND_PHASE and seg.end - seg.start >= min_wait:
             own.append((base + int(seg.start), base + int(seg.end), PHASE, seg.label, WAIT_CATEGORY, None))
     for ts, name, cat, ev_args in sess.instants:
         own.append((ts, ts, INSTANT, name, cat, ev_args))
