@@ -321,3 +321,22 @@ def test_the_merged_json_puts_each_session_on_a_named_track_with_arrows(demo: di
     consumed = [a for a in arrows if a["dcat"] == "rl.consume"]
     assert len(consumed) == sum(r["status"] == "accepted" for r in demo["records"])
     assert all(a["step_name"] == "train.step" and a["cts"] >= a["send"] for a in consumed)
+
+
+def test_the_readmes_two_queries_run_on_the_demos_native_trace(demo: dict[str, Any]) -> None:
+    """The README's example queries, as printed there, answer on the demo's trace."""
+    import re
+
+    from conftest import REPO
+
+    queries = [q.strip().rstrip(";") for q in
+               re.findall(r"```sql\n(.*?)```", (REPO / "README.md").read_text(), re.S)]
+    assert len(queries) == 2
+    rep = perfetto_check(demo["trace"], *queries)
+    slowest, waits = (rep["queries"][q] for q in queries)
+    assert len(slowest) == 10
+    assert all(r["task"].startswith("task ") and "Rank " in r["process"] for r in slowest)
+    assert [r["ms"] for r in slowest] == sorted((r["ms"] for r in slowest), reverse=True)
+    accepted = Counter(r["step"] for r in demo["records"] if r["status"] == "accepted")
+    assert {r["step"]: r["samples"] for r in waits} == dict(accepted)
+    assert all(0 <= r["avg_wait_ms"] <= r["max_wait_ms"] for r in waits)
