@@ -8,7 +8,7 @@ Table of contents
 -----------------
 configuration   configure, configure_child, is_configured, get_config, TracerConfig, ConfigError
 spans           trace_scope, atrace_scope, trace_perf, instant, Category, current_span,
-                step, current_step
+                step, current_step, set_policy_version, policy_version
 flushing        save, flush, shutdown, diagnostics, summary, counter
 sessions        register_task, set_task_id, get_task_id, register_session, set_session_id,
                 get_session_id, session_context, trace_session, trace_session_phase,
@@ -53,7 +53,7 @@ from .runtime import (
 from .session_metrics import SessionMetricsProcessor
 from .sessions import get_session_id, get_task_id, set_session_id, set_task_id
 from .spans import Category, atrace_scope, instant, trace_perf, trace_scope
-from .steps import current_step, step
+from .steps import current_step, policy_version, set_policy_version, step
 from .version import __version__
 
 __all__ = [
@@ -87,6 +87,7 @@ __all__ = [
     "instant",
     "is_configured",
     "link_consumed",
+    "policy_version",
     "profile_steps",
     "register_phase",
     "register_session",
@@ -95,6 +96,7 @@ __all__ = [
     "save",
     "server_span",
     "session_context",
+    "set_policy_version",
     "set_session_id",
     "set_task_id",
     "shutdown",

@@ -72,6 +72,25 @@ _OPEN_PHASES = attrgetter("open_phases")
 _NAME = attrgetter("name")
 _STEP = attrgetter("step")
 _START = attrgetter("start_ns")
+_FATES = ("generated", "accepted", "wasted")
+_THROWN = frozenset({"rejected", "failed", "dropped"})
+
+
+def _lag(rec: dict[str, Any]) -> int | None:
+    """How far the rank's policy version had moved on from the session's when it was finalized
+    (None: no version recorded)."""
+    v = rec.get("policy_version")
+    if type(v) is not int:
+        return None
+    at = rec.get("policy_version_at_finalize", v)
+    return at - v if type(at) is int else None
+
+
+def _phase_s(rec: dict[str, Any]) -> float:
+    """A session record's phase seconds (its ``<phase>_s`` fields)."""
+    return float(sum(rec.get(p + "_s", 0.0) for p in rec.get("phase_counts") or ()))
+
+
 _R_STEP = itemgetter(0)
 _R_STATUS = itemgetter(1)
 _R_TOTAL = itemgetter(2)
@@ -147,9 +166,10 @@ class LivePublisher:
         }
         # (step, status, total_s) of each finished record: a small tuple, not the record dict
         # (holding up to AGGREGATE_AT records of ~1 KB each grew memory by ~2 MB between publishes)
-        self._recent: deque[tuple[Any, Any, Any]] = deque(maxlen=RECENT_CAP)
+        self._recent: deque[tuple[Any, ...]] = deque(maxlen=RECENT_CAP)
         append = self._recent.append
-        self._listener = lambda rec: append((rec["step"], rec["status"], rec["total_s"]))
+        self._listener = lambda rec: append((rec["step"], rec["status"], rec["total_s"],
+                                             rec.get("output_tokens", 0), _phase_s(rec), _lag(rec)))
         if session_processor is not None:
             session_processor.listeners.append(self._listener)
         self._reset_counts()
@@ -163,6 +183,10 @@ class LivePublisher:
     def _reset_counts(self) -> None:
         self.steps: dict[Any, _StepStats] = {}
         self.by_status: Counter[str] = Counter()
+        #: what finished sessions generated and what was thrown away (``rltrace top``'s goodput
+        #: line): output tokens and phase seconds by fate, and policy version lag at finalize
+        self.goodput: dict[str, Any] = {"tokens": dict.fromkeys(_FATES, 0.0),
+                                        "phase_s": dict.fromkeys(_FATES, 0.0), "lag": Counter()}
         self.aggregated = 0
         self.max_step: int | None = None
         self.base_sessions = self.sp.sessions if self.sp is not None else 0
@@ -233,8 +257,11 @@ class LivePublisher:
         total = self.sp.sessions - self.base_sessions if self.sp is not None else self.aggregated
         doc["step"] = max_step
         doc["open"] = open_doc
+        gp = self.goodput
         doc["finished"] = {"total": total, "by_status": dict(self.by_status),
-                           "missed": max(0, total - self.aggregated)}
+                           "missed": max(0, total - self.aggregated),
+                           "tokens": dict(gp["tokens"]), "phase_s": dict(gp["phase_s"]),
+                           "lag": sorted(gp["lag"].items())}
         doc["steps"] = [
             {"step": s, "done": st.done, "by_status": dict(st.by_status),
              "hist": sorted(st.hist.items()), "max_s": round(st.max_s, 6)}
@@ -249,6 +276,7 @@ class LivePublisher:
         recs = list(recent)  # under the pipeline lock: nothing appends meanwhile
         recent.clear()
         self.aggregated += len(recs)
+        self._aggregate_goodput(recs)
         steps = list(map(_R_STEP, recs))
         statuses = list(map(_R_STATUS, recs))
         totals = list(map(_R_TOTAL, recs))
@@ -274,6 +302,20 @@ class LivePublisher:
             st.max_s = max(st.max_s, s_tot[-1])
             if type(step) is int and (self.max_step is None or step > self.max_step):
                 self.max_step = step
+
+    def _aggregate_goodput(self, recs: list[tuple[Any, ...]]) -> None:
+        """Tokens and phase time by fate, and version lag at finalize (the rank's policy version
+        then minus the one that generated the session) of accepted sessions."""
+        tokens, phase_s, lag = self.goodput["tokens"], self.goodput["phase_s"], self.goodput["lag"]
+        for _step, status, _total, tok, ph, moved in recs:
+            fate = "accepted" if status == "accepted" else "wasted" if status in _THROWN else None
+            tokens["generated"] += tok
+            phase_s["generated"] += ph
+            if fate is not None:
+                tokens[fate] += tok
+                phase_s[fate] += ph
+                if fate == "accepted" and moved is not None:
+                    lag[moved] += 1
 
     def _step_stats(self, step: Any) -> _StepStats | None:
         st = self.steps.get(step)

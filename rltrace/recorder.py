@@ -120,7 +120,7 @@ class RecorderState:
     """Mutable state shared by the hot path and the exporter thread."""
 
     __slots__ = ("buffer", "cap", "device", "dropped", "enabled", "help", "help_at", "on_start",
-                 "overflow", "pid", "sampling", "span_api", "wake", "wake_at")
+                 "overflow", "pid", "policy_version", "sampling", "span_api", "wake", "wake_at")
 
     def __init__(self) -> None:
         self.enabled = False
@@ -148,6 +148,9 @@ class RecorderState:
         self.device: Any = None
         #: what the OTel ``Span`` API of rltrace's records refused, and its event bound
         self.span_api = SpanApiStats()
+        #: the policy (weights) version this process generates and trains with
+        #: (``rltrace.set_policy_version``); kept across ``configure()``: it is the training's
+        self.policy_version: int | None = None
 
 
 def _noop() -> None:

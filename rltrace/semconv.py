@@ -19,6 +19,11 @@ ATTR_REASON = "rl.session.reason"
 ATTR_PHASE = "rl.phase"
 ATTR_TURN = "rl.turn"
 ATTR_INTERRUPTED = "rl.phase.interrupted"
+#: the policy (weights) version a session was generated with, or a train step trained with
+ATTR_POLICY_VERSION = "rl.policy.version"
+#: the process's policy version when a session was finalized (set only when it moved on since
+#: the session was registered)
+ATTR_VERSION_AT_FINALIZE = "rl.policy.version_at_finalize"
 ATTR_THREAD_ID = "thread.id"
 ATTR_THREAD_NAME = "thread.name"
 ARGS_PREFIX = "args."

@@ -28,12 +28,14 @@ from .recorder import RecordBase
 from .semconv import (
     ATTR_INTERRUPTED,
     ATTR_PHASE,
+    ATTR_POLICY_VERSION,
     ATTR_REASON,
     ATTR_SESSION,
     ATTR_STATUS,
     ATTR_STEP,
     ATTR_TASK,
     ATTR_TURN,
+    ATTR_VERSION_AT_FINALIZE,
     SESSION_SPAN,
 )
 
@@ -44,14 +46,19 @@ _COUNTER_LEN = len(COUNTER_PREFIX)
 _DONE_GEN = 4_096
 _EXEC_TIMES = itemgetter(0, 1)  # a phase execution's (start, end)
 _NO_PHASES: dict[str, list[tuple[int, int, Any, bool]]] = {}  # read only, never stored into
+#: token counts of a phase execution (``gen_ai.usage.*``; AReaL's ``input_tokens`` /
+#: ``output_tokens`` payloads are recorded under these names)
+IN_TOKENS, OUT_TOKENS = "gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens"
 
 
 def build_record(attrs: Mapping[str, Any], start: int, end: int, trace_id: int,
                  phases: dict[str, list[tuple[int, int, Any, bool]]], rank: int, role: str | None,
-                 custom: tuple[str, ...], counters_possible: bool = True) -> dict[str, Any]:
+                 custom: tuple[str, ...], counters_possible: bool = True,
+                 tokens: list[float] | None = None) -> dict[str, Any]:
     """One session's record (AReaL's fields in AReaL's order, then rltrace's): its span's
-    attributes and times, and its phase executions ``(start, end, turn, interrupted)`` by
-    phase."""
+    attributes and times, its phase executions ``(start, end, turn, interrupted)`` by phase,
+    and the ``[input, output]`` tokens its phases reported (``input_tokens`` /
+    ``output_tokens``; absent when none did), and ``policy_version`` when it was set."""
     status = attrs.get(ATTR_STATUS, "pending")
     totals: dict[str, float] = {}
     out_phases: dict[str, list[dict[str, Any]]] = {}
@@ -103,6 +110,14 @@ def build_record(attrs: Mapping[str, Any], start: int, end: int, trace_id: int,
         if p not in _BUILTIN_SET:
             record[p + "_s"] = phase_s
     record["phase_counts"] = counts
+    if tokens is not None:
+        record["input_tokens"], record["output_tokens"] = tokens
+    version = attrs.get(ATTR_POLICY_VERSION)
+    if version is not None:
+        record["policy_version"] = version
+        moved = attrs.get(ATTR_VERSION_AT_FINALIZE)
+        if moved is not None:
+            record["policy_version_at_finalize"] = moved
     return record
 
 
@@ -132,6 +147,8 @@ class SessionMetricsProcessor(SpanProcessor):
         # session's finalize arrives within an export cycle or two, so a few thousand suffice
         self._done: list[set[Any]] = [set(), set()]
         self._acc: OrderedDict[Any, dict[str, list[tuple[int, int, Any, bool]]]] = OrderedDict()
+        #: session id -> [input, output] tokens its phases reported so far
+        self._tokens: dict[Any, list[float]] = {}
         self.listeners: list[Callable[[dict[str, Any]], None]] = []
         #: phase name -> (its ``rl.session.<phase>_s`` attribute, its record field)
         self._phase_keys: dict[str, tuple[str, str]] = {}
@@ -186,6 +203,7 @@ class SessionMetricsProcessor(SpanProcessor):
     def reset_after_fork(self) -> None:
         """In a forked child: the parent's partial sessions are the parent's."""
         self._acc = OrderedDict()
+        self._tokens = {}
         self._done = [set(), set()]
 
     def open_sessions(self) -> int:
@@ -205,13 +223,14 @@ class SessionMetricsProcessor(SpanProcessor):
         aggregated (and its figures added to ``writable``: an rltrace record's attributes)."""
         sid = attrs[ATTR_SESSION]
         phases = self._acc.pop(sid, _NO_PHASES)
+        tokens = self._tokens.pop(sid, None) if self._tokens else None
         # the trace id: an rltrace session's is its task's (no ids of its own are drawn for
         # it); an rltrace record keeps user-set attributes (counters among them) in ``extra``
         parent = span.parent if writable is not None else None
         ids = parent if isinstance(parent, RecordBase) else span
         record = build_record(attrs, start, end, ids.get_span_context()[0], phases, self.rank,
                               self.role, () if self.phases is None else self.phases.custom_names(),
-                              writable is None or span.extra is not None)
+                              writable is None or span.extra is not None, tokens)
         if self._aggregates is not None:
             self._aggregates.record(record["status"], record["total_s"], phases)
         elif self._metrics is not None:
@@ -255,10 +274,23 @@ class SessionMetricsProcessor(SpanProcessor):
         if execs is None:
             execs = phases[phase] = []
         execs.append((start, end, attrs.get(ATTR_TURN), bool(attrs.get(ATTR_INTERRUPTED, False))))
+        tin, tout = attrs.get(IN_TOKENS), attrs.get(OUT_TOKENS)
+        if tin is not None or tout is not None:
+            self._count_tokens(sid, tin, tout)
+
+    def _count_tokens(self, sid: Any, tin: Any, tout: Any) -> None:
+        """Add a phase's token counts to its session's (values that are not numbers are not)."""
+        tok = self._tokens.get(sid)
+        if tok is None:
+            tok = self._tokens[sid] = [0, 0]
+        for i, v in enumerate((tin, tout)):
+            if type(v) in (int, float) and v == v and abs(v) < 1e15:
+                tok[i] += v
 
     def _evict_oldest(self) -> None:
         """More sessions held than ``max_open``: the oldest goes, counted as orphaned."""
-        self._acc.popitem(last=False)
+        sid, _ = self._acc.popitem(last=False)
+        self._tokens.pop(sid, None)
         self.orphaned += 1
 
     def _record_metrics(self, record: dict[str, Any],

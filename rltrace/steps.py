@@ -17,9 +17,9 @@ from opentelemetry.trace import Span
 
 from .otel_compat import SPAN_KEY
 from .recorder import NOOP, STATE, RecordBase, Scope, TracedScope, _ctx_get
-from .semconv import ATTR_STEP
+from .semconv import ATTR_POLICY_VERSION, ATTR_STEP
 
-__all__ = ["current_step", "scope_arg_step", "step", "step_of"]
+__all__ = ["current_step", "policy_version", "scope_arg_step", "set_policy_version", "step", "step_of"]
 
 _STEP_CV: ContextVar[int | None] = ContextVar("rltrace_step", default=None)
 #: the OTel context key under which a remote caller's step arrives (``rltrace.ray``: Ray's trace
@@ -65,8 +65,28 @@ def step(n: int, name: str = "train.step", category: Any = "compute",
     scope = None
     if STATE.enabled:
         scope = Scope(name, category, dict(args) if args else None)
-        scope.extra = {"attrs": {ATTR_STEP: n}}
+        attrs: dict[str, Any] = {ATTR_STEP: n}
+        if STATE.policy_version is not None:
+            attrs[ATTR_POLICY_VERSION] = STATE.policy_version
+        scope.extra = {"attrs": attrs}
     return _StepContext(n, scope)
+
+
+def set_policy_version(version: int | None) -> None:
+    """The policy (weights) version this process now generates and trains with: call it when
+    the weights change (after a weight sync or an optimizer step).  Sessions registered from now
+    on record it as the version that generated them (``policy_version`` in their records), and
+    ``rltrace.step(n)`` scopes as the version that trained (``rl.policy.version``); the report
+    turns the two into each trained sample's version lag.  None: no version."""
+    if version is not None and (type(version) is not int or version < 0):
+        raise TypeError(f"rltrace.set_policy_version: the version must be an int >= 0 (or None), "
+                        f"got {type(version).__name__} {version!r}")
+    STATE.policy_version = version
+
+
+def policy_version() -> int | None:
+    """The version :func:`set_policy_version` last set (None: none)."""
+    return STATE.policy_version
 
 
 def current_step() -> int | None:

@@ -54,12 +54,15 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, otel_prefix: str = "OTEL_EXPORTER
 
 @pytest.fixture(autouse=True)
 def _rltrace_reset() -> Any:
-    """Every test starts and ends with rltrace shut down, and with no counters of another test's."""
+    """Every test starts and ends with rltrace shut down, and with no counters or policy version
+    of another test's."""
     rltrace.shutdown()
     rltrace.runtime.RUNTIME.counters.clear()
+    rltrace.set_policy_version(None)
     yield
     rltrace.shutdown()
     rltrace.runtime.RUNTIME.counters.clear()
+    rltrace.set_policy_version(None)
 
 
 def one_session(phase: str = "generate", status: str = "accepted") -> Any:

@@ -289,6 +289,40 @@ def _md_turns(rep: dict[str, Any], img: dict[str, str]) -> list[str]:
     return L
 
 
+def _md_goodput(rep: dict[str, Any], img: dict[str, str]) -> list[str]:
+    gp = rep["goodput"]
+    L = ["## Goodput: where the step time and the tokens went", "",
+         "Each rank's step time in buckets that add up to 100%: productive (train compute; generation, "
+         "tool and reward time of accepted samples), overhead (weight sync, checkpoints, data loading, "
+         "flushing, untraced step time), idle (rollout time with no session phase running), wasted "
+         "(phase time of rejected and failed samples).", ""]
+    if not gp["by_step"]:
+        return [*L, "No step time to account: no rltrace.step scopes and no session records.", ""]
+    head = ["step", "wall", *gp["buckets"], "generated tokens/s", "accepted tokens/s"]
+    rows = [["all", "–", *(fmt_pct(gp["share"][b]) for b in gp["buckets"]),
+             _num(gp["tokens"]["per_s"]["generated"]), _num(gp["tokens"]["per_s"]["accepted"])]]
+    rows += [[_step(r["step"]), fmt_s(r["wall_s"]), *(fmt_pct(r["share"][b]) for b in gp["buckets"]),
+              _num(r["tokens_per_s"]["generated"]), _num(r["tokens_per_s"]["accepted"])]
+             for r in gp["by_step"]]
+    L += _md_table(head, rows)
+    if len(gp["by_role"]) > 1:
+        L += _md_table(["role", *gp["buckets"]],
+                       [[role, *(fmt_pct(v["share"][b]) for b in gp["buckets"])]
+                        for role, v in gp["by_role"].items()])
+    tok = gp["tokens"]
+    L += [f"Tokens: {_num(tok['generated'])} generated, {_num(tok['accepted'])} accepted (trained on), "
+          f"{_num(tok['wasted'])} thrown away ({fmt_pct(tok['wasted_share'])}).", ""]
+    st = gp["staleness"]
+    if st["trained"]:
+        L += ["Policy version lag of trained samples: " + ", ".join(f"{k}: {n}" for k, n in st["lag"].items())
+              + f" (mean {_num(st['mean_lag'])}, max {st['max_lag']}).", ""]
+    if st["thrown_away"]:
+        L += _md_table(["thrown away", "reason", "sessions", "phase time", "tokens"],
+                       [[r["status"], r["reason"], r["sessions"], fmt_s(r["seconds"]), _num(r["tokens"])]
+                        for r in st["thrown_away"][:30]])
+    return L
+
+
 def _md_status(rep: dict[str, Any], img: dict[str, str]) -> list[str]:
     st = rep["status"]
     L = ["## 6. Status and staleness", "", f"Acceptance rate {fmt_pct(st['acceptance_rate'])}.", ""]
@@ -330,7 +364,8 @@ def render_md(rep: dict[str, Any], plots: list[Plot]) -> str:
          + f"generated {rep['generated_at']}", "", "## Findings", ""]
     L += [f"- **{f['kind']}** {f['text']}" for f in rep["findings"]] or ["Nothing to report."]
     L += [""]
-    for section in (_md_groups, _md_longtail, _md_stragglers, _md_phases, _md_turns, _md_status, _md_summary):
+    for section in (_md_goodput, _md_groups, _md_longtail, _md_stragglers, _md_phases, _md_turns, _md_status,
+                    _md_summary):
         L += section(rep, img)
     if inp["skipped_lines"] or inp["skipped_fields"]:
         L += ["## Inputs", "", f"{skipped_text(inp)}:", ""]

@@ -8,7 +8,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from . import groups, longtail, phases, status, stragglers, summary, turns
+from . import goodput, groups, longtail, phases, status, stragglers, summary, turns
 from .load import skip_summary
 from .run import Run
 
@@ -95,6 +95,7 @@ def build_report(run: Run) -> dict[str, Any]:
     rep["turns"] = turns.analyze(run)
     rep["status"] = status.analyze(run)
     rep["summary"] = summary.analyze(run)
+    rep["goodput"] = goodput.build(run)
     rep["findings"] = findings(rep)
     rep["plots"] = {}
     return rep
@@ -110,8 +111,9 @@ def findings(rep: dict[str, Any]) -> list[dict[str, Any]]:
     def add(kind: str, text: str, **extra: Any) -> None:
         out.append({"kind": kind, "text": text, **extra})
 
-    for section in (_group_findings, _straggler_findings, _longtail_findings, _session_findings,
-                    _breakdown_findings, _turn_findings, _tool_findings, _status_findings, _input_findings):
+    for section in (_goodput_findings, _group_findings, _straggler_findings, _longtail_findings,
+                    _session_findings, _breakdown_findings, _turn_findings, _tool_findings,
+                    _status_findings, _input_findings):
         section(rep, add)
     return out
 
@@ -228,6 +230,55 @@ def _tool_findings(rep: dict[str, Any], add: Add) -> None:
         parts = "; ".join(f"{t['tool']}: {t['calls']} calls, P50 {fmt_s(t['p50_s'])}, "
                           f"P99 {fmt_s(t['p99_s'])}, max {fmt_s(t['max_s'])}" for t in tools[:3])
         add("tools", f"Tool calls by tool: {parts}.")
+
+
+def goodput_line(gp: dict[str, Any]) -> str | None:
+    """``productive 61.2%, overhead 12.0%, idle 20.1%, wasted 6.7%`` (None: no step time)."""
+    share = gp["share"]
+    if all(v is None for v in share.values()):
+        return None
+    return ", ".join(f"{k} {fmt_pct(share[k])}" for k in gp["buckets"])
+
+
+def tokens_line(gp: dict[str, Any]) -> str | None:
+    """``generated 12.3k tokens/s, accepted 10.9k/s; 8.1% of generated tokens thrown away``."""
+    tok = gp["tokens"]
+    if not tok["generated"]:
+        return None
+    per = tok["per_s"]
+    return (f"generated {fmt_count(per['generated'])} tokens/s, accepted (trained) "
+            f"{fmt_count(per['accepted'])}/s; {fmt_pct(tok['wasted_share'])} of generated tokens "
+            f"thrown away with rejected and failed samples")
+
+
+def staleness_line(gp: dict[str, Any]) -> str | None:
+    """``trained samples' version lag: 0 for 88%, 1 for 12% (mean 0.12)``."""
+    st = gp["staleness"]
+    if not st["trained"]:
+        return None
+    parts = ", ".join(f"{lag} for {fmt_pct(n / st['trained'])}" for lag, n in st["lag"].items())
+    return f"trained samples' policy version lag: {parts} (mean {st['mean_lag']:.2f})"
+
+
+def fmt_count(x: float | None) -> str:
+    """``950``, ``12.3k``, ``4.56M``."""
+    if x is None:
+        return "–"
+    if abs(x) >= 1e6:
+        return f"{x / 1e6:.2f}M"
+    if abs(x) >= 1e3:
+        return f"{x / 1e3:.1f}k"
+    return f"{x:.0f}"
+
+
+def _goodput_findings(rep: dict[str, Any], add: Add) -> None:
+    gp = rep["goodput"]
+    line = goodput_line(gp)
+    if line is not None:
+        add("goodput", f"Where the ranks' step time went: {line}.")
+    for text in (tokens_line(gp), staleness_line(gp)):
+        if text is not None:
+            add("goodput", text[0].upper() + text[1:] + ".")
 
 
 def _status_findings(rep: dict[str, Any], add: Add) -> None:

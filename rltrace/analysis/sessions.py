@@ -35,6 +35,7 @@ import numpy as np
 
 from ..readers import check_session_record
 from . import timeline
+from .goodput import GoodputReader
 from .load import OTHER, Progress, Skipped, StepRange, iter_records
 from .stats import BoundedQuantiles
 
@@ -183,6 +184,8 @@ class SessionReader:
         self.slowest: list[tuple[float, int, dict[str, Any]]] = []
         #: (rank, step) -> min-heap of (own end, seq, brief): the last ones to finish their work
         self.latest: dict[tuple[int, int], list[tuple[float, int, dict[str, Any]]]] = {}
+        #: what goodput needs of each record (:mod:`.goodput`)
+        self.goodput = GoodputReader()
 
     def _new_phase(self, name: str) -> None:
         if len(self._phase_cols) >= MAX_PHASE_COLUMNS:
@@ -282,6 +285,7 @@ class SessionReader:
                 acc[0] += d
                 acc[1] += 1
         self._keep_decomposition(s, p.decomp)
+        self.goodput.add(rec, p.rank, s, p.status, p.decomp, p.submit, p.final)
         self._rank.append(p.rank)
         self._step.append(s)
         self._task.append(t)

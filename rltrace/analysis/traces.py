@@ -23,6 +23,7 @@ import orjson
 
 from ..readers import MAX_TEXT, cap_text, check_trace_event
 from ..readers.session_record import STEP_MAX, STEP_MIN
+from ..semconv import ATTR_POLICY_VERSION
 from .load import OTHER, Progress, Skipped, StepRange, file_rank, iter_records
 from .stats import BoundedQuantiles
 
@@ -85,6 +86,10 @@ class TraceReader:
         #: (file index, pid) -> [first ts, last end] in µs
         self.extent: dict[tuple[int, Any], list[float]] = {}
         self.pid_rank: dict[tuple[int, Any], int] = {}
+        #: (file index, pid) -> the role its process labels name
+        self.pid_role: dict[tuple[int, Any], str] = {}
+        #: (file index, pid, step) -> the policy version its step scope trained with
+        self._versions: dict[tuple[int, Any, int], int] = {}
         self.file_ranks: list[int] = []
         self.counters: dict[tuple[int, Any, str], CounterInfo] = {}
         #: tool name -> durations (µs) of the tool-call phase spans
@@ -188,9 +193,26 @@ class TraceReader:
             if end > e[1]:
                 e[1] = end
         if name.startswith(self.train_prefix) or name == self.step_scope:
-            self._train.append((fi, ev.get("pid"), ev.get("tid"), ts, dur, name, _step_arg(ev.get("args"))))
+            step = _step_arg(ev.get("args"))
+            self._train.append((fi, ev.get("pid"), ev.get("tid"), ts, dur, name, step))
+            if name == self.step_scope and step is not None:
+                self._version(fi, ev, step)
         elif name.startswith(TOOL_PHASES) or "gen_ai.tool.name" in (ev.get("args") or ()):
             self._tool(ev, dur)
+
+    def _version(self, fi: int, ev: dict[str, Any], step: int) -> None:
+        """The policy version a step scope trained with (``rl.policy.version``), if any."""
+        v = ev["args"].get(ATTR_POLICY_VERSION) if isinstance(ev.get("args"), dict) else None
+        if type(v) is int and 0 <= v <= STEP_MAX:
+            self._versions[(fi, ev.get("pid"), step)] = v
+
+    def step_versions(self) -> dict[tuple[int, int], int]:
+        """(rank, step) -> the policy version that step trained with (where it was recorded)."""
+        return {(self.rank_of(fi, pid), step): v for (fi, pid, step), v in self._versions.items()}
+
+    def roles(self) -> dict[int, str]:
+        """rank -> the role its processes' labels name."""
+        return {self.rank_of(fi, pid): role for (fi, pid), role in self.pid_role.items()}
 
     def _new_scope(self, name: str) -> BoundedQuantiles:
         """The statistics of a scope name not seen yet (past ``MAX_SCOPE_NAMES`` names: ``OTHER``'s)."""
@@ -202,9 +224,13 @@ class TraceReader:
 
     def _meta(self, fi: int, ev: dict[str, Any]) -> None:
         if ev.get("name") == "process_labels":
-            rank = _labels(ev["args"]["labels"]).get("rank", "")
+            labels = _labels(ev["args"]["labels"])
+            rank = labels.get("rank", "")
             if rank.isdecimal() and len(rank) < 10:  # a rank label as rltrace writes it (int32)
                 self.pid_rank[(fi, ev.get("pid"))] = int(rank)
+            role = labels.get("role")
+            if role and role != "None":
+                self.pid_role[(fi, ev.get("pid"))] = cap_text(role, MAX_TEXT)
 
     def _tool(self, ev: dict[str, Any], dur: float) -> None:
         """A tool call's duration, by tool name (``gen_ai.tool.name``, else the phase name)."""

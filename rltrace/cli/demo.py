@@ -141,6 +141,7 @@ def _rank_main(opts: DemoOptions, rank: int) -> None:
         await asyncio.gather(*(_run_task(workflow, rng, base + t)
                                for t in range(opts.tasks_per_step)))
 
+    rltrace.set_policy_version(0)  # the weights the rollouts generate with, and the trainer trains
     for step in range(opts.steps):
         with rltrace.step(step):
             with rltrace.trace_scope("train.rollout", Category.COMPUTE, {"global_step": step}):
@@ -148,6 +149,7 @@ def _rank_main(opts: DemoOptions, rank: int) -> None:
             _train_step(rng, opts)
             with rltrace.trace_scope("train.weight_sync", Category.COMM, {"global_step": step}):
                 time.sleep(_lognormal_s(rng, 10, 0.3, opts.time_scale))
+            rltrace.set_policy_version(step + 1)
         rltrace.save(step=step)
     rltrace.shutdown()
 
@@ -210,11 +212,23 @@ def _plain_causes(records: list[dict[str, Any]]) -> list[str]:
 def _report_causes(logdir: Path) -> list[str]:
     """The report's analysis (rltrace.analysis): where time goes, who held groups, slowest sessions."""
     from ..analysis import ReportOptions, build_report, load_run
-    from ..analysis.report import fmt_pct, fmt_s, session_name, why_slow
+    from ..analysis.report import (
+        fmt_pct,
+        fmt_s,
+        goodput_line,
+        session_name,
+        staleness_line,
+        tokens_line,
+        why_slow,
+    )
 
     rep = build_report(load_run(logdir, ReportOptions(progress=False)))
+    lines = [f"goodput (step time of all ranks): {goodput_line(rep['goodput']) or '–'}"]
+    for line in (tokens_line(rep["goodput"]), staleness_line(rep["goodput"])):
+        if line is not None:
+            lines.append(f"  {line}")
     parts = ", ".join(f"{r['phase']} {fmt_pct(r['share'])}" for r in rep["phases"]["session"]["overall"][:6])
-    lines = [f"session time: {parts}", "slowest groups (the sample that held each, and why):"]
+    lines += [f"session time: {parts}", "slowest groups (the sample that held each, and why):"]
     for g in rep["groups"]["groups"][:3]:
         lines.append(f"  {fmt_s(g['span_s']):>9}  rank {g['rank']} step {g['step']} task {g['task_id']}: "
                      f"session {g['holder']['session_id']} held it, {why_slow(g['holder'])}; "

@@ -59,9 +59,13 @@ OPEN: Schema = {
 SCHEMA: Schema = {
     "rank": integer(0, (1 << 31) - 1), "world_size": count, "role": text, "host": text,
     "pid": integer(-(1 << 63), (1 << 63) - 1), "experiment": text, "trial": text,
-    "ts": number(-MAX_SECONDS, MAX_SECONDS), "interval_s": number(0.0, MAX_SECONDS), "closed": boolean,
+    "ts": number(-MAX_SECONDS, MAX_SECONDS), "started_ts": number(-MAX_SECONDS, MAX_SECONDS),
+    "interval_s": number(0.0, MAX_SECONDS), "closed": boolean,
     "step": step, "open": obj(OPEN),
-    "finished": obj({"total": count, "by_status": by_status, "missed": count}),
+    "finished": obj({"total": count, "by_status": by_status, "missed": count,
+                     "tokens": dict_of(number(0.0, 1e18), MAX_ITEMS),
+                     "phase_s": dict_of(number(0.0, MAX_SECONDS * 1e6), MAX_ITEMS),
+                     "lag": list_of(pair(integer(-(1 << 62), 1 << 62), count), MAX_ITEMS)}),
     "steps": list_of(obj({"step": step, "done": count, "by_status": by_status, "hist": histogram,
                           "max_s": seconds}), MAX_ITEMS),
 }

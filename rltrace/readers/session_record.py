@@ -20,6 +20,7 @@ from .fields import (
     Note,
     cap_text,
     integer,
+    number,
     preview,
     scalar,
     text,
@@ -37,6 +38,8 @@ TIMES = ("submit_ts", "finalized_ts", "total_s")
 SCALARS: dict[str, Check] = {
     "rank": integer(0, RANK_MAX), "step": integer(STEP_MIN, STEP_MAX), "status": text, "reason": text,
     "task_id": scalar, "session_id": scalar, "trace_id": text, "role": text, "turns": integer(0, TURNS_MAX),
+    "input_tokens": number(0, 1e15), "output_tokens": number(0, 1e15),
+    "policy_version": integer(0, TURNS_MAX), "policy_version_at_finalize": integer(0, TURNS_MAX),
 }
 
 

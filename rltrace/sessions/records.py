@@ -26,6 +26,7 @@ from ..recorder import (
 from ..semconv import (
     ATTR_INTERRUPTED,
     ATTR_PHASE,
+    ATTR_POLICY_VERSION,
     ATTR_REASON,
     ATTR_SESSION,
     ATTR_STATUS,
@@ -150,7 +151,7 @@ class SessionScope(Scope):
     slot_attrs = True
     kept = True
     __slots__ = ("_attrs", "open_phases", "phase_log", "reason", "session_id", "status", "step",
-                 "task_rec", "turn")
+                 "task_rec", "turn", "version")
     status: str
     reason: str | None
 
@@ -172,6 +173,8 @@ class SessionScope(Scope):
         self.phase_log: list[tuple[Any, ...]] | None = None
         # ``status`` and ``reason`` are set when it is finalized (the only way it ends)
         self.step = step
+        #: the policy version that generates it (``rltrace.set_policy_version``), or None
+        self.version = recorder.STATE.policy_version
         self._start_under(task, False)
 
     def record_attrs(self) -> dict[str, Any]:
@@ -188,6 +191,8 @@ class SessionScope(Scope):
             attrs[ATTR_REASON] = reason
         if self.step is not None:
             attrs.setdefault(ATTR_STEP, self.step)
+        if self.version is not None:
+            attrs.setdefault(ATTR_POLICY_VERSION, self.version)
         return attrs
 
 

@@ -28,6 +28,7 @@ from ..recorder import (
     current_scope,
     detach,
 )
+from ..semconv import ATTR_VERSION_AT_FINALIZE
 from ..steps import _STEP_CV, scope_arg_step
 from ..tally import FINALIZED, REGISTERED
 from .context import SESSION_CV, TASK_CV, caller_task
@@ -335,6 +336,9 @@ class SessionRegistry:
         sess.open_phases = NO_PHASES  # the list goes: one object fewer per queued record
         sess.status = status
         sess.reason = reason
+        version = recorder.STATE.policy_version
+        if version is not None and version != sess.version:  # the policy moved on meanwhile
+            sess.set_attribute(ATTR_VERSION_AT_FINALIZE, version)
         if status == "failed":
             sess.extras()["status"] = Status(StatusCode.ERROR, reason or "failed")
         flight = self.flight

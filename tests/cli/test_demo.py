@@ -97,3 +97,30 @@ def test_demo_merged_trace_loads_in_perfetto_with_every_scope(demo: Demo) -> Non
         expected[phase] = sum(len(r["phases"].get(phase, [])) for r in records)
     for name, n in expected.items():
         assert counts.get(name, 0) == n, (name, counts)
+
+
+def test_demo_prints_goodput_tokens_and_staleness_and_top_shows_them(demo: Demo) -> None:
+    """The summary's goodput line adds up to 100%; its token and thrown-away figures, and top's,
+    are the session records' own."""
+    import re
+
+    proc, logdir = demo
+    out = proc.stdout
+    m = re.search(r"goodput \(step time of all ranks\): productive ([\d.]+)%, overhead ([\d.]+)%, "
+                  r"idle ([\d.]+)%, wasted ([\d.]+)%", out)
+    assert m is not None, out
+    assert abs(sum(map(float, m.groups())) - 100.0) < 0.3
+    records = _session_records(logdir)
+    generated = sum(r["output_tokens"] for r in records)
+    wasted = sum(r["output_tokens"] for r in records if r["status"] in ("rejected", "failed"))
+    assert f"{100 * wasted / generated:.1f}% of generated tokens thrown away" in out
+    assert "trained samples' policy version lag: 0 for 100.0%" in out  # a synchronous loop
+    top = subprocess.run([sys.executable, "-m", "rltrace.cli", "top", str(logdir), "--once"],
+                         capture_output=True, text=True, timeout=60)
+    assert top.returncode == 0, top.stderr
+    phase = lambda r: sum(r[p + "_s"] for p in r["phase_counts"])  # noqa: E731
+    thrown = sum(phase(r) for r in records if r["status"] in ("rejected", "failed"))
+    line = " ".join(top.stdout.split())  # rich may wrap the line
+    assert (f"goodput: thrown away {100 * thrown / sum(map(phase, records)):.1f}% of phase time, "
+            f"{100 * wasted / generated:.1f}% of tokens") in line, top.stdout
+    assert "policy version lag at finalize: 0 for 100.0%" in line  # synchronous: finalized before the sync

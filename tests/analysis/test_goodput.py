@@ -1,0 +1,202 @@
+"""Goodput in the report: planted runs with known answers (a trainer idle for a known share, a
+known fraction of tokens thrown away, a known version lag), and a real run recorded by rltrace."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from conftest import HELPERS
+
+import rltrace
+from rltrace.analysis import ReportOptions, build_report, load_run
+from rltrace.analysis.render import render_md
+from rltrace.config import current_user
+
+sys.path.insert(0, str(HELPERS))
+from synth_run import session_record, x_event
+
+T0 = 1_800_000_000.0
+STEP_S = 100.0
+
+
+def meta(pid: int, rank: int, role: str) -> list[bytes]:
+    head = b'{"pid":%d,"tid":0,"ph":"M","name":' % pid
+    return [head + b'"process_name","args":{"name":"[%s] Rank %d"}}\n' % (role.encode(), rank),
+            head + b'"process_labels","args":{"labels":"rank=%d,world_size=2,role=%s"}}\n'
+            % (rank, role.encode())]
+
+
+def step_scopes(pid: int, step: int, rollout_s: float, ppo_s: float, sync_s: float,
+                version: int | None = None) -> list[bytes]:
+    """``train.step`` holding ``train.rollout``, ``train.ppo_update`` and ``train.weight_sync``."""
+    t = T0 + step * STEP_S
+    args: dict[str, Any] = {"rl.step": step}
+    if version is not None:
+        args["rl.policy.version"] = version
+    return [x_event(pid, 1, t, rollout_s, "train.rollout", args={"global_step": step}),
+            x_event(pid, 1, t + rollout_s, ppo_s, "train.ppo_update"),
+            x_event(pid, 1, t + rollout_s + ppo_s, sync_s, "train.weight_sync", "comm"),
+            x_event(pid, 1, t, rollout_s + ppo_s + sync_s, "train.step", args=args)]
+
+
+def write(logdir: Path, rank: int, role: str, lines: list[bytes], records: list[dict[str, Any]]) -> None:
+    (logdir / "perf_tracer").mkdir(parents=True, exist_ok=True)
+    (logdir / "session_tracer").mkdir(parents=True, exist_ok=True)
+    trace = b"".join(meta(100 + rank, rank, role) + lines)
+    (logdir / "perf_tracer" / f"traces-r{rank}.jsonl").write_bytes(trace)
+    (logdir / "session_tracer" / f"sessions-r{rank}.jsonl").write_bytes(
+        b"".join(orjson.dumps(r) + b"\n" for r in records))
+
+
+def rollout_sessions(rank: int, step: int, n: int, each_s: float, rejected: set[int], tokens: int,
+                     versions: list[int | None]) -> list[dict[str, Any]]:
+    """``n`` sessions run one after another from the step's start, each one generate phase of
+    ``each_s`` seconds and ``tokens`` output tokens; those in ``rejected`` are rejected."""
+    out = []
+    t = T0 + step * STEP_S
+    for i in range(n):
+        rec = session_record(task_id=step * 100 + i // 4, session_id=step * 100 + i, rank=rank, step=step,
+                             status="rejected" if i in rejected else "accepted",
+                             reason="stale_weight" if i in rejected else None, submit=t,
+                             phases={"generate": [(t, t + each_s, 0)]}, final=t + each_s)
+        rec["output_tokens"], rec["input_tokens"] = tokens, 10
+        if versions[i] is not None:
+            rec["policy_version"] = versions[i]
+        out.append(rec)
+        t += each_s
+    return out
+
+
+def goodput_of(logdir: Path) -> dict[str, Any]:
+    return build_report(load_run(logdir, ReportOptions(progress=False)))["goodput"]
+
+
+@pytest.fixture
+def planted(tmp_path: Path) -> dict[str, Any]:
+    """Rank 0 (rollout+train, synchronous): each of 3 steps rolls out 10 sessions back to back
+    for 50 s of a 60 s rollout (3 rejected), trains 35 s, syncs 5 s.  Rank 1 (trainer) waits 40 s
+    for rollouts, trains 50 s, syncs 10 s.  Step s trains with policy version s + 1; sessions of
+    even index were generated with version s (one behind), the rest with s + 1."""
+    logdir = tmp_path / "run"
+    r0, r1, recs = [], [], []
+    for step in range(3):
+        r0 += step_scopes(100, step, 60.0, 35.0, 5.0, version=step + 1)
+        r1 += step_scopes(101, step, 40.0, 50.0, 10.0, version=step + 1)
+        recs += rollout_sessions(0, step, 10, 5.0, {1, 4, 7}, 100,
+                                 [step if i % 2 == 0 else step + 1 for i in range(10)])
+    write(logdir, 0, "actor", r0, recs)
+    write(logdir, 1, "trainer", r1, [])
+    return {"logdir": logdir, "gp": goodput_of(logdir)}
+
+
+def test_a_trainer_waiting_for_rollouts_is_idle_for_the_planted_share(planted: dict[str, Any]) -> None:
+    trainer = planted["gp"]["by_role"]["trainer"]["share"]
+    assert trainer["idle"] == pytest.approx(0.40, abs=0.01)
+    assert trainer["productive"] == pytest.approx(0.50, abs=0.01)
+    assert trainer["overhead"] == pytest.approx(0.10, abs=0.01)
+    assert trainer["wasted"] == pytest.approx(0.0, abs=0.01)
+
+
+def test_the_rollout_ranks_step_splits_into_the_planted_buckets(planted: dict[str, Any]) -> None:
+    """50 s busy of a 60 s rollout: 35 s accepted + 15 s rejected phase time, 10 s idle; 35 s
+    train compute; 5 s sync."""
+    actor = planted["gp"]["by_role"]["actor"]["share"]
+    assert actor["productive"] == pytest.approx(0.70, abs=0.01)
+    assert actor["wasted"] == pytest.approx(0.15, abs=0.01)
+    assert actor["idle"] == pytest.approx(0.10, abs=0.01)
+    assert actor["overhead"] == pytest.approx(0.05, abs=0.01)
+    for row in planted["gp"]["by_step"]:
+        assert sum(row["share"].values()) == pytest.approx(1.0)
+
+
+def test_the_planted_fraction_of_generated_tokens_is_thrown_away(planted: dict[str, Any]) -> None:
+    tok = planted["gp"]["tokens"]
+    assert tok["generated"] == 3 * 10 * 100 and tok["accepted"] == 3 * 7 * 100
+    assert tok["wasted_share"] == pytest.approx(0.30, abs=0.01)
+    per_step = planted["gp"]["by_step"][0]["tokens_per_s"]
+    assert per_step["generated"] == pytest.approx(1000 / STEP_S)
+    thrown = planted["gp"]["staleness"]["thrown_away"]
+    assert thrown == [{"status": "rejected", "reason": "stale_weight", "sessions": 9,
+                       "seconds": pytest.approx(45.0), "tokens": 900}]
+
+
+def test_the_planted_version_lag_of_trained_samples(planted: dict[str, Any]) -> None:
+    """Accepted sessions: even indexes 0, 2, 6, 8 lag 1, odd ones 3, 5, 9 lag 0 (1, 4, 7 are
+    rejected), in each of 3 steps."""
+    st = planted["gp"]["staleness"]
+    assert st["lag"] == {"0": 9, "1": 12}
+    assert st["trained"] == 21 and st["unknown"] == 0 and st["max_lag"] == 1
+    assert st["mean_lag"] == pytest.approx(12 / 21)
+
+
+def test_the_report_says_it_in_words_and_tables(planted: dict[str, Any], tmp_path: Path) -> None:
+    rep = build_report(load_run(planted["logdir"], ReportOptions(progress=False)))
+    texts = [f["text"] for f in rep["findings"] if f["kind"] == "goodput"]
+    assert texts[0] == ("Where the ranks' step time went: productive 60.0%, overhead 7.5%, idle 25.0%, "
+                        "wasted 7.5%.")
+    assert any("30.0% of generated tokens thrown away" in t for t in texts)
+    assert any("lag: 0 for 42.9%, 1 for 57.1%" in t for t in texts)
+    md = render_md(rep, [])
+    assert "## Goodput: where the step time and the tokens went" in md
+    assert "| all | – | 60.0% | 7.5% | 25.0% | 7.5% |" in md
+
+
+def test_a_real_run_records_tokens_and_versions_the_report_turns_into_goodput(tmp_path: Path) -> None:
+    """rltrace itself records what goodput needs: tokens from the phases' payloads, the version
+    sessions were generated with, and the version each train step trained with."""
+    rltrace.configure(fileroot=str(tmp_path), experiment_name="gp", trial_name="t", flush_at_exit=False,
+                      session_tracer={"enabled": True})
+    for step in range(2):
+        rltrace.set_policy_version(step)
+        with rltrace.step(step):
+            with rltrace.trace_scope("train.rollout", args={"global_step": step}):
+                for i in range(4):
+                    sid = rltrace.register_session()
+                    with rltrace.trace_session_phase("generate", {"input_tokens": 50},
+                                                     session_id=sid) as ph:
+                        ph.set_end_payload(output_tokens=10 * (i + 1))
+                    rltrace.trace_session_event("mark_finalized", session_id=sid,
+                                                status="rejected" if i == 3 else "accepted",
+                                                reason="stale_weight" if i == 3 else None)
+            with rltrace.trace_scope("train.ppo_update"):
+                sum(range(10_000))
+    rltrace.shutdown()
+    logdir = tmp_path / "logs" / current_user() / "gp" / "t"
+    records = [orjson.loads(line) for f in (logdir / "session_tracer").rglob("sessions-r*.jsonl")
+               for line in f.read_bytes().splitlines()]
+    assert sorted(r["output_tokens"] for r in records) == [10, 10, 20, 20, 30, 30, 40, 40]
+    assert {r["input_tokens"] for r in records} == {50}
+    assert {(r["step"], r["policy_version"]) for r in records} == {(0, 0), (1, 1)}
+    gp = goodput_of(logdir)
+    assert gp["tokens"]["generated"] == 200 and gp["tokens"]["wasted"] == 80
+    assert gp["staleness"]["lag"] == {"0": 6}
+    for row in gp["by_step"]:
+        assert sum(row["share"].values()) == pytest.approx(1.0)
+
+
+def test_set_policy_version_refuses_what_is_not_a_version() -> None:
+    for bad in (-1, 1.5, "3", True):
+        with pytest.raises(TypeError, match=r"set_policy_version: the version must be an int >= 0"):
+            rltrace.set_policy_version(bad)  # type: ignore[arg-type]
+    rltrace.set_policy_version(None)
+    assert rltrace.policy_version() is None
+
+
+def test_a_session_finalized_after_the_policy_moved_on_records_both_versions(tmp_path: Path) -> None:
+    rltrace.configure(fileroot=str(tmp_path), experiment_name="gp", trial_name="lag", flush_at_exit=False,
+                      session_tracer={"enabled": True})
+    rltrace.set_policy_version(4)
+    stale, fresh = rltrace.register_session(), rltrace.register_session()
+    rltrace.trace_session_event("mark_finalized", session_id=fresh, status="accepted")
+    rltrace.set_policy_version(6)  # two weight updates land while the first session still runs
+    rltrace.trace_session_event("mark_finalized", session_id=stale, status="accepted")
+    rltrace.shutdown()
+    logdir = tmp_path / "logs" / current_user() / "gp" / "lag"
+    records = {r["session_id"]: r for f in (logdir / "session_tracer").rglob("sessions-r*.jsonl")
+               for r in map(orjson.loads, f.read_bytes().splitlines())}
+    assert records[stale]["policy_version"] == 4 and records[stale]["policy_version_at_finalize"] == 6
+    assert records[fresh]["policy_version"] == 4 and "policy_version_at_finalize" not in records[fresh]
