@@ -16,7 +16,7 @@ import orjson
 
 from .load import ReportError
 from .plots import MANY_RANKS, Plot, write_plots
-from .report import fmt_pct, fmt_s, public, session_name, skipped_text, why_slow
+from .report import fmt_pct, fmt_s, link_name, public, session_name, skipped_text, why_slow
 from .template import HTML
 
 FORMATS = ("html", "md", "json")
@@ -126,7 +126,7 @@ def render_html(rep: dict[str, Any], plots: list[Plot]) -> str:
 
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=False)
     env.filters.update(s=fmt_s, pct=fmt_pct, x=_x, num=_num, step=_step, session=session_name, why=why_slow,
-                       shares=_shares, skipped=skipped_text)
+                       shares=_shares, skipped=skipped_text, chain=chain_text, link=link_name)
     uris = {p.key: {"title": p.title, "caption": p.caption,
                     "uri": "data:image/png;base64," + base64.b64encode(p.path.read_bytes()).decode("ascii")}
             for p in plots}
@@ -323,6 +323,35 @@ def _md_goodput(rep: dict[str, Any], img: dict[str, str]) -> list[str]:
     return L
 
 
+def chain_text(st: dict[str, Any]) -> str:
+    """A step's critical path as one line: its links in time order, each with what it cost."""
+    parts = []
+    for link in st["links"]:
+        cost = f" (+{fmt_s(link['what_if_s'])})" if link["what_if_s"] > 0 else ""
+        where = f"rank {link['rank']} " if link["kind"] == "session" and link.get("crosses_ranks") else ""
+        parts.append(f"{where}{link['what']} {fmt_s(link['seconds'])}{cost}")
+    return " → ".join(parts)
+
+
+def _md_critical(rep: dict[str, Any], img: dict[str, str]) -> list[str]:
+    cp = rep["critical_path"]
+    L = ["## Critical path", "",
+         "Per step, the chain that set its length on the rank that ended it (a rollout's link is the "
+         "session that finished last, on another rank when the rank only trains); (+x): how much "
+         "shorter the step would have been with that link at its median.", ""]
+    if not cp["steps"]:
+        return [*L, "No rltrace.step scopes: no step to follow.", ""]
+    L += _md_table(["step", "length", "ended by", "chain", "what if"],
+                   [[_step(s["step"]), fmt_s(s["length_s"]), f"rank {s['ended_by_rank']}", chain_text(s),
+                     fmt_s(s["what_if_s"])] for s in cp["steps"][:50]])
+    if cp["top_links"]:
+        L += ["Links that cost most over the run:", ""]
+        L += [f"- {link_name(t)}: {fmt_s(t['what_if_s'])} over {t['steps']} step(s)"
+              for t in cp["top_links"]]
+        L += [""]
+    return L
+
+
 def _md_status(rep: dict[str, Any], img: dict[str, str]) -> list[str]:
     st = rep["status"]
     L = ["## 6. Status and staleness", "", f"Acceptance rate {fmt_pct(st['acceptance_rate'])}.", ""]
@@ -364,8 +393,8 @@ def render_md(rep: dict[str, Any], plots: list[Plot]) -> str:
          + f"generated {rep['generated_at']}", "", "## Findings", ""]
     L += [f"- **{f['kind']}** {f['text']}" for f in rep["findings"]] or ["Nothing to report."]
     L += [""]
-    for section in (_md_goodput, _md_groups, _md_longtail, _md_stragglers, _md_phases, _md_turns, _md_status,
-                    _md_summary):
+    for section in (_md_goodput, _md_critical, _md_groups, _md_longtail, _md_stragglers, _md_phases,
+                    _md_turns, _md_status, _md_summary):
         L += section(rep, img)
     if inp["skipped_lines"] or inp["skipped_fields"]:
         L += ["## Inputs", "", f"{skipped_text(inp)}:", ""]

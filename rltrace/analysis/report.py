@@ -8,7 +8,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from . import goodput, groups, longtail, phases, status, stragglers, summary, turns
+from . import critical, goodput, groups, longtail, phases, status, stragglers, summary, turns
 from .load import skip_summary
 from .run import Run
 
@@ -96,6 +96,7 @@ def build_report(run: Run) -> dict[str, Any]:
     rep["status"] = status.analyze(run)
     rep["summary"] = summary.analyze(run)
     rep["goodput"] = goodput.build(run)
+    rep["critical_path"] = critical.analyze(run)
     rep["findings"] = findings(rep)
     rep["plots"] = {}
     return rep
@@ -111,9 +112,9 @@ def findings(rep: dict[str, Any]) -> list[dict[str, Any]]:
     def add(kind: str, text: str, **extra: Any) -> None:
         out.append({"kind": kind, "text": text, **extra})
 
-    for section in (_goodput_findings, _group_findings, _straggler_findings, _longtail_findings,
-                    _session_findings, _breakdown_findings, _turn_findings, _tool_findings,
-                    _status_findings, _input_findings):
+    for section in (_goodput_findings, _critical_findings, _group_findings, _straggler_findings,
+                    _longtail_findings, _session_findings, _breakdown_findings, _turn_findings,
+                    _tool_findings, _status_findings, _input_findings):
         section(rep, add)
     return out
 
@@ -279,6 +280,23 @@ def _goodput_findings(rep: dict[str, Any], add: Add) -> None:
     for text in (tokens_line(gp), staleness_line(gp)):
         if text is not None:
             add("goodput", text[0].upper() + text[1:] + ".")
+
+
+def link_name(link: dict[str, Any]) -> str:
+    """``rank 1 train.ppo_update`` or ``rank 0 step 3 session 42: generate turn 2``."""
+    if link["kind"] == "scope":
+        return f"rank {link['rank']} {link['what']}"
+    return f"rank {link['rank']} step {_step(link.get('step'))} {link['what']}"
+
+
+def _critical_findings(rep: dict[str, Any], add: Add) -> None:
+    cp = rep["critical_path"]
+    top = cp["top_links"]
+    if not top:
+        return
+    parts = [f"{link_name(t)} ({fmt_s(t['what_if_s'])} over {t['steps']} step(s))" for t in top[:3]]
+    add("critical path", "Links of the steps' critical paths that cost most over their medians (what "
+        "the steps would have saved at the median): " + "; ".join(parts) + ".")
 
 
 def _status_findings(rep: dict[str, Any], add: Add) -> None:

@@ -102,6 +102,20 @@ proportion to their sessions' phase time.</p>
 {% else %}<p class="note">No step time to account: the run has no rltrace.step scopes and no session records.</p>{% endif %}
 </section>
 
+<section id="critical">
+<h2>Critical path</h2>
+{% set cp = rep.critical_path %}
+<p class="explain">Per step, the chain that set its length on the rank that ended it: its top-level train scopes in
+order, its rollout's link being the session that finished last (on another rank when the rank only trains), named by
+its slow segment. (+x): how much shorter the step would have been with that link at its median.</p>
+{% if cp.steps %}
+<div class="scroll"><table><tr><th class="l">step</th><th>length</th><th>ended by</th><th class="l">chain</th><th>what if</th></tr>
+{% for s in cp.steps[:max_rows] %}<tr><td class="l">{{ s.step|step }}</td><td>{{ s.length_s|s }}</td><td>rank {{ s.ended_by_rank }}</td><td class="l wrap">{{ s|chain }}</td><td>{{ s.what_if_s|s }}</td></tr>
+{% endfor %}</table></div>{{ capped(cp.steps) }}
+{% if cp.top_links %}<p>Links that cost most over the run:</p><ul>{% for t in cp.top_links %}<li>{{ t|link }}: {{ t.what_if_s|s }} over {{ t.steps }} step(s)</li>{% endfor %}</ul>{% endif %}
+{% else %}<p class="note">No rltrace.step scopes: no step to follow.</p>{% endif %}
+</section>
+
 <section id="groups">
 <h2>1. Slow groups: who held them</h2>
 {% set gr = rep.groups %}

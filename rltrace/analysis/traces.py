@@ -52,6 +52,8 @@ class StepInfo:
     rollout_dur_us: float = 0.0
     #: train-side scopes directly under the step (not nested in another train.* scope): µs
     breakdown: dict[str, float] = field(default_factory=dict)
+    #: the same scopes one by one: (name, start µs, duration µs)
+    scopes: list[tuple[str, float, float]] = field(default_factory=list)
 
     @property
     def rollout_us(self) -> float | None:
@@ -303,6 +305,7 @@ class TraceReader:
                 _add_rollout(info, ts, dur)
             if depth == 0:
                 info.breakdown[name] = info.breakdown.get(name, 0.0) + dur
+                info.scopes.append((name, ts, dur))
         return infos
 
     def _selected_steps(self, by_proc: dict[tuple[int, Any], list[tuple[float, float, int]]]

@@ -200,3 +200,44 @@ def test_a_session_finalized_after_the_policy_moved_on_records_both_versions(tmp
                for r in map(orjson.loads, f.read_bytes().splitlines())}
     assert records[stale]["policy_version"] == 4 and records[stale]["policy_version_at_finalize"] == 6
     assert records[fresh]["policy_version"] == 4 and "policy_version_at_finalize" not in records[fresh]
+
+
+# -- the cross-rank critical path ---------------------------------------------------------------------
+def test_a_planted_slow_sample_on_another_rank_sets_the_steps_critical_path(tmp_path: Path) -> None:
+    """Rank 1 rolls out 8 samples at once (each one 5 s generate; in step 1 sample 3 takes 20 s);
+    rank 0 only trains: it waits for them, trains 50 s and syncs 5 s, so it ends every step.  The
+    step's critical path crosses to rank 1's slow sample, which at the median would have saved
+    15 s (the next sample ended 15 s before it); the other steps have nothing to save there."""
+    logdir = tmp_path / "run"
+    r0: list[bytes] = []
+    r1: list[bytes] = []
+    recs: list[dict[str, Any]] = []
+    for step in range(3):
+        t = T0 + step * STEP_S
+        slow = 20.0 if step == 1 else 5.0
+        for i in range(8):
+            g = slow if i == 3 else 5.0
+            recs.append(session_record(task_id=step * 10 + i // 4, session_id=step * 10 + i, rank=1,
+                                       step=step, status="accepted", reason=None, submit=t,
+                                       phases={"generate": [(t, t + g, 0)]}, final=t + g))
+        r1.append(x_event(101, 1, t, slow + 0.5, "train.rollout", args={"global_step": step}))
+        r1.append(x_event(101, 1, t, slow + 1.0, "train.step", args={"rl.step": step}))
+        r0 += step_scopes(100, step, slow + 0.5, 50.0, 5.0)
+    write(logdir, 0, "trainer", r0, [])
+    write(logdir, 1, "rollout", r1, recs)
+    rep = build_report(load_run(logdir, ReportOptions(progress=False)))
+    cp = rep["critical_path"]
+    assert [s["ended_by_rank"] for s in cp["steps"]] == [0, 0, 0]
+    step1 = cp["steps"][1]
+    assert step1["length_s"] == pytest.approx(20.5 + 55.0, rel=1e-6)
+    link = step1["links"][0]
+    assert (link["kind"], link["rank"], link["session_id"], link["segment"], link["turn"]) == (
+        "session", 1, 13, "generate", 0)
+    assert link["crosses_ranks"] is True
+    assert link["what_if_s"] == pytest.approx(15.0, rel=0.01)
+    assert [x["what"] for x in step1["links"][1:]] == ["train.ppo_update", "train.weight_sync"]
+    for other in (cp["steps"][0], cp["steps"][2]):
+        assert other["links"][0]["what_if_s"] == pytest.approx(0.0, abs=1e-6)
+    assert cp["top_links"][0]["session_id"] == 13 and cp["top_links"][0]["rank"] == 1
+    text = next(f["text"] for f in rep["findings"] if f["kind"] == "critical path")
+    assert "rank 1 step 1 session 13: generate turn 0 (15.00 s over 1 step(s))" in text
