@@ -310,3 +310,19 @@ window.addEventListener("load", function () {
 </body>
 </html>
 """
+
+
+#: ``rltrace diff -o diff.html``: the comparison of two runs, one table
+DIFF_HTML = """<!doctype html><html><head><meta charset="utf-8"><title>rltrace diff</title>
+<style>body{font:14px system-ui,sans-serif;margin:24px;max-width:1200px}table{border-collapse:collapse}
+td,th{padding:3px 8px;border-bottom:1px solid #ddd;text-align:right}td.l,th.l{text-align:left}
+tr.changed td{background:#fdecea}p.note{color:#666}</style></head><body>
+<h1>rltrace diff</h1><p>A = {{ d.a }} ({{ d.a_steps }} steps) · B = {{ d.b }} ({{ d.b_steps }} steps)</p>
+<p>A quantity changed when its difference is more than {{ d.z }} standard errors of the runs' own
+step-to-step spread and more than {{ (d.min_share * 100)|round(1) }}% of A's step time.</p>
+<table><tr><th class="l">quantity</th><th>A (mean per step)</th><th>B</th><th>B - A</th><th>relative</th><th>noise (s.e.)</th><th>changed</th></tr>
+{% for r in rows %}<tr{% if r.changed %} class="changed"{% endif %}><td class="l">{{ r.quantity }}</td><td>{{ r.a_mean_s|s }}</td><td>{{ r.b_mean_s|s }}</td><td>{{ r.delta_s|s }}</td><td>{{ r.delta_rel|pct }}</td><td>{{ r.noise_s|s }}</td><td>{{ "yes" if r.changed else "–" }}</td></tr>
+{% endfor %}</table>
+{% if d.only_in_one %}<p class="note">Only in one run: {{ d.only_in_one|join(", ") }}</p>{% endif %}
+</body></html>
+"""

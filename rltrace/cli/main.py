@@ -47,6 +47,46 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_diff(args: argparse.Namespace) -> int:
+    try:
+        from ..analysis import ReportError, diff
+    except ImportError as exc:  # the analysis extra is optional
+        print(f"rltrace diff needs the analysis extra ({getattr(exc, 'name', None) or exc} missing): "
+              f"pip install 'rltrace[analysis]'", file=sys.stderr)
+        return 2
+    run_b = args.run_b or args.run_a
+    if args.run_b is None and (args.steps_a is None or args.steps_b is None):
+        print("rltrace diff: give two runs (RUN_A RUN_B), or one run with --steps-a A:B and --steps-b C:D",
+              file=sys.stderr)
+        return 2
+    if args.output is not None and not args.output.endswith((".html", ".json")):
+        print(f"rltrace diff: -o {args.output}: write .html or .json", file=sys.stderr)
+        return 2
+    try:
+        a = diff.side(args.run_a, args.steps_a, "A")
+        b = diff.side(run_b, args.steps_b, "B")
+    except (ReportError, ValueError) as exc:
+        print(f"rltrace diff: {exc}", file=sys.stderr)
+        return 2
+    result = diff.compare(a, b)
+    print(diff.render_text(result))
+    if args.output is not None:
+        from pathlib import Path
+
+        import orjson
+
+        out = Path(args.output)
+        data = (diff.render_html(result).encode() if out.suffix == ".html"
+                else orjson.dumps(result, option=orjson.OPT_INDENT_2))
+        try:
+            out.write_bytes(data)
+        except OSError as exc:
+            print(f"rltrace diff: cannot write {out}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
+        print(f"wrote {out}")
+    return 0
+
+
 def default_output(first_input: str) -> str:
     """Where ``convert`` writes without ``-o``: ``trace.json`` in a log dir given as the input,
     else ``<name>.merged.json`` beside the first input file (or glob's folder)."""
@@ -262,6 +302,21 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="show a progress bar (default: when stderr is a terminal)")
     r.set_defaults(func=_cmd_report)
+
+    df = sub.add_parser("diff", help="what changed between two runs (or two step ranges of one), "
+                                     "beyond their own step-to-step noise",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                        description="Compare step time and what it is made of (roles, goodput buckets, "
+                                    "train scopes, session phases and waits, generate by turn) between "
+                                    "two log dirs, or two step ranges of one; name only the differences "
+                                    "beyond the runs' own step-to-step noise.  Needs the analysis extra.")
+    df.add_argument("run_a", metavar="RUN_A", help="log dir of run A")
+    df.add_argument("run_b", metavar="RUN_B", nargs="?", default=None,
+                    help="log dir of run B (default: RUN_A, with --steps-a and --steps-b)")
+    df.add_argument("--steps-a", default=None, metavar="A:B", help="only these steps of run A")
+    df.add_argument("--steps-b", default=None, metavar="A:B", help="only these steps of run B")
+    df.add_argument("-o", "--output", default=None, help="also write the diff as .html or .json")
+    df.set_defaults(func=_cmd_diff)
     return ap
 
 
@@ -269,5 +324,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``rltrace`` console script."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except BrokenPipeError:  # the reader went away (``rltrace report ... | head``): not an error
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python's own flush at exit must not fail again
+        return 0
 
