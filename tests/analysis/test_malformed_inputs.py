@@ -1,4 +1,5 @@
-"""Readers that never crash on data: ``rltrace report``, ``rltrace top`` and ``rltrace convert`` on
+"""Readers that never crash on data: ``rltrace report``, ``rltrace top``, ``rltrace convert`` (to JSON
+and to the native Perfetto trace) and ``rltrace diff`` on
 damaged log dirs (issue 30).
 
 A valid run (``synth_run``'s GRPO groups, and live files from a real publisher) is damaged by
@@ -299,6 +300,24 @@ def check_convert(logdir: Path, out: Path, sure: Counter[str]) -> None:
         assert placed(ev), ev
 
 
+def check_native(logdir: Path, out: Path, sure: Counter[str]) -> None:
+    """The native Perfetto trace of the damaged run is written, with the damage counted."""
+    res = convert([logdir], out / "merged.pftrace", progress=False)
+    assert res.skipped_lines + res.skipped_fields >= sure["trace"], res.skipped
+    assert (out / "merged.pftrace").stat().st_size > 0
+
+
+def check_diff(logdir: Path) -> None:
+    """``rltrace diff`` of the damaged run against itself finds nothing, or says why it cannot."""
+    from rltrace.analysis import ReportError, diff
+
+    try:
+        d = diff.compare(diff.side(logdir, None, "A"), diff.side(logdir, None, "B"))
+    except ReportError:
+        return
+    assert d["changed"] == [] and (d["step_time"] is None or not d["step_time"]["changed"])
+
+
 def check_top(logdir: Path, sure: Counter[str]) -> None:
     """A frame of top renders and its footer counts the damaged live files."""
     view = TopView(logdir)
@@ -316,6 +335,8 @@ def fuzz_in_process(base: Base, plan: list[Damage], fmts: tuple[str, ...], steps
         sure = damaged_copy(base, plan, logdir, small_cap=True)
         check_report(logdir, out, sure, fmts, steps)
         check_convert(logdir, out, sure)
+        check_native(logdir, out, sure)
+        check_diff(logdir)
         check_top(logdir, sure)
 
 
@@ -364,6 +385,8 @@ def test_the_cli_survives_damaged_files_and_prints_what_it_skipped(base: Base, p
         if sure["trace"]:
             assert re.search(r"\d+ line\(s\) skipped|\d+ malformed field\(s\) removed", proc.stdout), \
                 proc.stdout
+        assert_no_crash(cli("convert", str(logdir), "-o", str(out / "merged.pftrace")))
+        assert_no_crash(cli("diff", str(logdir), str(logdir)))
         proc = cli("top", str(logdir), "--once")
         assert_no_crash(proc)
         if sure["live"]:
