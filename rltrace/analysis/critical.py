@@ -61,7 +61,7 @@ def _scope_medians(infos: Any) -> dict[str, float]:
 def _last_sessions(run: Any, step: int, ranks: list[int] | None) -> list[tuple[float, dict[str, Any]]]:
     """(own end, brief) of the sessions that finished their work last in ``step`` (on ``ranks``,
     else on every rank), latest first."""
-    out = []
+    out: list[tuple[float, dict[str, Any]]] = []
     for (rank, s), heap in run.reader.latest.items():
         if s == step and (ranks is None or rank in ranks):
             out.extend((own_end, brief) for own_end, _, brief in heap)

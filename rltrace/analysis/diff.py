@@ -105,7 +105,7 @@ def _stats(values: list[float]) -> tuple[float, float | None]:
 def compare(a: Side, b: Side) -> dict[str, Any]:
     """Every quantity both sides have: means, difference, its noise, and whether it changed."""
     base_step = statistics.fmean(a.series[STEP_TIME].values()) if a.series.get(STEP_TIME) else None
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name in sorted(set(a.series) & set(b.series)):
         va, vb = list(a.series[name].values()), list(b.series[name].values())
         (ma, sa), (mb, sb) = _stats(va), _stats(vb)

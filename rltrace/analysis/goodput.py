@@ -46,8 +46,8 @@ THROWN_AWAY = frozenset({"rejected", "failed", "dropped"})
 class RankStepWork:
     """What the session records say one rank did in one step."""
 
-    starts: array = field(default_factory=lambda: array("d"))
-    ends: array = field(default_factory=lambda: array("d"))
+    starts: array[float] = field(default_factory=lambda: array("d"))
+    ends: array[float] = field(default_factory=lambda: array("d"))
     accepted_s: float = 0.0
     wasted_s: float = 0.0
     first_submit: float = float("inf")
@@ -108,7 +108,7 @@ class GoodputReader:
             t[2] += tokens
 
 
-def union_s(starts: array, ends: array, lo: float, hi: float) -> float:
+def union_s(starts: array[float], ends: array[float], lo: float, hi: float) -> float:
     """Seconds of [lo, hi] covered by at least one of the intervals."""
     total, cur_s, cur_e = 0.0, None, None
     for s, e in sorted(zip(starts, ends, strict=True)):

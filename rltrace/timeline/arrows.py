@@ -102,8 +102,8 @@ class Arrows:
     """Arrow ends kept for one slice: flow ids, and the start (ns) of each arrow's other end's
     slice (an arrow whose other end is in another file of a split trace is not drawn)."""
 
-    flows: array = field(default_factory=lambda: array("Q"))
-    starts: array = field(default_factory=lambda: array("q"))
+    flows: array[int] = field(default_factory=lambda: array("Q"))
+    starts: array[int] = field(default_factory=lambda: array("q"))
     last_end_ns: int = 0
 
     def add(self, flow: int, start: int) -> None:

@@ -116,8 +116,8 @@ class ChromeTracks:
         if args.get(ATTR_STATUS) == "accepted" and type(step) is int:
             rank = args.get("rank")
             end = start_ns(ev) + round(dur * 1000)
-            key = self.plan.consumer(rank, step, end)
-            if key is not None and self.window.holds(self.plan.step_start(key)):
+            consumer = self.plan.consumer(rank, step, end)
+            if consumer is not None and self.window.holds(self.plan.step_start(consumer)):
                 # from its last phase (a leaf: Perfetto binds the arrow to the slice open at that
                 # time, and a finished phase's slice may still count as open after it ended)
                 at = _inside(*last, from_end=True) if last is not None else _inside(ts, dur)
@@ -155,7 +155,8 @@ class ChromeTracks:
         flows = c.within(self.window)
         ts, dur = float(ev["ts"]), float(ev.get("dur") or 0)
         at = min(max(c.last_end_ns / 1000, _inside(ts, dur)), _inside(ts, dur, from_end=True))
-        tid = ev.get("tid") if isinstance(ev.get("tid"), int) else 0
+        raw_tid = ev.get("tid")
+        tid = raw_tid if isinstance(raw_tid, int) else 0
         n = len(flows)
         out.append(orjson.dumps({"pid": pid, "tid": tid, "ph": "i", "s": "t", "ts": at,
                                  "name": f"consumed {n} sample(s)", "cat": "rl.consume",

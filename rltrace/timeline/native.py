@@ -30,6 +30,7 @@ import re
 from array import array
 from collections import defaultdict
 from collections.abc import Iterable
+from functools import partial
 from typing import Any, Protocol
 
 from ..semconv import ATTR_SESSION, ATTR_STATUS, ATTR_STEP, ATTR_TASK, SESSION_SPAN, TASK_SPAN
@@ -195,7 +196,7 @@ class FileBuilder:
             td.thread.tid = self.trace.new_tid()
             name = p.thread_names.get(key) or (f"torch.profiler · {tid}" if self.onto else f"thread {tid}")
             td.thread.thread_name = name
-            known = p.threads[key] = (uuid, Lane(lambda n, u=uuid: self.write_tree(u, n)))
+            known = p.threads[key] = (uuid, Lane(partial(self.write_tree, uuid)))
         return known
 
     def child_track(self, p: Proc, key: Any, name: str, parent: int | None = None,

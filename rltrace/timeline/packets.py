@@ -81,7 +81,7 @@ class PacketWriter:
         p.timestamp = ts
         p.sequence_flags = _NEEDS_STATE
         te = p.track_event
-        te.type = kind  # type: ignore[assignment]
+        te.type = kind
         te.track_uuid = track
         if name is not None:
             iid = self._names.get(name)

@@ -120,16 +120,16 @@ def turn_spans(phases: list[Phase]) -> list[tuple[int, int, int]]:
                 spans[t] = [p.start, p.end]
             else:
                 s[0], s[1] = min(s[0], p.start), max(s[1], p.end)
-    out = sorted((s, e, t) for t, (s, e) in spans.items())
+    out = sorted((lo, hi, t) for t, (lo, hi) in spans.items())
     for (_, e0, _), (s1, _, _) in pairwise(out):
         if s1 < e0:
             return []
     for p in phases:
         if p.turn is None:
-            for s, e, _ in out:
-                if p.start < e and p.end > s and not (s <= p.start and p.end <= e):
+            for lo, hi, _ in out:
+                if p.start < hi and p.end > lo and not (lo <= p.start and p.end <= hi):
                     return []
-    return [(t, s, e) for s, e, t in out]
+    return [(t, lo, hi) for lo, hi, t in out]
 
 
 def pieces(sess: Session, group_end: int, label: str) -> list[list[Piece]]:
