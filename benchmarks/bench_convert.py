@@ -55,8 +55,9 @@ def write_rank(path: Path, rank: int, world: int, seconds: float, step_s: float,
     tail = b'"rank":%d,"role":"rollout"' % rank
     steps = max(1, int(seconds // step_s))
     per_step = events / steps
-    # one session: rl.session + turns x (generate + toolcall) - 1 + reward, ~5.5 events; tasks of 4
-    sessions_per_step = max(4, int(per_step / 5.8) // 4 * 4)
+    # one session: rl.session + turns x (generate + toolcall) - 1 + reward: 2 turns + 1 = 5 events on
+    # average (1 to 3 turns), and a task per 4 sessions: 5.25
+    sessions_per_step = max(4, round(per_step / 5.25 / 4) * 4)
     written = 0
     with open(path, "wb") as f:
         head = b'{"pid":%d,"tid":0,"ph":"M","name":' % pid

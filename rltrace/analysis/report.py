@@ -112,7 +112,7 @@ def findings(rep: dict[str, Any]) -> list[dict[str, Any]]:
     def add(kind: str, text: str, **extra: Any) -> None:
         out.append({"kind": kind, "text": text, **extra})
 
-    for section in (_goodput_findings, _critical_findings, _group_findings, _straggler_findings,
+    for section in (_group_findings, _straggler_findings, _critical_findings, _goodput_findings,
                     _longtail_findings, _session_findings, _breakdown_findings, _turn_findings,
                     _tool_findings, _status_findings, _input_findings):
         section(rep, add)
