@@ -86,8 +86,14 @@ def plot_cdf(rep: dict[str, Any]) -> Figure | None:
     ax.set_ylabel("fraction of sessions finished")
     ax.set_ylim(0, 1.01)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2, loc="lower right")
+    _legend_above(ax, *ax.get_legend_handles_labels())
     return fig
+
+
+def _legend_above(ax: Any, handles: list[Any], labels: list[str]) -> None:
+    """A legend above the axes, outside the data area, so it covers no curve, point or label."""
+    ax.legend(handles, labels, fontsize=7, ncol=min(len(labels), 7), loc="lower center",
+              bbox_to_anchor=(0.5, 1.02), borderaxespad=0.0, frameon=False)
 
 
 def plot_step_tail(rep: dict[str, Any]) -> Figure | None:
@@ -97,9 +103,11 @@ def plot_step_tail(rep: dict[str, Any]) -> Figure | None:
     fig = Figure(figsize=(8, 4))
     ax = fig.add_subplot()
     x = np.arange(len(rows))
-    for key, lab, color in (("p50_s", "P50", "#1f77b4"), ("p90_s", "P90", "#ff7f0e"),
-                            ("p99_s", "P99", "#d62728"), ("max_s", "max", "#000000")):
+    p99, top = (np.array([r[k] for r in rows], dtype=float) for k in ("p99_s", "max_s"))
+    same = _same_pixel(ax, p99, top, [r[k] for r in rows for k in ("p50_s", "max_s")])
+    for key, lab, color in (("p50_s", "P50", "#1f77b4"), ("p90_s", "P90", "#ff7f0e")):
         ax.plot(x, [r[key] for r in rows], marker="o", ms=3, label=lab, color=color)
+    _p99_and_max(ax, x, p99, top, same)
     ax.set_ylabel("completion since step start (s)")
     ax.set_xlabel("step")
     _xticks(ax, len(rows), _step_labels([r["step"] for r in rows]))
@@ -109,10 +117,35 @@ def plot_step_tail(rep: dict[str, Any]) -> Figure | None:
             label="time waiting for last 20%")
     ax2.set_ylim(0, 1)
     ax2.set_ylabel("share of rollout waiting for the last 20%")
+    ax.set_zorder(ax2.get_zorder() + 1)  # the lines over the bars
+    ax.patch.set_visible(False)
     h1, l1 = ax.get_legend_handles_labels()
     h2, l2 = ax2.get_legend_handles_labels()
-    ax.legend(h1 + h2, l1 + l2, fontsize=7, loc="upper left")
+    _legend_above(ax, h1 + h2, l1 + l2)
     return fig
+
+
+def _same_pixel(ax: Any, a: np.ndarray, b: np.ndarray, span: list[float]) -> np.ndarray:
+    """Where ``a`` and ``b`` would be drawn within a pixel of each other on ``ax`` (whose y range
+    covers ``span``, plus matplotlib's 5% margins)."""
+    fig = ax.get_figure()
+    px = max(ax.get_position().height * fig.get_figheight() * fig.dpi, 1.0)
+    lo, hi = float(np.nanmin(span)), float(np.nanmax(span))
+    one_px = (hi - lo) * 1.1 / px if hi > lo else 0.0
+    same: np.ndarray = np.abs(a - b) <= one_px
+    return same
+
+
+def _p99_and_max(ax: Any, x: np.ndarray, p99: np.ndarray, top: np.ndarray, same: np.ndarray) -> None:
+    """P99 and max per step, both readable where they coincide: one line "P99 = max" when they do
+    in every step, else max as black dots and P99 drawn over it as red rings (a ring around a dot
+    where they coincide)."""
+    if same.all():
+        ax.plot(x, top, marker="o", ms=4, label="P99 = max", color="#d62728", mec="black", mfc="black")
+        return
+    label = "P99 (ring around the max dot: P99 = max)" if same.any() else "P99"
+    ax.plot(x, p99, marker="o", ms=7, mfc="none", mew=1.3, label=label, color="#d62728", zorder=2.2)
+    ax.plot(x, top, marker="o", ms=3, label="max", color="#000000", zorder=2.1)
 
 
 MANY_RANKS = 64  # past this many ranks, per-rank views show the slowest ranks and a distribution
@@ -320,10 +353,11 @@ def plot_status(rep: dict[str, Any]) -> Figure | None:
     ax.set_ylabel("sessions")
     ax.set_xlabel("step")
     _xticks(ax, len(rows), _step_labels([r["step"] for r in rows]))
+    _pad_bars(ax, len(rows), float(bottom.max()) if rows else 0.0)
     ax2 = ax.twinx()
     ax2.plot(x, [r["acceptance_rate"] for r in rows], color="black", marker="o", ms=3,
              label="acceptance rate")
-    ax2.set_ylim(0, 1.05)
+    ax2.set_ylim(-BAR_PAD_Y, 1.0 + BAR_PAD_Y * 2)  # 0 and 1 level with the sessions axis' 0 and top
     ax2.set_ylabel("acceptance rate")
     h1, l1 = ax.get_legend_handles_labels()
     h2, l2 = ax2.get_legend_handles_labels()
@@ -331,8 +365,33 @@ def plot_status(rep: dict[str, Any]) -> Figure | None:
     return fig
 
 
+#: fraction of the tallest bar left free below the bars and above them, so no bar touches an axis
+BAR_PAD_Y = 0.04
+#: free space left and right of the outer bars, in bar slots
+BAR_PAD_X = 0.35
+
+
+def _pad_bars(ax: Any, n: int, tallest: float) -> None:
+    """Limits that keep bars at 0..n-1 (width < 1) and 0..tallest clear of the axes on every side."""
+    ax.set_xlim(-0.5 - BAR_PAD_X, n - 0.5 + BAR_PAD_X)
+    top = tallest if tallest > 0 else 1.0
+    ax.set_ylim(-BAR_PAD_Y * top, top * (1.0 + BAR_PAD_Y * 2))
+
+
+MAX_SCOPE_BARS = 15
+
+
+def scopes_caption(rep: dict[str, Any], caption: str) -> str:
+    """The scopes plot's caption, counting the bars it draws (``caption`` is not used)."""
+    n = len(rep["summary"]["scopes"])
+    shown = min(n, MAX_SCOPE_BARS)
+    if n <= MAX_SCOPE_BARS:
+        return f"All {n} scope name{'s' if n != 1 else ''}, by total time."
+    return f"The {shown} of {n:,} scope names with the most total time."
+
+
 def plot_scopes(rep: dict[str, Any]) -> Figure | None:
-    rows = rep["summary"]["scopes"][:15]
+    rows = rep["summary"]["scopes"][:MAX_SCOPE_BARS]
     if not rows:
         return None
     fig = Figure(figsize=(8, 0.9 + 0.3 * len(rows)))
@@ -371,8 +430,11 @@ PLOTS: list[tuple[str, str, str, Callable[[dict[str, Any]], Figure | None]]] = [
      plot_turns),
     ("status", "Sessions by status, per step", "Session counts by status and the acceptance rate.",
      plot_status),
-    ("scopes", "Scopes by total time", "The 15 scope names with the most total time.", plot_scopes),
+    ("scopes", "Scopes by total time", "", plot_scopes),
 ]
+#: captions that depend on the report (what was drawn): key -> (report, static caption) -> caption
+CAPTIONS: dict[str, Callable[[dict[str, Any], str], str]] = {
+    "stragglers": stragglers_caption, "scopes": scopes_caption}
 
 
 MAX_TIMELINES = 3
@@ -453,8 +515,8 @@ def write_plots(rep: dict[str, Any], directory: Path, stem: str) -> list[Plot]:
         fig = fn(rep)
         if fig is None:
             continue
-        if key == "stragglers":
-            caption = stragglers_caption(rep, caption)
+        if key in CAPTIONS:
+            caption = CAPTIONS[key](rep, caption)
         out.append(_save(fig, directory, stem, key, title, caption))
     for i, g in enumerate(rep.get("groups", {}).get("groups", [])[:MAX_TIMELINES], 1):
         title, caption = _timeline_text(g)

@@ -323,3 +323,28 @@ def write_grpo_run(logdir: Path, spec: GrpoSpec) -> list[dict[str, Any]]:
         (logdir / "session_tracer" / f"sessions-r{rank}.jsonl").write_bytes(b"".join(lines))
         (logdir / "perf_tracer" / f"traces-r{rank}.jsonl").write_bytes(b"".join(events))
     return written
+
+
+# ---- trace-only runs: rollout times given per rank and step ----------------------------------------
+
+
+def write_rollout_run(logdir: Path, rollout_s: Any, *, extra_scopes: tuple[str, ...] = (),
+                      step_period_s: int = 100, t0: int = 1_800_000_000) -> None:
+    """Write ``perf_tracer/traces-r{rank}.jsonl`` only (no session records): per rank and step a
+    ``train.step`` scope holding ``train.rollout`` lasting ``rollout_s[rank, step]`` seconds, then
+    ``train.ppo_update`` (PPO_S) and ``train.weight_sync`` (SYNC_S); each name of
+    ``extra_scopes`` runs once per step after them (0.5 s, not a ``train.*`` scope)."""
+    m = np.asarray(rollout_s, dtype=float)
+    (logdir / "perf_tracer").mkdir(parents=True, exist_ok=True)
+    for rank in range(m.shape[0]):
+        pid = 3000 + rank
+        events = meta_events(pid, rank, m.shape[0])
+        for step in range(m.shape[1]):
+            start, rollout = float(t0 + step * step_period_s), float(m[rank, step])
+            events.append(x_event(pid, 1, start, rollout, "train.rollout", args={"global_step": step}))
+            events.append(x_event(pid, 1, start + rollout, PPO_S, "train.ppo_update"))
+            events.append(x_event(pid, 1, start + rollout + PPO_S, SYNC_S, "train.weight_sync", "comm"))
+            end = start + rollout + PPO_S + SYNC_S
+            events.append(x_event(pid, 1, start, end - start, "train.step", args={"rl.step": step}))
+            events += [x_event(pid, 2, end + 0.5 * i, 0.5, name) for i, name in enumerate(extra_scopes)]
+        (logdir / "perf_tracer" / f"traces-r{rank}.jsonl").write_bytes(b"".join(events))
