@@ -155,8 +155,9 @@ BANDS = ((0.0, 100.0, 0.25), (10.0, 90.0, 0.45), (25.0, 75.0, 0.7))  # (low q, h
 
 def _ratios(m: np.ndarray) -> np.ndarray:
     """Each rank's rollout time over the fastest rank's of the step (NaN where there is none)."""
+    fastest = np.min(np.where(np.isfinite(m), m, np.inf), axis=0, initial=np.inf)
+    fastest[~np.isfinite(fastest)] = np.nan  # a step without any rollout time
     with np.errstate(invalid="ignore", divide="ignore"):
-        fastest = np.nanmin(np.where(np.isfinite(m), m, np.nan), axis=0)
         ratio: np.ndarray = m / fastest
     return ratio
 

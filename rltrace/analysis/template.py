@@ -33,9 +33,12 @@ table { border-collapse: collapse; margin: 6px 0 10px; font-size: 12.5px; }
 th, td { border-bottom: 1px solid var(--line); padding: 3px 10px; text-align: right; white-space: nowrap; }
 th { background: #f0f2f5; font-weight: 600; }
 td.l, th.l { text-align: left; }
-td.wrap { white-space: normal; text-align: left; max-width: 520px; }
+td.wrap { white-space: normal; overflow-wrap: anywhere; text-align: left; max-width: 520px; }
+td.narrow { min-width: 150px; max-width: 230px; }
+td.id { min-width: 9em; max-width: 12em; }
+td.id code { word-break: break-all; }
 tr.flag td { background: #fdecea; }
-.scroll { overflow-x: auto; }
+.scroll { overflow-x: auto; max-width: 100%; }
 figure { margin: 10px 0 14px; }
 figure img { max-width: 100%; border: 1px solid var(--line); border-radius: 4px; background: #fff; }
 figcaption { color: var(--muted); font-size: 12.5px; }
@@ -129,7 +132,7 @@ a timeline is a session: its phases (t<i>n</i>: turn index), queue wait, gaps be
 {{ plot("group_" ~ loop.index) }}
 <details{% if loop.first %} open{% endif %}><summary>Sessions of this group ({{ g.members|length }})</summary>
 <div class="scroll"><table><tr><th class="l">session</th><th>status</th><th>own time</th><th>until finalize</th><th>group wait</th><th class="l">slowest segment</th><th class="l">time by bucket (adds up to 100%)</th></tr>
-{% for m in g.members %}<tr{% if m.held %} class="flag"{% endif %}><td class="l">{{ m.session_id }}{% if m.held %} <b>(held it)</b>{% endif %}</td><td>{{ m.status }}</td><td>{{ m.own_s|s }}</td><td>{{ m.total_s|s }}</td><td>{{ m.group_wait_s|s }}</td><td class="l">{{ m|why }}</td><td class="wrap">{{ m|shares }}</td></tr>
+{% for m in g.members %}<tr{% if m.held %} class="flag"{% endif %}><td class="l">{{ m.session_id }}{% if m.held %} <b>(held it)</b>{% endif %}</td><td>{{ m.status }}</td><td>{{ m.own_s|s }}</td><td>{{ m.total_s|s }}</td><td>{{ m.group_wait_s|s }}</td><td class="wrap">{{ m|why }}</td><td class="wrap">{{ m|shares }}</td></tr>
 {% endfor %}</table></div></details>
 {% else %}<p class="note">No group with two or more sessions.</p>{% endfor %}
 </section>
@@ -149,8 +152,8 @@ scope, else the step's first submitted session). The tail fraction is the share 
 <div class="scroll"><table>
 <tr><th class="l">session</th><th>status</th><th>own time</th><th>until finalize</th><th>completion</th><th>turns</th><th class="l">slowest segment</th><th class="l">time by bucket</th><th class="l">trace id</th></tr>
 {% for b in rep.longtail.slowest_sessions %}
-<tr><td class="l">{{ b|session }}</td><td>{{ b.status }}</td><td>{{ b.own_s|s }}</td><td>{{ b.total_s|s }}</td><td>{{ b.completion_s|s }}</td><td>{{ b.turns }}</td>
-<td class="l">{{ b|why }}</td><td class="wrap">{{ b|shares }}</td><td class="l"><code>{{ b.trace_id }}</code></td></tr>
+<tr><td class="wrap narrow">{{ b|session }}</td><td>{{ b.status }}</td><td>{{ b.own_s|s }}</td><td>{{ b.total_s|s }}</td><td>{{ b.completion_s|s }}</td><td>{{ b.turns }}</td>
+<td class="wrap">{{ b|why }}</td><td class="wrap">{{ b|shares }}</td><td class="wrap id"><code>{{ b.trace_id }}</code></td></tr>
 {% endfor %}
 </table></div>
 <details><summary>Per step ({{ rep.longtail.per_step|length }})</summary>{{ capped(rep.longtail.per_step) }}
@@ -184,7 +187,7 @@ time {{ sg.total_idle_rank_s|s }}.</p>
 {% for r in rank_rows.bottom %}{{ rank_row(r) }}{% endfor %}{% endif %}</table>
 <details><summary>Per step ({{ sg.per_step|length }})</summary>{{ capped(sg.per_step) }}
 <div class="scroll"><table><tr><th>step</th><th>fastest rank</th><th>fastest</th><th>slowest rank</th><th>slowest</th><th>barrier wait</th><th>slowest × fastest</th><th class="l">held by (slowest rank's last session)</th></tr>
-{% for r in sg.per_step[:max_rows] %}<tr><td>{{ r.step }}</td>{% if r.slowest_s is not defined %}<td>–</td><td>–</td><td>–</td><td>–</td><td>–</td><td>–</td><td class="l">no rollout time on any rank</td></tr>{% else %}<td>{{ r.fastest_rank }}</td><td>{{ r.fastest_s|s }}</td><td>{{ r.slowest_rank }}</td><td>{{ r.slowest_s|s }}</td><td>{{ r.barrier_wait_s|s }}</td><td>{{ r.slowest_over_fastest|x }}</td><td class="l">{% if r.held_by %}session {{ r.held_by.session_id }} (task {{ r.held_by.task_id }}): {{ r.held_by|why }}{% else %}–{% endif %}</td></tr>{% endif %}
+{% for r in sg.per_step[:max_rows] %}<tr><td>{{ r.step }}</td>{% if r.slowest_s is not defined %}<td>–</td><td>–</td><td>–</td><td>–</td><td>–</td><td>–</td><td class="l">no rollout time on any rank</td></tr>{% else %}<td>{{ r.fastest_rank }}</td><td>{{ r.fastest_s|s }}</td><td>{{ r.slowest_rank }}</td><td>{{ r.slowest_s|s }}</td><td>{{ r.barrier_wait_s|s }}</td><td>{{ r.slowest_over_fastest|x }}</td><td class="wrap">{% if r.held_by %}session {{ r.held_by.session_id }} (task {{ r.held_by.task_id }}): {{ r.held_by|why }}{% else %}–{% endif %}</td></tr>{% endif %}
 {% endfor %}</table></div></details>
 </section>
 

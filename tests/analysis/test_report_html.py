@@ -20,7 +20,7 @@ pytest.importorskip("matplotlib", reason="needs pip install 'rltrace[analysis]'"
 pytest.importorskip("jinja2", reason="needs pip install 'rltrace[analysis]'")
 
 sys.path.insert(0, str(HELPERS))
-from synth_run import GrpoSpec, SynthSpec, grpo_ids, write_grpo_run, write_run
+from synth_run import GrpoSpec, SynthSpec, grpo_ids, write_grpo_run, write_rollout_run, write_run
 
 from rltrace.analysis import report
 
@@ -167,3 +167,84 @@ def test_screenshot_of_the_slow_group_timeline(tmp_path_factory: pytest.TempPath
     assert first.shape[0] < 1800
     g = rep["groups"]["groups"][0]
     assert g["holder"]["session_id"] == sid and g["sessions"] == spec.samples
+
+
+# ---- layout: nothing clipped at a laptop's width; a run with traces but no sessions ---------------
+
+#: appended to a copy of the page: opens every <details>, then lists every element whose right edge
+#: passes the viewport and every scroll container whose content is wider than it (hidden, clipped)
+LAYOUT_PROBE = """<script>
+window.addEventListener("load", function () {
+  var ds = document.querySelectorAll("details");
+  for (var i = 0; i < ds.length; i++) { ds[i].open = true; }
+  var vw = document.documentElement.clientWidth, out = [], all = document.querySelectorAll("main *");
+  for (var i = 0; i < all.length; i++) {
+    var e = all[i], r = e.getBoundingClientRect(), where = (e.closest("section") || {}).id;
+    var text = (e.textContent || "").slice(0, 40);
+    if (r.width > 0 && r.right > vw + 0.5) {
+      out.push(where + ": " + e.tagName + " ends at " + r.right + ": " + text);
+    }
+    if (getComputedStyle(e).overflowX !== "visible" && e.scrollWidth > e.clientWidth + 1) {
+      out.push(where + ": " + e.tagName + " hides " + (e.scrollWidth - e.clientWidth) + " px: " + text);
+    }
+  }
+  var pre = document.createElement("pre");
+  pre.id = "layout-probe";
+  pre.setAttribute("data-viewport", vw);
+  pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+});
+</script>"""
+PROBE = re.compile(r'<pre id="layout-probe" data-viewport="(\d+)">(.*?)</pre>', re.S)
+
+
+def clipped(tmp_path: Path, page: Path, width: int) -> tuple[int, list[str]]:
+    """The viewport width Chromium laid ``page`` out at, and what passed its right edge."""
+    import html
+    import json
+
+    probe = tmp_path / f"probe-{page.name}"
+    probe.write_text(page.read_text().replace("</body>", LAYOUT_PROBE + "</body>"))
+    proc = chromium(tmp_path, probe, "--hide-scrollbars", f"--window-size={width},1000", "--dump-dom")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert console_messages(proc.stderr) == []
+    m = PROBE.search(proc.stdout)
+    assert m, proc.stdout[-2000:]
+    return int(m.group(1)), json.loads(html.unescape(m.group(2)))
+
+
+def test_no_table_is_clipped_at_1300_px(html_report: Any, tmp_path: Path) -> None:
+    page, rep = html_report
+    assert len(rep["longtail"]["slowest_sessions"]) == 10
+    assert "<code>" in page.read_text()  # the slowest sessions' trace ids, the widest cells
+    viewport, over = clipped(tmp_path, page, 1300)
+    assert viewport == 1300
+    assert over == []
+
+
+def test_a_run_with_steps_and_scopes_but_no_sessions_renders_every_section(tmp_path: Path) -> None:
+    """Only trace files (3 ranks, no session_tracer/); step 2 has no rollout scope on any rank and
+    step 3 none on rank 1: every section and plot renders, the stragglers rows without rollout
+    data included, as in the Markdown and JSON reports."""
+    import numpy as np
+
+    m = np.array([[20.0, 21.0, np.nan, 20.0], [20.5, 20.0, np.nan, np.nan], [21.0, 80.0, np.nan, 22.0]])
+    write_rollout_run(tmp_path / "run", m)
+    for fmt in ("json", "md"):
+        report(tmp_path / "run", tmp_path / "out" / f"report.{fmt}")
+    rep, files = report(tmp_path / "run", tmp_path / "out" / "report.html")
+    assert rep["inputs"]["sessions"] == 0 and rep["inputs"]["ranks"] == [0, 1, 2]
+    per_step = rep["stragglers"]["per_step"]
+    assert "fastest_rank" not in per_step[2] and per_step[3]["fastest_rank"] == 0
+    proc = chromium(tmp_path, files[0], "--dump-dom")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert console_messages(proc.stderr) == []
+    dom = proc.stdout
+    for section in ("findings", "groups", "longtail", "stragglers", "phases", "turns", "status", "summary",
+                    "inputs"):
+        assert f'<section id="{section}">' in dom, section
+    n = len(rep["plots"])
+    assert n >= 3 and f'data-plots-decoded="{n}/{n}"' in dom
+    assert "no rollout time on any rank" in dom
+    assert "Step 1: rank 2 rollout took" in dom  # the planted straggler, with no session to blame
+    assert dom.rstrip().endswith("</html>")

@@ -333,7 +333,8 @@ def write_rollout_run(logdir: Path, rollout_s: Any, *, extra_scopes: tuple[str, 
     """Write ``perf_tracer/traces-r{rank}.jsonl`` only (no session records): per rank and step a
     ``train.step`` scope holding ``train.rollout`` lasting ``rollout_s[rank, step]`` seconds, then
     ``train.ppo_update`` (PPO_S) and ``train.weight_sync`` (SYNC_S); each name of
-    ``extra_scopes`` runs once per step after them (0.5 s, not a ``train.*`` scope)."""
+    ``extra_scopes`` runs once per step after them (0.5 s, not a ``train.*`` scope).  Where
+    ``rollout_s`` is NaN the step has no ``train.rollout`` scope (no rollout time there)."""
     m = np.asarray(rollout_s, dtype=float)
     (logdir / "perf_tracer").mkdir(parents=True, exist_ok=True)
     for rank in range(m.shape[0]):
@@ -341,7 +342,10 @@ def write_rollout_run(logdir: Path, rollout_s: Any, *, extra_scopes: tuple[str, 
         events = meta_events(pid, rank, m.shape[0])
         for step in range(m.shape[1]):
             start, rollout = float(t0 + step * step_period_s), float(m[rank, step])
-            events.append(x_event(pid, 1, start, rollout, "train.rollout", args={"global_step": step}))
+            if math.isfinite(rollout):
+                events.append(x_event(pid, 1, start, rollout, "train.rollout", args={"global_step": step}))
+            else:
+                rollout = 1.0
             events.append(x_event(pid, 1, start + rollout, PPO_S, "train.ppo_update"))
             events.append(x_event(pid, 1, start + rollout + PPO_S, SYNC_S, "train.weight_sync", "comm"))
             end = start + rollout + PPO_S + SYNC_S
