@@ -207,9 +207,13 @@ def _held(b: dict[str, Any] | None) -> str:
 
 def _md_stragglers(rep: dict[str, Any], img: dict[str, str]) -> list[str]:
     sg = rep["stragglers"]
+    nz = sg["noise"]
+    beyond = "" if nz["excess_limit"] is None else (
+        f" and more than {fmt_pct(nz['excess_limit'])} slower than the step's fastest rank (the run's noise: "
+        f"median excess {fmt_pct(nz['excess_median'])} + {sg['k']} × spread {fmt_pct(nz['excess_spread'])})")
     L = ["## 3. Stragglers", "",
          f"Outlier: rollout above median {fmt_s(sg['median_s'])} + {sg['k']} × MAD {fmt_s(sg['mad_s'])} = "
-         f"{fmt_s(sg['threshold_s'])}. Total barrier wait {fmt_s(sg['total_barrier_wait_s'])} "
+         f"{fmt_s(sg['threshold_s'])}{beyond}. Total barrier wait {fmt_s(sg['total_barrier_wait_s'])} "
          f"({fmt_pct(sg['barrier_wait_share'])} of step time).", ""]
     L += _md_table(["step", "rank", "rollout", "median", "+MADs",
                     "last sessions to finish (slowest segment)"],

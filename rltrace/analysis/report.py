@@ -162,15 +162,7 @@ def _straggler_findings(rep: dict[str, Any], add: Add) -> None:
     if len(sg["outliers"]) > MAX_OUTLIER_FINDINGS:
         add("straggler", f"…and {len(sg['outliers']) - MAX_OUTLIER_FINDINGS} more outlier (rank, step) "
             f"rollouts (see Stragglers).")
-    n_steps = sum(1 for r in sg["per_step"] if "slowest_rank" in r)
-    if len(sg["ranks"]) > 1 and n_steps >= 2:
-        worst = max(sg["per_rank"], key=lambda r: r["slowest_in_steps"])
-        if worst["slowest_in_steps"] * 2 > n_steps:
-            who = _rank(rep, worst["rank"])
-            add("straggler", f"{who[0].upper()}{who[1:]} is the slowest rank in "
-                f"{worst['slowest_in_steps']} of "
-                f"{n_steps} steps (median {worst['median_ratio_to_fastest'] or 0:.2f}× the fastest).",
-                rank=worst["rank"])
+    _slowest_rank_finding(rep, add)
     if sg["barrier_wait_share"] is not None and sg["total_barrier_wait_s"] > 0:
         top = max((r for r in sg["per_step"] if r.get("barrier_wait_s")), key=lambda r: r["barrier_wait_s"])
         add("barrier", f"Barrier wait (slowest minus fastest rank's rollout) totals "
@@ -178,6 +170,25 @@ def _straggler_findings(rep: dict[str, Any], add: Add) -> None:
             f"longest, step {top['step']} ({fmt_s(top['barrier_wait_s'])}): the other ranks waited for "
             f"{_rank(rep, top['slowest_rank'])}, {_held(held.get(top['step']))}.", step=top["step"],
             rank=top["slowest_rank"])
+
+
+def _slowest_rank_finding(rep: dict[str, Any], add: Add) -> None:
+    """A rank that is the slowest in most steps, when it is slower beyond the run's noise: its
+    median excess over the step's fastest rank passes the stragglers' noise limit."""
+    sg = rep["stragglers"]
+    n_steps = sum(1 for r in sg["per_step"] if "slowest_rank" in r)
+    if len(sg["ranks"]) < 2 or n_steps < 2:
+        return
+    worst = max(sg["per_rank"], key=lambda r: r["slowest_in_steps"])
+    ratio, limit = worst["median_ratio_to_fastest"], sg["noise"]["excess_limit"]
+    if worst["slowest_in_steps"] * 2 <= n_steps or ratio is None:
+        return
+    if limit is not None and ratio - 1 <= limit:  # slowest by less than the run's noise
+        return
+    who = _rank(rep, worst["rank"])
+    add("straggler", f"{who[0].upper()}{who[1:]} is the slowest rank in {worst['slowest_in_steps']} of "
+        f"{n_steps} steps (median {ratio:.2f}× the fastest, beyond the run's noise: "
+        f"+{fmt_pct(limit)}).", rank=worst["rank"])
 
 
 def _longtail_findings(rep: dict[str, Any], add: Add) -> None:

@@ -6,9 +6,15 @@ finalization minus the step start.  Per step: the fastest and slowest rank, the 
 time (every rank's wait for the slowest) and who held the step: on the slowest rank, the
 session that finished its own work last, with its slowest segment (phase and turn).
 Outliers: a (rank, step) whose rollout time exceeds ``median + k * MAD`` over all (rank, step)
-rollout times (MAD floored at 1% of the median, so identical ranks do not flag noise); each
-names the rank and the sessions that finished their own work last there, with the segment
-that made them slow.
+rollout times (MAD floored at 1% of the median, so identical ranks do not flag noise) and, where
+its step has two or more ranks, whose *excess over the step's fastest rank* (rollout / fastest
+- 1) exceeds the run's own noise: ``median + k * spread`` of that excess over every (rank, step),
+the spread being 1.4826 × its MAD (a standard deviation for normal noise), floored at 1%.  So a
+whole slow step is no straggler, nor is a rank a few percent slower in a run whose ranks vary
+more than that from step to step.  Each outlier names the rank and the sessions that finished
+their own work last there, with the segment that made them slow.  The same noise limit decides
+whether a rank that is the slowest in most steps is worth a finding (its median excess must pass
+it).
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from .run import Run
 from .stats import fnum, median_mad
 
 MAD_FLOOR = 0.01
+#: MAD -> standard deviation, for normally distributed noise
+MAD_TO_SD = 1.4826
 
 
 def matrix(run: Run) -> tuple[list[int], list[int], np.ndarray]:
@@ -52,6 +60,29 @@ def holder(run: Run, rank: int, step: int) -> dict[str, Any] | None:
     return {k: b.get(k) for k in HOLDER_KEYS}
 
 
+def excess_over_fastest(m: np.ndarray) -> np.ndarray:
+    """Each (rank, step)'s rollout over its step's fastest rank's, minus 1 (NaN where it has no
+    rollout time, or its step fewer than two ranks with one, or a fastest of 0)."""
+    finite = np.isfinite(m)
+    fastest = np.min(np.where(finite, m, np.inf), axis=0, initial=np.inf)
+    usable = (finite.sum(axis=0) >= 2) & (fastest > 0) & np.isfinite(fastest)
+    e = np.full(m.shape, np.nan)
+    cols = np.flatnonzero(usable)
+    e[:, cols] = m[:, cols] / fastest[cols] - 1.0
+    return e
+
+
+def noise(e: np.ndarray, k: float) -> dict[str, float | None]:
+    """The run's own noise in the excess over the step's fastest rank (``e``): its median, its
+    spread (1.4826 × MAD, floored at MAD_FLOOR) and the limit ``median + k * spread`` a straggler
+    must pass (all None without two ranks in any step)."""
+    med, mad = median_mad(e)
+    if not math.isfinite(med):
+        return {"excess_median": None, "excess_spread": None, "excess_limit": None}
+    spread = max(MAD_TO_SD * mad, MAD_FLOOR)
+    return {"excess_median": med, "excess_spread": spread, "excess_limit": med + k * spread}
+
+
 def analyze(run: Run) -> dict[str, Any]:
     """The stragglers section of the report (see the module docstring)."""
     k = run.options.k
@@ -59,11 +90,15 @@ def analyze(run: Run) -> dict[str, Any]:
     med, mad = median_mad(m)
     mad_used = max(mad, MAD_FLOOR * med) if math.isfinite(med) else math.nan
     threshold = med + k * mad_used if math.isfinite(med) else math.nan
+    excess = excess_over_fastest(m)
+    nz = noise(excess, k)
     per_step = [_step_row(run, ranks, st, m[:, j]) for j, st in enumerate(steps)]
-    outliers = _outliers(run, ranks, steps, m, per_step, med, mad_used, threshold)
+    outliers = _outliers(run, ranks, steps, m, per_step, med, mad_used, threshold,
+                         _beyond_noise(excess, nz["excess_limit"]))
     total_wait, total_idle, total_step = _totals(run, ranks, per_step)
     return {
         "k": k, "median_s": fnum(med), "mad_s": fnum(mad), "threshold_s": fnum(threshold),
+        "noise": nz,
         "ranks": ranks, "per_step": per_step, "per_rank": _per_rank(ranks, m, outliers), "outliers": outliers,
         "total_barrier_wait_s": total_wait, "total_idle_rank_s": total_idle,
         "total_step_s": total_step,
@@ -109,14 +144,25 @@ def _totals(run: Run, ranks: list[int], per_step: list[dict[str, Any]]) -> tuple
     return total_wait, total_idle, total_step
 
 
+def _beyond_noise(excess: np.ndarray, limit: float | None) -> np.ndarray:
+    """Where a (rank, step) may be an outlier by the noise test: its excess over the step's fastest
+    rank passes ``limit``, or it cannot be compared (its step has one rank with a rollout time)."""
+    if limit is None:
+        return np.ones(excess.shape, dtype=bool)
+    ok: np.ndarray = np.isnan(excess) | (excess > limit)
+    return ok
+
+
 def _outliers(run: Run, ranks: list[int], steps: list[int], m: np.ndarray, per_step: list[dict[str, Any]],
-              med: float, mad_used: float, threshold: float) -> list[dict[str, Any]]:
-    """The (rank, step) rollout times above ``threshold``, by step then slowest first, each with
-    the sessions that finished their own work last there (none when the threshold is NaN)."""
+              med: float, mad_used: float, threshold: float, noisy_ok: np.ndarray) -> list[dict[str, Any]]:
+    """The (rank, step) rollout times above ``threshold`` where ``noisy_ok`` (beyond the run's
+    noise), by step then slowest first, each with the sessions that finished their own work last
+    there (none when the threshold is NaN)."""
     outliers: list[dict[str, Any]] = []
     if not math.isfinite(threshold):
         return outliers
-    for i, j in zip(*np.nonzero(np.nan_to_num(m, nan=-np.inf) > threshold), strict=True):
+    hit = (np.nan_to_num(m, nan=-np.inf) > threshold) & noisy_ok
+    for i, j in zip(*np.nonzero(hit), strict=True):
         r, st = ranks[int(i)], steps[int(j)]
         v = float(m[i, j])
         latest = sorted(run.reader.latest.get((r, st), []), reverse=True)

@@ -168,7 +168,10 @@ scope, else the step's first submitted session). The tail fraction is the share 
 {% set sg = rep.stragglers %}
 <p class="explain">Rollout time per rank and step (the rollout scope, else last session finished minus step
 start). Barrier wait = slowest − fastest rank of the step. An outlier is a (rank, step) above
-median {{ sg.median_s|s }} + {{ sg.k }} × MAD {{ sg.mad_s|s }} = {{ sg.threshold_s|s }}.
+median {{ sg.median_s|s }} + {{ sg.k }} × MAD {{ sg.mad_s|s }} = {{ sg.threshold_s|s }}{% if sg.noise.excess_limit is not none %}
+and slower than its step's fastest rank by more than the run's own noise: {{ sg.noise.excess_limit|pct }}
+(median excess over the fastest {{ sg.noise.excess_median|pct }} + {{ sg.k }} × spread {{ sg.noise.excess_spread|pct }},
+the spread 1.4826 × MAD over every rank and step){% endif %}.
 Total barrier wait {{ sg.total_barrier_wait_s|s }} ({{ sg.barrier_wait_share|pct }} of step time); idle rank
 time {{ sg.total_idle_rank_s|s }}.</p>
 {% if sg.outliers %}
