@@ -424,7 +424,9 @@ PLOTS: list[tuple[str, str, str, Callable[[dict[str, Any]], Figure | None]]] = [
      "Share of session time in queue wait, each phase, gaps between phases, group wait (done, waiting "
      "for the slowest sibling) and before finalize; each bar adds up to 100%.", plot_session_phases),
     ("train_phases", "Step time by train-side scope, per step",
-     "Seconds per step in each train.* scope directly under train.step, mean over ranks.",
+     "Seconds per step in each train.* scope directly under the step (its train.step scope, else "
+     "from its first train.* scope to the next step's), mean over ranks; untracked: step time in no "
+     "train.* scope.",
      plot_train_phases),
     ("turns", "Turns",
      "Turns per session; mean generate time by turn index; mean session time by number of turns.",

@@ -254,7 +254,11 @@ def _md_phases(rep: dict[str, Any], img: dict[str, str]) -> list[str]:
                    [[_step(r["step"]), *(fmt_pct(r["share"][p]) for p in ps["phases"])]
                     for r in ps["per_step"]])
     if tr["overall"]:
-        L += ["### Train-side scopes (share of step time)", ""]
+        prefix = rep["options"]["train_prefix"]
+        L += ["### Train-side scopes (share of step time)", "",
+              f"The `{prefix}*` scopes directly under each step (its `{rep['options']['step_scope']}` scope; "
+              f"without one, a step runs from the first `{prefix}*` scope carrying its number to the next "
+              f"step's); untracked: step time in no `{prefix}*` scope.", ""]
         L += _md_table(["scope", "total", "share"],
                        [[r["scope"], fmt_s(r["total_s"]), fmt_pct(r["share"])] for r in tr["overall"]])
         L += [img.get("train_phases", "")]

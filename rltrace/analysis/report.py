@@ -223,7 +223,9 @@ def _breakdown_findings(rep: dict[str, Any], add: Add) -> None:
         add("phase", f"Session time: {parts}.")
     tr = rep["phases"]["train"]
     if tr["overall"]:
-        parts = ", ".join(f"{r['scope']} {fmt_pct(r['share'])}" for r in tr["overall"][:4])
+        prefix = rep["options"]["train_prefix"]
+        parts = ", ".join(f"{r['scope']}{f' (in no {prefix}* scope)' if r['scope'] == 'untracked' else ''} "
+                          f"{fmt_pct(r['share'])}" for r in tr["overall"][:4])
         add("phase", f"Step time by train-side scope: {parts}.")
 
 

@@ -200,8 +200,11 @@ time {{ sg.total_idle_rank_s|s }}.</p>
 <p class="explain">Session time, split into queue wait (submit to first phase), each phase, the gaps between
 phases (named by what precedes and follows), group wait (done, waiting for the slowest sibling) and the time
 before finalize; the shares add up to 100%. Sessions overlap, so this is where a session's time goes, not wall
-time. Train-side scopes: <code>{{ rep.options.train_prefix }}*</code>
-scopes directly under <code>{{ rep.options.step_scope }}</code>, as a share of step wall time summed over ranks.</p>
+time. Train-side scopes: the <code>{{ rep.options.train_prefix }}*</code> scopes directly under each step (its
+<code>{{ rep.options.step_scope }}</code> scope; without one, a step runs from the first <code>{{ rep.options.train_prefix }}*</code>
+scope carrying its number to the next step's), as a share of step wall time summed over ranks; <i>untracked</i> is
+step time in no <code>{{ rep.options.train_prefix }}*</code> scope (such as <code>train_batch(batch)</code> called
+beside <code>trace_scope("train.rollout")</code>).</p>
 <h3>Session time by bucket</h3>
 <table><tr><th class="l">bucket</th><th class="l">kind</th><th>total</th><th>share</th><th>sessions</th><th>mean</th><th>P50</th><th>P99</th></tr>
 {% for r in ps.overall %}<tr><td class="l">{{ r.phase }}</td><td class="l">{{ r.kind }}</td><td>{{ r.total_s|s }}</td><td>{{ r.share|pct }}</td><td>{{ r.sessions }}</td><td>{{ r.mean_s|s }}</td><td>{{ r.p50_s|s }}</td><td>{{ r.p99_s|s }}</td></tr>

@@ -134,7 +134,7 @@ class TraceReader:
     def finish_prescan(self) -> None:
         """The selected steps' time window per process, from the scopes :meth:`prescan_windows` saw."""
         self.windows = {}
-        for key, lst in step_windows(self._prescan or [], self.step_scope).items():
+        for key, lst in step_windows(self._prescan or [], self.step_scope, lambda _: math.inf).items():
             for s, e, n in lst:
                 if n in self.steps:
                     w = self.windows.get(key)
@@ -294,7 +294,7 @@ class TraceReader:
 
     def step_infos(self) -> dict[tuple[int, int], StepInfo]:
         """(rank, step) -> :class:`StepInfo` for every selected step scope in the traces."""
-        by_proc = step_windows(self._train, self.step_scope)
+        by_proc = step_windows(self._train, self.step_scope, self._last_end)
         infos = self._selected_steps(by_proc)
         starts = {proc: [s for s, _, _ in lst] for proc, lst in by_proc.items()}
         for fi, pid, ts, dur, name, depth in self._train_scopes_with_depth():
@@ -307,6 +307,11 @@ class TraceReader:
                 info.breakdown[name] = info.breakdown.get(name, 0.0) + dur
                 info.scopes.append((name, ts, dur))
         return infos
+
+    def _last_end(self, proc: tuple[int, Any]) -> float:
+        """The end (µs) of process ``proc``'s last event read (-inf when none was)."""
+        e = self.extent.get(proc)
+        return e[1] if e is not None else -math.inf
 
     def _selected_steps(self, by_proc: dict[tuple[int, Any], list[tuple[float, float, int]]]
                         ) -> dict[tuple[int, int], StepInfo]:
@@ -393,14 +398,18 @@ def _add_rollout(info: StepInfo, ts: float, dur: float) -> None:
     info.rollout_end_us = end if hi is None else max(hi, end)
 
 
-def step_windows(events: list[tuple[int, Any, Any, float, float, str, Any]],
-                 step_scope: str) -> dict[tuple[int, Any], list[tuple[float, float, int]]]:
+def step_windows(events: list[tuple[int, Any, Any, float, float, str, Any]], step_scope: str,
+                 last_end: Callable[[tuple[int, Any]], float] | None = None
+                 ) -> dict[tuple[int, Any], list[tuple[float, float, int]]]:
     """(file index, pid) -> sorted (start, end, step) windows of its steps.
 
     A process with step scopes (``train.step``): one window per step scope, numbered by its
     step argument, else in order.  A process without (AReaL's guide marks steps only as
     ``trace_scope("train.rollout", args={"global_step": n})``): per step number, the hull of
-    the ``train.*`` scopes carrying it.
+    the ``train.*`` scopes carrying it; with ``last_end`` (process -> µs), the step's *period*
+    instead: from that hull's start to the next step's (the last step: to ``last_end``), so the
+    code that runs between two such scopes (``train_batch(batch)`` after the rollout scope, in
+    the README's quick start) is part of its step's time.
     """
     scoped: dict[tuple[int, Any], list[tuple[float, float, Any]]] = {}
     by_arg: dict[tuple[int, Any], dict[int, list[float]]] = {}
@@ -419,8 +428,16 @@ def step_windows(events: list[tuple[int, Any, Any, float, float, str, Any]],
         out[proc] = [(s, e, i if n is None else int(n)) for i, (s, e, n) in enumerate(lst)]
     for proc, d in by_arg.items():
         if proc not in out:
-            out[proc] = sorted((s, e, n) for n, (s, e) in d.items())
+            hulls = sorted((s, e, n) for n, (s, e) in d.items())
+            out[proc] = hulls if last_end is None else _periods(hulls, last_end(proc))
     return out
+
+
+def _periods(hulls: list[tuple[float, float, int]], last: float) -> list[tuple[float, float, int]]:
+    """Sorted step hulls widened to step periods: each ends at the next one's start (or its own
+    end when later), the last at ``last`` (or its own end when later)."""
+    ends = [s for s, _, _ in hulls[1:]] + [last]
+    return [(s, max(e, nxt), n) for (s, e, n), nxt in zip(hulls, ends, strict=True)]
 
 
 #: step arguments, most specific first (AReaL's guide: ``global_step``, and ``epoch_step``)
