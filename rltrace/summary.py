@@ -3,7 +3,8 @@
 * ``rltrace.counter("samples").add(n)`` — thread-safe counters; their running totals go to the
   Chrome trace as counter tracks (``ph: "C"``) and into the summary with a rate per second.
 * :class:`ScopeSummary` — a record processor keeping, per scope name, count, total, min, max
-  and a bounded uniform sample for p50/p99; ``rltrace.summary()`` renders it and
+  and a bounded uniform sample for p50/p99 (:func:`rltrace.quantiles.quantile`, the definition
+  ``rltrace report`` and ``rltrace top`` use); ``rltrace.summary()`` renders it and
   ``print_summary: true`` prints it at ``shutdown()``.
 """
 
@@ -13,6 +14,8 @@ import random
 import threading
 import time
 from typing import Any
+
+from .quantiles import quantile
 
 __all__ = ["Counter", "Counters", "ScopeSummary"]
 
@@ -156,9 +159,5 @@ class ScopeSummary:
 
 
 def _q(sorted_values: list[int], q: float) -> float:
-    if not sorted_values:
-        return 0.0
-    pos = q * (len(sorted_values) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+    """Quantile ``q`` of a sorted sample (0 when empty), by :data:`rltrace.quantiles.DEFINITION`."""
+    return quantile(sorted_values, q) if sorted_values else 0.0

@@ -19,14 +19,14 @@ import numpy as np
 
 from .run import Run
 from .sessions import step_or_none
-from .stats import fnum, percentiles, quantile_curve
+from .stats import fnum, pct, percentiles, quantile_curve
 
 TAIL_QUANTILE = 80.0
 
 
 def _tail(values: np.ndarray) -> tuple[float, float]:
     """(T_end, T_80) of one step's completion times."""
-    return float(values.max()), float(np.percentile(values, TAIL_QUANTILE))
+    return float(values.max()), pct(values, (TAIL_QUANTILE,))[0]
 
 
 def step_groups(steps: np.ndarray) -> tuple[np.ndarray, list[int], list[slice]]:

@@ -22,7 +22,7 @@ import numpy as np
 from . import timeline
 from .run import Run
 from .sessions import step_or_none
-from .stats import fnum, median_mad
+from .stats import fnum, median_mad, pct
 
 MIN_JUMP = 0.05
 
@@ -37,9 +37,9 @@ def _bucket_stats(run: Run) -> dict[str, dict[str, Any]]:
     wait, fin, _ = run.tail()
     for label, v in ((timeline.GROUP, wait), (timeline.FINALIZE, fin)):
         ran = v[v > 0]
-        pct = np.percentile(ran, (50, 99)) if ran.size else (None, None)
+        p50, p99 = pct(ran, (50.0, 99.0)) if ran.size else (None, None)
         out[label] = {"sessions": int(ran.size), "mean_s": fnum(ran.mean()) if ran.size else None,
-                      "p50_s": fnum(pct[0]), "p99_s": fnum(pct[1])}
+                      "p50_s": fnum(p50), "p99_s": fnum(p99)}
     return out
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from ..quantiles import DEFINITION
 from .load import ReportError
 from .plots import MANY_RANKS, Plot, write_plots
 from .report import fmt_pct, fmt_s, link_name, public, session_name, skipped_text, why_slow
@@ -130,7 +131,7 @@ def render_html(rep: dict[str, Any], plots: list[Plot]) -> str:
     uris = {p.key: {"title": p.title, "caption": p.caption,
                     "uri": "data:image/png;base64," + base64.b64encode(p.path.read_bytes()).decode("ascii")}
             for p in plots}
-    return env.from_string(HTML).render(rep=rep, plots=uris, max_rows=MAX_ROWS,
+    return env.from_string(HTML).render(rep=rep, plots=uris, max_rows=MAX_ROWS, definition=DEFINITION,
                                     rank_rows=rank_table(rep["stragglers"]["per_rank"]),
                                     many=many_ranks(rep))
 
@@ -183,7 +184,8 @@ def _md_longtail(rep: dict[str, Any], img: dict[str, str]) -> list[str]:
     o = lt["overall"]
     L = ["## 2. Long tail", "",
          "Own completion time (last phase's end) since the step's start (rollout scope, else step scope, "
-         "else first submit).", ""]
+         f"else first submit). Percentiles, in every table of this report: {DEFINITION}; `rltrace top` "
+         "computes them the same way from its live files' 19%-wide duration buckets.", ""]
     L += _md_table(["sessions", "P50", "P90", "P99", "P99.9", "max", "waiting for last 20%"],
                    [[o["count"], fmt_s(o["p50_s"]), fmt_s(o["p90_s"]), fmt_s(o["p99_s"]), fmt_s(o["p999_s"]),
                      fmt_s(o["max_s"]), fmt_pct(o["tail_fraction"])]])

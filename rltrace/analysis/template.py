@@ -142,7 +142,9 @@ a timeline is a session: its phases (t<i>n</i>: turn index), queue wait, gaps be
 <p class="explain">Session completion (the end of its own last phase, not its group's finalize) is measured from the step's start on the session's rank (the
 <code>{{ rep.options.rollout_scope }}</code> scope inside <code>{{ rep.options.step_scope }}</code>, else the step
 scope, else the step's first submitted session). The tail fraction is the share of the step's rollout
-(start to last session) spent after 80% of its sessions had finished.</p>
+(start to last session) spent after 80% of its sessions had finished. Percentiles (P50, P90, …), in
+every table of this report: <span class="pdef">{{ definition }}</span>; <code>rltrace top</code> computes
+them the same way from its live files' 19%-wide duration buckets.</p>
 {% set o = rep.longtail.overall %}
 <table><tr><th class="l">sessions</th><th>P50</th><th>P90</th><th>P99</th><th>P99.9</th><th>max</th><th>waiting for last 20%</th></tr>
 <tr><td class="l">{{ o.count }}</td><td>{{ o.p50_s|s }}</td><td>{{ o.p90_s|s }}</td><td>{{ o.p99_s|s }}</td><td>{{ o.p999_s|s }}</td><td>{{ o.max_s|s }}</td><td>{{ o.tail_fraction|pct }}</td></tr></table>

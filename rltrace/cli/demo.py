@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import random
-import statistics
 import sys
 import time
 from collections import defaultdict
@@ -30,6 +29,7 @@ from rltrace import Category
 
 from .. import logdir as logdir_room
 from ..config import ConfigError, SessionTracerConfig, TracerConfig, endpoint_problem
+from ..quantiles import quantile
 
 
 @dataclass
@@ -155,10 +155,10 @@ def _rank_main(opts: DemoOptions, rank: int) -> None:
 
 
 def _quantiles(values: list[float]) -> tuple[float, float, float]:
-    if len(values) == 1:
-        return values[0], values[0], values[0]
-    q = statistics.quantiles(values, n=100, method="inclusive")
-    return q[49], q[89], q[98]
+    """P50, P90, P99 by :data:`rltrace.quantiles.DEFINITION` (as ``rltrace report`` and ``top``)."""
+    v = sorted(values)
+    p50, p90, p99 = (quantile(v, q) for q in (0.5, 0.9, 0.99))
+    return p50, p90, p99
 
 
 def _read_records(logdir: Path) -> list[dict[str, Any]]:

@@ -27,6 +27,7 @@ from typing import Any
 import orjson
 
 from ..live import EDGES, LIVE_DIR, bucket_upper
+from ..quantiles import DEFINITION, hist_quantile
 from ..readers import check_live_state
 
 __all__ = ["RankState", "TopView", "Unread", "find_live_files", "read_states", "render", "run_top", "watch"]
@@ -160,18 +161,16 @@ def _pct(part: int, whole: int) -> str:
     return f"{100.0 * part / whole:.1f}%" if whole else "-"
 
 
-def _quantile(hist: Counter[int], q: float) -> float | None:
-    """Upper edge of the bucket holding quantile ``q`` of a histogram (19% resolution)."""
-    n = sum(hist.values())
-    if not n:
-        return None
-    want = q * n
-    cum = 0
-    for b in sorted(hist):
-        cum += hist[b]
-        if cum >= want:
-            return bucket_upper(b)
-    return bucket_upper(max(hist))
+def bucket_bounds(i: int) -> tuple[float, float]:
+    """(lower, upper) edges in seconds of live histogram bucket ``i`` (bucket 0 starts at 0)."""
+    return (EDGES[i - 1] if i > 0 else 0.0), bucket_upper(i)
+
+
+def _quantile(hist: Counter[int], q: float, high: float = math.inf) -> float | None:
+    """Quantile ``q`` (0..1) of a live histogram by the report's definition
+    (:func:`rltrace.quantiles.hist_quantile`: values placed evenly within their 19%-wide
+    buckets), at most ``high`` (the step's longest duration, where known)."""
+    return hist_quantile(hist, q, bucket_bounds, high=high)
 
 
 @dataclass
@@ -426,7 +425,8 @@ def _tail_table(merged: list[_Step]) -> Any:
     already older than the previous steps' P90, and the duration CDF (the current step in bold)."""
     lo, top_edge = _cdf_range(merged)
     points = [lo * (top_edge / lo) ** (i / (CDF_WIDTH - 1)) for i in range(CDF_WIDTH)]
-    tail = _table("long tail: session duration by step (submit to finalize)")
+    tail = _table(f"long tail: session duration by step (submit to finalize); p50/p90/p99: {DEFINITION}, "
+                  f"as rltrace report, over 19%-wide buckets")
     for name in ("step", "done", "flight", "p50", "p90", "p99", "max", "oldest", ">p90prev"):
         tail.add_column(name, justify="right", no_wrap=True)
     tail.add_column(f"CDF {_fmt_s(lo)}..{_fmt_s(top_edge)}", no_wrap=True)
@@ -443,8 +443,8 @@ def _tail_cells(row: _Step, p90_prev: float | None, points: list[float]) -> list
     over = _older_than(row, p90_prev)
     return [
         str(row.step) if row.step is not None else "-", str(row.done), str(row.open),
-        *(_fmt_s(min(q, row.max_s)) if q is not None else "-"
-          for q in (_quantile(row.hist, x) for x in (0.5, 0.9, 0.99))),
+        *(_fmt_s(q) if q is not None else "-"
+          for q in (_quantile(row.hist, x, row.max_s) for x in (0.5, 0.9, 0.99))),
         _fmt_s(row.max_s) if row.done else "-", _fmt_s(row.oldest_s) if row.open else "-",
         str(over) if over is not None else "-", _spark(row, points),
     ]
