@@ -10,6 +10,8 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
+from .units import SCALE, unit_of, with_unit
+
 DPI = 100
 MAX_CDF_STEPS = 12
 STATUS_COLORS = {"accepted": "#2ca02c", "rejected": "#ff7f0e", "failed": "#d62728",
@@ -48,6 +50,18 @@ def _colors(names: list[str]) -> dict[str, Any]:
     return out
 
 
+def _unit(rep: dict[str, Any], view: str) -> tuple[str, float]:
+    """The time unit of ``view`` (:mod:`.units`: the one its tables use) and the seconds in one."""
+    unit = unit_of(rep, view)
+    return unit, SCALE[unit]
+
+
+def _in(values: Any, scale: float) -> np.ndarray:
+    """Seconds (None: NaN) in a unit of ``scale`` seconds."""
+    v: np.ndarray = np.array([np.nan if x is None else x for x in values], dtype=float) / scale
+    return v
+
+
 def _step_labels(steps: list[Any]) -> list[str]:
     return ["–" if s is None else str(s) for s in steps]
 
@@ -63,6 +77,7 @@ def plot_cdf(rep: dict[str, Any]) -> Figure | None:
     curves: dict[Any, tuple[np.ndarray, np.ndarray]] = lt.get("_curves") or {}
     if not lt["overall"]["count"]:
         return None
+    unit, scale = _unit(rep, "longtail")
     fig = Figure(figsize=(8, 4.5))
     ax = fig.add_subplot()
     keys = [k for k in curves if k is not None]
@@ -74,15 +89,15 @@ def plot_cdf(rep: dict[str, Any]) -> Figure | None:
     cmap = colormaps["viridis"]
     for i, k in enumerate(keys):
         xs, qs = curves[k]
-        ax.plot(xs, qs, color=cmap(i / max(1, len(keys) - 1)), lw=1, alpha=0.8, label=f"step {k}")
+        ax.plot(_in(xs, scale), qs, color=cmap(i / max(1, len(keys) - 1)), lw=1, alpha=0.8, label=f"step {k}")
     cdf = lt["cdf"]
-    ax.plot(cdf["completion_s"], cdf["fraction"], color="black", lw=2.2, label="all steps")
+    ax.plot(_in(cdf["completion_s"], scale), cdf["fraction"], color="black", lw=2.2, label="all steps")
     ov = lt["overall"]
     for key, lab in (("p50_s", "P50"), ("p90_s", "P90"), ("p99_s", "P99")):
-        ax.axvline(ov[key], color="#555555", ls="--", lw=0.8)
-        ax.text(ov[key], 0.02, f" {lab}", fontsize=8, color="#333333", rotation=90, va="bottom")
+        ax.axvline(ov[key] / scale, color="#555555", ls="--", lw=0.8)
+        ax.text(ov[key] / scale, 0.02, f" {lab}", fontsize=8, color="#333333", rotation=90, va="bottom")
     ax.axhline(0.8, color="#d62728", ls=":", lw=0.8)
-    ax.set_xlabel("session completion time since step start (s)")
+    ax.set_xlabel(f"session completion time since step start ({unit})")
     ax.set_ylabel("fraction of sessions finished")
     ax.set_ylim(0, 1.01)
     ax.grid(alpha=0.3)
@@ -100,15 +115,16 @@ def plot_step_tail(rep: dict[str, Any]) -> Figure | None:
     rows = [r for r in rep["longtail"]["per_step"] if r["count"]]
     if not rows:
         return None
+    unit, scale = _unit(rep, "longtail")
     fig = Figure(figsize=(8, 4))
     ax = fig.add_subplot()
     x = np.arange(len(rows))
-    p99, top = (np.array([r[k] for r in rows], dtype=float) for k in ("p99_s", "max_s"))
-    same = _same_pixel(ax, p99, top, [r[k] for r in rows for k in ("p50_s", "max_s")])
+    p99, top = (_in([r[k] for r in rows], scale) for k in ("p99_s", "max_s"))
+    same = _same_pixel(ax, p99, top, [r[k] / scale for r in rows for k in ("p50_s", "max_s")])
     for key, lab, color in (("p50_s", "P50", "#1f77b4"), ("p90_s", "P90", "#ff7f0e")):
-        ax.plot(x, [r[key] for r in rows], marker="o", ms=3, label=lab, color=color)
+        ax.plot(x, _in([r[key] for r in rows], scale), marker="o", ms=3, label=lab, color=color)
     _p99_and_max(ax, x, p99, top, same)
-    ax.set_ylabel("completion since step start (s)")
+    ax.set_ylabel(f"completion since step start ({unit})")
     ax.set_xlabel("step")
     _xticks(ax, len(rows), _step_labels([r["step"] for r in rows]))
     ax.grid(alpha=0.3)
@@ -185,7 +201,7 @@ def plot_stragglers(rep: dict[str, Any]) -> Figure | None:
     if m.size == 0 or not np.isfinite(m).any():
         return None
     if len(ranks) > MANY_RANKS:
-        return _plot_many_stragglers(sg, ranks, steps, m)
+        return _plot_many_stragglers(sg, ranks, steps, m, _unit(rep, "stragglers"))
     fig = Figure(figsize=(8, 2.2 + 0.25 * len(ranks) + 2.2))
     gs = fig.add_gridspec(2, 1, height_ratios=[max(1.0, 0.25 * len(ranks) + 1), 1.6])
     ax = fig.add_subplot(gs[0])
@@ -203,11 +219,12 @@ def plot_stragglers(rep: dict[str, Any]) -> Figure | None:
         j, i = si[o["step"]], ri[o["rank"]]
         ax.add_patch(_rect(j - 0.5, i - 0.5))
     fig.colorbar(im, ax=ax, fraction=0.03, pad=0.01)
-    _barrier_axes(fig.add_subplot(gs[1]), sg["per_step"])
+    _barrier_axes(fig.add_subplot(gs[1]), sg["per_step"], *_unit(rep, "stragglers"))
     return fig
 
 
-def _plot_many_stragglers(sg: dict[str, Any], ranks: list[Any], steps: list[Any], m: np.ndarray) -> Figure:
+def _plot_many_stragglers(sg: dict[str, Any], ranks: list[Any], steps: list[Any], m: np.ndarray,
+                          unit: tuple[str, float]) -> Figure:
     """More than MANY_RANKS ranks: a heatmap of the TOP_RANKS slowest, the distribution of all
     ranks per step as quantile bands, and the barrier wait; the height does not grow with ranks."""
     ratio = _ratios(m)
@@ -251,14 +268,14 @@ def _plot_many_stragglers(sg: dict[str, Any], ranks: list[Any], steps: list[Any]
     ab.set_title(f"all {len(ranks):,} ranks per step", fontsize=9)
     ab.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ab.grid(alpha=0.3, axis="y")
-    _barrier_axes(fig.add_subplot(gs[2]), sg["per_step"])
+    _barrier_axes(fig.add_subplot(gs[2]), sg["per_step"], *unit)
     return fig
 
 
-def _barrier_axes(ax2: Any, rows: list[dict[str, Any]]) -> None:
-    ax2.bar(range(len(rows)), [r.get("barrier_wait_s", 0.0) for r in rows], color="#d62728", alpha=0.7,
-            label="barrier wait (slowest − fastest)")
-    ax2.set_ylabel("s")
+def _barrier_axes(ax2: Any, rows: list[dict[str, Any]], unit: str, scale: float) -> None:
+    ax2.bar(range(len(rows)), [r.get("barrier_wait_s", 0.0) / scale for r in rows], color="#d62728",
+            alpha=0.7, label="barrier wait (slowest − fastest)")
+    ax2.set_ylabel(f"barrier wait ({unit})")
     ax2.set_xlabel("step")
     _xticks(ax2, len(rows), [str(r["step"]) for r in rows])
     ax2.set_xlim(-0.5, len(rows) - 0.5)
@@ -306,9 +323,10 @@ def plot_train_phases(rep: dict[str, Any]) -> Figure | None:
     fig = Figure(figsize=(8, 4))
     ax = fig.add_subplot()
     names = tr["scopes"]
+    unit, scale = _unit(rep, "train_phases")
     _stacked(ax, [r["step"] for r in tr["per_step"]], names,
-             {n: [r["mean_s"][n] for r in tr["per_step"]] for n in names})
-    ax.set_ylabel("seconds per step (mean over ranks)")
+             {n: [r["mean_s"][n] / scale for r in tr["per_step"]] for n in names})
+    ax.set_ylabel(f"time per step ({unit}, mean over ranks)")
     return fig
 
 
@@ -322,14 +340,15 @@ def plot_turns(rep: dict[str, Any]) -> Figure | None:
     a1.bar([r["turns"] for r in d], [r["fraction"] for r in d], color="#1f77b4")
     a1.set_xlabel("turns per session")
     a1.set_ylabel("fraction of sessions")
+    unit, scale = _unit(rep, "turns")
     g = tu["generate_by_turn"]
-    a2.bar([r["turn"] for r in g], [r["mean_s"] for r in g], color="#ff7f0e")
+    a2.bar([r["turn"] for r in g], [r["mean_s"] / scale for r in g], color="#ff7f0e")
     a2.set_xlabel("turn index")
-    a2.set_ylabel("mean generate time (s)")
+    a2.set_ylabel(f"mean generate time ({unit})")
     b = tu["session_time_by_turns"]
-    a3.bar([r["turns"] for r in b], [r["mean_s"] for r in b], color="#2ca02c")
+    a3.bar([r["turns"] for r in b], [r["mean_s"] / scale for r in b], color="#2ca02c")
     a3.set_xlabel("turns per session")
-    a3.set_ylabel("mean session time (s)")
+    a3.set_ylabel(f"mean session time ({unit})")
     for a in (a1, a2, a3):
         a.grid(alpha=0.3, axis="y")
         a.xaxis.get_major_locator().set_params(integer=True)
@@ -397,15 +416,16 @@ def plot_scopes(rep: dict[str, Any]) -> Figure | None:
         return None
     fig = Figure(figsize=(8, 0.9 + 0.3 * len(rows)))
     ax = fig.add_subplot()
+    unit, scale = _unit(rep, "summary")
     y = np.arange(len(rows))[::-1]
-    ax.barh(y, [r["total_s"] for r in rows], color="#1f77b4")
+    ax.barh(y, [r["total_s"] / scale for r in rows], color="#1f77b4")
     ax.set_yticks(y)
     ax.set_yticklabels([r["name"][:40] for r in rows], fontsize=8)
     for yi, r in zip(y, rows, strict=True):
         share = r["wall_share"]
         label = f" {share * 100:.1f}%" if share is not None else ""
-        ax.text(r["total_s"], yi, label, va="center", fontsize=7)
-    ax.set_xlabel("total time over all ranks (s); label: share of wall time")
+        ax.text(r["total_s"] / scale, yi, label, va="center", fontsize=7)
+    ax.set_xlabel(f"total time over all ranks ({unit}); label: share of wall time")
     ax.grid(alpha=0.3, axis="x")
     return fig
 
@@ -424,7 +444,7 @@ PLOTS: list[tuple[str, str, str, Callable[[dict[str, Any]], Figure | None]]] = [
      "Share of session time in queue wait, each phase, gaps between phases, group wait (done, waiting "
      "for the slowest sibling) and before finalize; each bar adds up to 100%.", plot_session_phases),
     ("train_phases", "Step time by train-side scope, per step",
-     "Seconds per step in each train.* scope directly under the step (its train.step scope, else "
+     "Time per step in each train.* scope directly under the step (its train.step scope, else "
      "from its first train.* scope to the next step's), mean over ranks; untracked: step time in no "
      "train.* scope.",
      plot_train_phases),
@@ -462,25 +482,26 @@ def _segment_style(seg: dict[str, Any], colors: dict[str, Any]) -> tuple[Any, st
     return WAIT_STYLE.get(seg["kind"], WAIT_STYLE["gap"])
 
 
-def plot_group_timeline(g: dict[str, Any]) -> Figure:
-    """One slow group: a row per session, its phases (with turn numbers) and waits on one time axis."""
+def plot_group_timeline(g: dict[str, Any], unit: str = "s") -> Figure:
+    """One slow group: a row per session, its phases (with turn numbers) and waits on one time axis
+    (in ``unit``, the groups view's)."""
+    scale = SCALE[unit]
     rows = _timeline_rows(g)
     phases = sorted({seg["label"] for m in rows for seg in m["segments"] if seg["kind"] == "phase"})
     colors = _colors(phases)
     fig = Figure(figsize=(10, 1.3 + 0.42 * len(rows)))
     ax = fig.add_subplot()
-    span = max((seg["end_s"] for m in rows for seg in m["segments"]), default=1.0) or 1.0
+    span = (max((seg["end_s"] for m in rows for seg in m["segments"]), default=1.0) or 1.0) / scale
     seen: dict[str, Any] = {}
     for y, m in enumerate(rows):
         for seg in m["segments"]:
             color, hatch, label = _segment_style(seg, colors)
-            w = seg["end_s"] - seg["start_s"]
-            bars = ax.broken_barh([(seg["start_s"], w)], (y - 0.36, 0.72), facecolors=color, hatch=hatch,
+            x0, w = seg["start_s"] / scale, (seg["end_s"] - seg["start_s"]) / scale
+            bars = ax.broken_barh([(x0, w)], (y - 0.36, 0.72), facecolors=color, hatch=hatch,
                                   edgecolor="white" if not hatch else "#7a7a7a", linewidth=0.5)
             seen.setdefault(label, bars)
             if seg["kind"] == "phase" and seg["turn"] is not None and w > span * 0.035:
-                ax.text(seg["start_s"] + w / 2, y, f"t{seg['turn']}", ha="center", va="center", fontsize=7,
-                        color="white")
+                ax.text(x0 + w / 2, y, f"t{seg['turn']}", ha="center", va="center", fontsize=7, color="white")
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels([f"session {m['session_id']}" + (" — held the group" if m["held"] else "")
                         for m in rows], fontsize=8)
@@ -490,21 +511,22 @@ def plot_group_timeline(g: dict[str, Any]) -> Figure:
             tick.set_color("#c8372d")
     ax.invert_yaxis()
     ax.set_xlim(0, span * 1.01)
-    ax.set_xlabel("seconds since the group's first submit (t<n>: turn index)")
+    ax.set_xlabel(f"time since the group's first submit ({unit}; t<n>: turn index)")
     ax.grid(alpha=0.3, axis="x")
     ax.legend(list(seen.values()), list(seen), fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return fig
 
 
-def _timeline_text(g: dict[str, Any]) -> tuple[str, str]:
+def _timeline_text(g: dict[str, Any], unit: str = "s") -> tuple[str, str]:
     h = g["holder"]
     step = "–" if g["step"] is None else g["step"]
     title = f"Slow group: rank {g['rank']} step {step} task {g['task_id']}"
     turn = h.get("slow_turn")
     turn = f" turn {turn}" if h.get("slow_kind") == "phase" and turn is not None else ""
     share = h.get("slow_share")
-    caption = (f"{g['sessions']} sessions over {g['span_s']:.3g} s. Session {h['session_id']} held the "
-               f"group: {h['slow_phase']}{turn} took {h['slow_phase_s'] or 0:.3g} s"
+    span, slow = with_unit(g["span_s"], unit), with_unit(h["slow_phase_s"] or 0, unit)
+    caption = (f"{g['sessions']} sessions over {span}. Session {h['session_id']} held the group: "
+               f"{h['slow_phase']}{turn} took {slow}"
                + (f" ({share * 100:.0f}% of its own time)" if share is not None else "")
                + "; every other row's hatched red tail is time spent waiting for it (group wait).")
     return title, caption
@@ -522,8 +544,9 @@ def write_plots(rep: dict[str, Any], directory: Path, stem: str) -> list[Plot]:
             caption = CAPTIONS[key](rep, caption)
         out.append(_save(fig, directory, stem, key, title, caption))
     for i, g in enumerate(rep.get("groups", {}).get("groups", [])[:MAX_TIMELINES], 1):
-        title, caption = _timeline_text(g)
-        out.append(_save(plot_group_timeline(g), directory, stem, f"group_{i}", title, caption))
+        unit = unit_of(rep, "groups")
+        title, caption = _timeline_text(g, unit)
+        out.append(_save(plot_group_timeline(g, unit), directory, stem, f"group_{i}", title, caption))
     return out
 
 

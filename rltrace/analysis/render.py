@@ -8,6 +8,7 @@ the HTML and Markdown reports also write their PNG plots next to the file
 from __future__ import annotations
 
 import base64
+import functools
 import math
 from pathlib import Path
 from typing import Any
@@ -15,10 +16,12 @@ from typing import Any
 import orjson
 
 from ..quantiles import DEFINITION
+from . import units
 from .load import ReportError
 from .plots import MANY_RANKS, Plot, write_plots
 from .report import fmt_pct, fmt_s, link_name, public, session_name, skipped_text, why_slow
 from .template import HTML
+from .units import unit_of
 
 FORMATS = ("html", "md", "json")
 MAX_ROWS = 200
@@ -76,7 +79,7 @@ def _ratio_key(r: dict[str, Any]) -> tuple[int, float]:
     return r["outlier_steps"], (-math.inf if v is None else float(v))
 
 
-def rank_table(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+def rank_table(per_rank: list[dict[str, Any]], unit: str | None = None) -> dict[str, Any]:
     """The per-rank stragglers rows to show: all of them up to MANY_RANKS ranks; past that the
     slowest (outlier steps, then median × fastest) and the fastest, with a line for the rest."""
     if len(per_rank) <= MANY_RANKS:
@@ -90,7 +93,7 @@ def rank_table(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
     if ratios:
         text += f" within {_x(min(ratios))}–{_x(max(ratios))} the fastest"
     if means:
-        text += f", mean rollout {fmt_s(min(means))}–{fmt_s(max(means))}"
+        text += f", mean rollout {fmt_s(min(means), unit)}–{fmt_s(max(means), unit)}"
     text += (f" (the {len(top)} slowest by outlier steps then median × fastest above, the {len(bottom)} "
              f"fastest below; every rank is in the JSON report)")
     return {"top": top, "bottom": bottom, "more": len(mid), "text": text}
@@ -112,7 +115,8 @@ def many_ranks(rep: dict[str, Any]) -> dict[str, Any]:
     sm = rep["summary"]
     out: dict[str, Any] = {"wall": "", "counters": {}}
     if len(sm["wall_s"]) > MANY_RANKS:
-        out["wall"] = f"{len(sm['wall_s']):,} ranks: " + _spread(sm["wall_s"], fmt_s)
+        unit = unit_of(rep, "summary")
+        out["wall"] = f"{len(sm['wall_s']):,} ranks: " + _spread(sm["wall_s"], lambda x: fmt_s(x, unit))
     for c in sm["counters"]:
         if len(c["per_rank"]) > MANY_RANKS:
             out["counters"][c["name"]] = (
@@ -126,13 +130,14 @@ def render_html(rep: dict[str, Any], plots: list[Plot]) -> str:
     import jinja2
 
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=False)
-    env.filters.update(s=fmt_s, pct=fmt_pct, x=_x, num=_num, step=_step, session=session_name, why=why_slow,
-                       shares=_shares, skipped=skipped_text, chain=chain_text, link=link_name)
+    env.filters.update(s=fmt_s, t=units.number, pct=fmt_pct, x=_x, num=_num, step=_step, session=session_name,
+                       why=why_slow, shares=_shares, skipped=skipped_text, chain=chain_text, link=link_name)
     uris = {p.key: {"title": p.title, "caption": p.caption,
                     "uri": "data:image/png;base64," + base64.b64encode(p.path.read_bytes()).decode("ascii")}
             for p in plots}
-    return env.from_string(HTML).render(rep=rep, plots=uris, max_rows=MAX_ROWS, definition=DEFINITION,
-                                    rank_rows=rank_table(rep["stragglers"]["per_rank"]),
+    u = {view: unit_of(rep, view) for view in units.VIEWS}
+    return env.from_string(HTML).render(rep=rep, plots=uris, max_rows=MAX_ROWS, definition=DEFINITION, u=u,
+                                    rank_rows=rank_table(rep["stragglers"]["per_rank"], u["stragglers"]),
                                     many=many_ranks(rep))
 
 
@@ -157,96 +162,115 @@ def _shares(m: dict[str, Any], least: float = 0.01) -> str:
     return ", ".join(big)
 
 
+PCT_HEADERS = ("P50", "P90", "P99", "P99.9", "max")
+
+
+def _in_unit(headers: tuple[str, ...], unit: str) -> list[str]:
+    """Table headers naming the view's time unit: ``P50 (ms)``."""
+    return [f"{h} ({unit})" for h in headers]
+
+
 def _md_groups(rep: dict[str, Any], img: dict[str, str]) -> list[str]:
+    u = unit_of(rep, "groups")
+    n = functools.partial(units.number, unit=u)
     gr = rep["groups"]
     L = ["## 1. Slow groups", "",
          "A group is the sessions of one task on one rank and step (GRPO samples, finalized together). "
          "The session that finished its own work last held the group; the others' time after their own "
-         f"end is group wait. Group wait in all: {fmt_s(gr['total_group_wait_s'])} "
+         f"end is group wait. Group wait in all: {fmt_s(gr['total_group_wait_s'], u)} "
          f"({fmt_pct(gr['group_wait_share'])} of session time).", ""]
     if not gr["groups"]:
         return [*L, "No group with two or more sessions.", ""]
     for i, g in enumerate(gr["groups"], 1):
         h = g["holder"]
         L += [f"### rank {g['rank']} step {_step(g['step'])} task {g['task_id']}: {g['sessions']} sessions, "
-              f"{fmt_s(g['span_s'])}", "", f"Held by session {h['session_id']}: {why_slow(h)}.", ""]
+              f"{fmt_s(g['span_s'], u)}", "", f"Held by session {h['session_id']}: {why_slow(h, u)}.", ""]
         L += [img.get(f"group_{i}", "")]
-        L += _md_table(["session", "status", "own time", "until finalize", "group wait", "slowest segment",
-                        "time by bucket (adds up to 100%)"],
+        L += _md_table(["session", "status", *_in_unit(("own time", "until finalize", "group wait"), u),
+                        "slowest segment", "time by bucket (adds up to 100%)"],
                        [[f"**{m['session_id']}** (held it)" if m["held"] else m["session_id"], m["status"],
-                         fmt_s(m["own_s"]), fmt_s(m["total_s"]), fmt_s(m["group_wait_s"]), why_slow(m),
+                         n(m["own_s"]), n(m["total_s"]), n(m["group_wait_s"]), why_slow(m, u),
                          _shares(m)] for m in g["members"]])
     return L
 
 
 def _md_longtail(rep: dict[str, Any], img: dict[str, str]) -> list[str]:
+    u = unit_of(rep, "longtail")
+    n = functools.partial(units.number, unit=u)
     lt = rep["longtail"]
     o = lt["overall"]
     L = ["## 2. Long tail", "",
          "Own completion time (last phase's end) since the step's start (rollout scope, else step scope, "
          f"else first submit). Percentiles, in every table of this report: {DEFINITION}; `rltrace top` "
          "computes them the same way from its live files' 19%-wide duration buckets.", ""]
-    L += _md_table(["sessions", "P50", "P90", "P99", "P99.9", "max", "waiting for last 20%"],
-                   [[o["count"], fmt_s(o["p50_s"]), fmt_s(o["p90_s"]), fmt_s(o["p99_s"]), fmt_s(o["p999_s"]),
-                     fmt_s(o["max_s"]), fmt_pct(o["tail_fraction"])]])
+    L += _md_table(["sessions", *_in_unit(PCT_HEADERS, u), "waiting for last 20%"],
+                   [[o["count"], n(o["p50_s"]), n(o["p90_s"]), n(o["p99_s"]), n(o["p999_s"]),
+                     n(o["max_s"]), fmt_pct(o["tail_fraction"])]])
     L += [img.get("cdf", ""), img.get("step_tail", ""), "### Slowest sessions (by their own time)", ""]
-    L += _md_table(["session", "status", "own time", "until finalize", "completion", "turns",
+    L += _md_table(["session", "status", *_in_unit(("own time", "until finalize", "completion"), u), "turns",
                     "slowest segment", "time by bucket"],
-                   [[session_name(b), b["status"], fmt_s(b["own_s"]), fmt_s(b["total_s"]),
-                     fmt_s(b["completion_s"]), b["turns"], why_slow(b), _shares(b)]
+                   [[session_name(b), b["status"], n(b["own_s"]), n(b["total_s"]),
+                     n(b["completion_s"]), b["turns"], why_slow(b, u), _shares(b)]
                     for b in lt["slowest_sessions"]])
     L += ["### Per step", ""]
-    L += _md_table(["step", "sessions", "P50", "P90", "P99", "P99.9", "max", "waiting for last 20%"],
-                   [[_step(r["step"]), r["count"], fmt_s(r["p50_s"]), fmt_s(r["p90_s"]), fmt_s(r["p99_s"]),
-                     fmt_s(r["p999_s"]), fmt_s(r["max_s"]), fmt_pct(r["tail_fraction"])]
+    L += _md_table(["step", "sessions", *_in_unit(PCT_HEADERS, u), "waiting for last 20%"],
+                   [[_step(r["step"]), r["count"], n(r["p50_s"]), n(r["p90_s"]), n(r["p99_s"]),
+                     n(r["p999_s"]), n(r["max_s"]), fmt_pct(r["tail_fraction"])]
                     for r in lt["per_step"]])
     return L
 
 
-def _held(b: dict[str, Any] | None) -> str:
-    return "–" if not b else f"{session_name(b)}: {why_slow(b)}"
+def _held(b: dict[str, Any] | None, unit: str | None = None) -> str:
+    return "–" if not b else f"{session_name(b)}: {why_slow(b, unit)}"
 
 
 def _md_stragglers(rep: dict[str, Any], img: dict[str, str]) -> list[str]:
+    u = unit_of(rep, "stragglers")
+    n = functools.partial(units.number, unit=u)
     sg = rep["stragglers"]
     nz = sg["noise"]
     beyond = "" if nz["excess_limit"] is None else (
         f" and more than {fmt_pct(nz['excess_limit'])} slower than the step's fastest rank (the run's noise: "
         f"median excess {fmt_pct(nz['excess_median'])} + {sg['k']} × spread {fmt_pct(nz['excess_spread'])})")
     L = ["## 3. Stragglers", "",
-         f"Outlier: rollout above median {fmt_s(sg['median_s'])} + {sg['k']} × MAD {fmt_s(sg['mad_s'])} = "
-         f"{fmt_s(sg['threshold_s'])}{beyond}. Total barrier wait {fmt_s(sg['total_barrier_wait_s'])} "
+         f"Outlier: rollout above median {fmt_s(sg['median_s'], u)} + {sg['k']} × MAD "
+         f"{fmt_s(sg['mad_s'], u)} = "
+         f"{fmt_s(sg['threshold_s'], u)}{beyond}. Total barrier wait {fmt_s(sg['total_barrier_wait_s'], u)} "
          f"({fmt_pct(sg['barrier_wait_share'])} of step time).", ""]
-    L += _md_table(["step", "rank", "rollout", "median", "+MADs",
+    L += _md_table(["step", "rank", f"rollout ({u})", f"median ({u})", "+MADs",
                     "last sessions to finish (slowest segment)"],
-                   [[o["step"], o["rank"], fmt_s(o["rollout_s"]), fmt_s(o["median_s"]),
-                     _num(o["excess_mads"]), "; ".join(_held(b) for b in o["sessions"])]
+                   [[o["step"], o["rank"], n(o["rollout_s"]), n(o["median_s"]),
+                     _num(o["excess_mads"]), "; ".join(_held(b, u) for b in o["sessions"])]
                     for o in sg["outliers"]]) if sg["outliers"] else ["No outlier (rank, step).", ""]
     L += [img.get("stragglers", "")]
     roles = rep["inputs"].get("roles", {})
-    rt = rank_table(sg["per_rank"])
-    L += _md_table(["rank", "role", "steps", "mean rollout", "median × fastest", "slowest in steps",
+    rt = rank_table(sg["per_rank"], u)
+    L += _md_table(["rank", "role", "steps", f"mean rollout ({u})", "median × fastest", "slowest in steps",
                     "outlier steps"],
-                   [[r["rank"], roles.get(str(r["rank"]), "–"), r["steps"], fmt_s(r["mean_rollout_s"]),
+                   [[r["rank"], roles.get(str(r["rank"]), "–"), r["steps"], n(r["mean_rollout_s"]),
                      _x(r["median_ratio_to_fastest"]),
                      r["slowest_in_steps"], r["outlier_steps"]] for r in rt["top"] + rt["bottom"]])
     if rt["more"]:
         L[-1:] = [f"_{rt['text']}._", ""]
-    L += _md_table(["step", "fastest rank", "fastest", "slowest rank", "slowest", "barrier wait",
+    L += _md_table(["step", "fastest rank", f"fastest ({u})", "slowest rank",
+                    *_in_unit(("slowest", "barrier wait"), u),
                     "held by (slowest rank's last session)"],
-                   [[r["step"], r.get("fastest_rank", "–"), fmt_s(r.get("fastest_s")),
-                     r.get("slowest_rank", "–"), fmt_s(r.get("slowest_s")), fmt_s(r.get("barrier_wait_s")),
-                     _held(r.get("held_by"))] for r in sg["per_step"]])
+                   [[r["step"], r.get("fastest_rank", "–"), n(r.get("fastest_s")),
+                     r.get("slowest_rank", "–"), n(r.get("slowest_s")), n(r.get("barrier_wait_s")),
+                     _held(r.get("held_by"), u)] for r in sg["per_step"]])
     return L
 
 
 def _md_phases(rep: dict[str, Any], img: dict[str, str]) -> list[str]:
+    u = unit_of(rep, "session_phases")
+    n = functools.partial(units.number, unit=u)
     ps, tr = rep["phases"]["session"], rep["phases"]["train"]
     L = ["## 4. Time breakdown", "",
          "### Session time: queue wait, phases, gaps, group wait (adds up to 100%)", ""]
-    L += _md_table(["bucket", "kind", "total", "share", "sessions", "mean", "P50", "P99"],
-                   [[r["phase"], r["kind"], fmt_s(r["total_s"]), fmt_pct(r["share"]), r["sessions"],
-                     fmt_s(r["mean_s"]), fmt_s(r["p50_s"]), fmt_s(r["p99_s"])] for r in ps["overall"]])
+    L += _md_table(["bucket", "kind", f"total ({u})", "share", "sessions",
+                    *_in_unit(("mean", "P50", "P99"), u)],
+                   [[r["phase"], r["kind"], n(r["total_s"]), fmt_pct(r["share"]), r["sessions"],
+                     n(r["mean_s"]), n(r["p50_s"]), n(r["p99_s"])] for r in ps["overall"]])
     if ps["anomalies"]:
         L += _md_table(["step", "bucket", "share", "median share"],
                        [[_step(a["step"]), a["phase"], fmt_pct(a["share"]), fmt_pct(a["median_share"])]
@@ -257,44 +281,48 @@ def _md_phases(rep: dict[str, Any], img: dict[str, str]) -> list[str]:
                     for r in ps["per_step"]])
     if tr["overall"]:
         prefix = rep["options"]["train_prefix"]
+        ut = unit_of(rep, "train_phases")
         L += ["### Train-side scopes (share of step time)", "",
               f"The `{prefix}*` scopes directly under each step (its `{rep['options']['step_scope']}` scope; "
               f"without one, a step runs from the first `{prefix}*` scope carrying its number to the next "
               f"step's); untracked: step time in no `{prefix}*` scope.", ""]
-        L += _md_table(["scope", "total", "share"],
-                       [[r["scope"], fmt_s(r["total_s"]), fmt_pct(r["share"])] for r in tr["overall"]])
+        L += _md_table(["scope", f"total ({ut})", "share"],
+                       [[r["scope"], units.number(r["total_s"], ut), fmt_pct(r["share"])]
+                        for r in tr["overall"]])
         L += [img.get("train_phases", "")]
     return L
 
 
-def _turn_cell(row: dict[str, Any], phase: str) -> str:
-    """``12.3 ms ×40``: mean seconds per execution and executions of a phase at one turn index."""
+def _turn_cell(row: dict[str, Any], phase: str, unit: str | None = None) -> str:
+    """``12.3 ms ×40``: mean time per execution (in ``unit``) and executions of a phase at one turn index."""
     if phase not in row["mean_s"]:
         return "–"
-    return f"{fmt_s(row['mean_s'][phase])} ×{row['executions'][phase]}"
+    return f"{fmt_s(row['mean_s'][phase], unit)} ×{row['executions'][phase]}"
 
 
 def _md_turns(rep: dict[str, Any], img: dict[str, str]) -> list[str]:
+    u = unit_of(rep, "turns")
+    n = functools.partial(units.number, unit=u)
     tu = rep["turns"]
     L = ["## 5. Turns, tools and workers", "", f"Mean turns per session: {_num(tu['mean_turns'])}.", ""]
-    L += _md_table(["turns", "sessions", "fraction", "mean own time"],
-                   [[r["turns"], r["sessions"], fmt_pct(d["fraction"]), fmt_s(r["mean_s"])]
+    L += _md_table(["turns", "sessions", "fraction", f"mean own time ({u})"],
+                   [[r["turns"], r["sessions"], fmt_pct(d["fraction"]), n(r["mean_s"])]
                     for r, d in zip(tu["session_time_by_turns"], tu["distribution"], strict=True)])
     pbt = tu["phase_by_turn"]
     L += ["### Time by turn index (mean per execution)", ""]
     L += _md_table(["turn index", *pbt["phases"]],
-                   [[r["turn"], *(_turn_cell(r, p) for p in pbt["phases"])] for r in pbt["rows"]])
+                   [[r["turn"], *(_turn_cell(r, p, u) for p in pbt["phases"])] for r in pbt["rows"]])
     L += [img.get("turns", "")]
     if tu["tools"]:
         L += ["### Tool calls by tool", ""]
-        L += _md_table(["tool", "calls", "total", "mean", "P50", "P99", "max"],
-                       [[t["tool"], t["calls"], fmt_s(t["total_s"]), fmt_s(t["mean_s"]), fmt_s(t["p50_s"]),
-                         fmt_s(t["p99_s"]), fmt_s(t["max_s"])] for t in tu["tools"]])
+        L += _md_table(["tool", "calls", *_in_unit(("total", "mean", "P50", "P99", "max"), u)],
+                       [[t["tool"], t["calls"], n(t["total_s"]), n(t["mean_s"]), n(t["p50_s"]),
+                         n(t["p99_s"]), n(t["max_s"])] for t in tu["tools"]])
     L += ["### By worker (rank) and step", ""]
-    L += _md_table(["rank", "step", "sessions", "mean own time", "max own time", "mean generate",
-                    "group wait"],
-                   [[w["rank"], _step(w["step"]), w["sessions"], fmt_s(w["mean_own_s"]),
-                     fmt_s(w["max_own_s"]), fmt_s(w["mean_generate_s"]), fmt_s(w["group_wait_s"])]
+    L += _md_table(["rank", "step", "sessions",
+                    *_in_unit(("mean own time", "max own time", "mean generate", "group wait"), u)],
+                   [[w["rank"], _step(w["step"]), w["sessions"], n(w["mean_own_s"]),
+                     n(w["max_own_s"]), n(w["mean_generate_s"]), n(w["group_wait_s"])]
                     for w in tu["workers"]])
     return L
 
@@ -381,11 +409,13 @@ def _md_status(rep: dict[str, Any], img: dict[str, str]) -> list[str]:
 
 
 def _md_summary(rep: dict[str, Any], img: dict[str, str]) -> list[str]:
+    u = unit_of(rep, "summary")
+    n = functools.partial(units.number, unit=u)
     sm = rep["summary"]
-    L = ["## 7. Run summary", "", f"Wall time {fmt_s(sm['wall_total_s'])} summed over ranks.", ""]
-    L += _md_table(["scope", "count", "total", "mean", "P50", "P99", "max", "wall share"],
-                   [[r["name"], r["count"], fmt_s(r["total_s"]), fmt_s(r["mean_s"]), fmt_s(r["p50_s"]),
-                     fmt_s(r["p99_s"]), fmt_s(r["max_s"]), fmt_pct(r["wall_share"])] for r in sm["scopes"]])
+    L = ["## 7. Run summary", "", f"Wall time {fmt_s(sm['wall_total_s'], u)} summed over ranks.", ""]
+    L += _md_table(["scope", "count", *_in_unit(("total", "mean", "P50", "P99", "max"), u), "wall share"],
+                   [[r["name"], r["count"], n(r["total_s"]), n(r["mean_s"]), n(r["p50_s"]),
+                     n(r["p99_s"]), n(r["max_s"]), fmt_pct(r["wall_share"])] for r in sm["scopes"]])
     if sm["counters"]:
         L += _md_table(["counter", "total", "per second"],
                        [[c["name"], _num(c["total"]), _num(c["rate_per_s"])] for c in sm["counters"]])

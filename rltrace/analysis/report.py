@@ -8,7 +8,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from . import critical, goodput, groups, longtail, phases, status, stragglers, summary, turns
+from . import critical, goodput, groups, longtail, phases, status, stragglers, summary, turns, units
 from .load import skip_summary
 from .run import Run
 
@@ -17,8 +17,11 @@ MAX_OUTLIER_FINDINGS = 5
 MAX_GROUP_FINDINGS = 3
 
 
-def fmt_s(x: float | None) -> str:
-    """Seconds for people: ``850 µs``, ``12.3 ms``, ``4.56 s``."""
+def fmt_s(x: float | None, unit: str | None = None) -> str:
+    """Seconds for people: ``850 µs``, ``12.3 ms``, ``4.56 s``; in ``unit`` when given (a view's,
+    :mod:`.units`)."""
+    if unit is not None:
+        return units.with_unit(x, unit)
     if x is None or not math.isfinite(x):
         return "–"
     a = abs(x)
@@ -55,8 +58,8 @@ def segment_name(b: dict[str, Any]) -> str:
     return f"{p} turn {turn}" if b.get("slow_kind") == "phase" and turn is not None else str(p)
 
 
-def why_slow(b: dict[str, Any]) -> str:
-    """``generate turn 1 0.90 s (75% of its own time, 9.0× the median)``."""
+def why_slow(b: dict[str, Any], unit: str | None = None) -> str:
+    """``generate turn 1 0.90 s (75% of its own time, 9.0× the median)`` (times in ``unit``)."""
     if b.get("slow_phase") is None:
         return "no phase recorded"
     parts = []
@@ -64,7 +67,8 @@ def why_slow(b: dict[str, Any]) -> str:
         parts.append(f"{fmt_pct(b['slow_share'])} of its own time")
     if b.get("slow_phase_x_median"):
         parts.append(f"{b['slow_phase_x_median']:.1f}× the median")
-    return f"{segment_name(b)} {fmt_s(b.get('slow_phase_s'))}" + (f" ({', '.join(parts)})" if parts else "")
+    why = f" ({', '.join(parts)})" if parts else ""
+    return f"{segment_name(b)} {fmt_s(b.get('slow_phase_s'), unit)}{why}"
 
 
 def build_report(run: Run) -> dict[str, Any]:
@@ -99,6 +103,7 @@ def build_report(run: Run) -> dict[str, Any]:
     rep["critical_path"] = critical.analyze(run)
     rep["findings"] = findings(rep)
     rep["plots"] = {}
+    rep["_units"] = units.view_units(rep)
     return rep
 
 

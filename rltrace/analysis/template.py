@@ -119,24 +119,26 @@ its slow segment. (+x): how much shorter the step would have been with that link
 {% else %}<p class="note">No rltrace.step scopes: no step to follow.</p>{% endif %}
 </section>
 
+{% set U = u.groups %}
 <section id="groups">
 <h2>1. Slow groups: who held them</h2>
 {% set gr = rep.groups %}
 <p class="explain">A group is the sessions of one task on one rank and step (GRPO samples, finalized together,
 so every sample's time until finalize carries its slowest sibling's). The session that finished its own work
 last <b>held</b> the group; every other session's time after its own end is <i>group wait</i>, caused by it.
-Group wait in all: {{ gr.total_group_wait_s|s }} ({{ gr.group_wait_share|pct }} of session time). Each row of
+Group wait in all: {{ gr.total_group_wait_s|s(U) }} ({{ gr.group_wait_share|pct }} of session time). Each row of
 a timeline is a session: its phases (t<i>n</i>: turn index), queue wait, gaps between phases and group wait.</p>
 {% for g in gr.groups %}
-<h3>rank {{ g.rank }} step {{ g.step|step }} task {{ g.task_id }}: {{ g.sessions }} sessions, {{ g.span_s|s }} — held by session {{ g.holder.session_id }}: {{ g.holder|why }}</h3>
+<h3>rank {{ g.rank }} step {{ g.step|step }} task {{ g.task_id }}: {{ g.sessions }} sessions, {{ g.span_s|s(U) }} — held by session {{ g.holder.session_id }}: {{ g.holder|why(U) }}</h3>
 {{ plot("group_" ~ loop.index) }}
 <details{% if loop.first %} open{% endif %}><summary>Sessions of this group ({{ g.members|length }})</summary>
-<div class="scroll"><table><tr><th class="l">session</th><th>status</th><th>own time</th><th>until finalize</th><th>group wait</th><th class="l">slowest segment</th><th class="l">time by bucket (adds up to 100%)</th></tr>
-{% for m in g.members %}<tr{% if m.held %} class="flag"{% endif %}><td class="l">{{ m.session_id }}{% if m.held %} <b>(held it)</b>{% endif %}</td><td>{{ m.status }}</td><td>{{ m.own_s|s }}</td><td>{{ m.total_s|s }}</td><td>{{ m.group_wait_s|s }}</td><td class="wrap">{{ m|why }}</td><td class="wrap">{{ m|shares }}</td></tr>
+<div class="scroll"><table><tr><th class="l">session</th><th>status</th><th>own time ({{ U }})</th><th>until finalize ({{ U }})</th><th>group wait ({{ U }})</th><th class="l">slowest segment</th><th class="l">time by bucket (adds up to 100%)</th></tr>
+{% for m in g.members %}<tr{% if m.held %} class="flag"{% endif %}><td class="l">{{ m.session_id }}{% if m.held %} <b>(held it)</b>{% endif %}</td><td>{{ m.status }}</td><td>{{ m.own_s|t(U) }}</td><td>{{ m.total_s|t(U) }}</td><td>{{ m.group_wait_s|t(U) }}</td><td class="wrap">{{ m|why(U) }}</td><td class="wrap">{{ m|shares }}</td></tr>
 {% endfor %}</table></div></details>
 {% else %}<p class="note">No group with two or more sessions.</p>{% endfor %}
 </section>
 
+{% set U = u.longtail %}
 <section id="longtail">
 <h2>2. Long tail</h2>
 <p class="explain">Session completion (the end of its own last phase, not its group's finalize) is measured from the step's start on the session's rank (the
@@ -146,56 +148,58 @@ scope, else the step's first submitted session). The tail fraction is the share 
 every table of this report: <span class="pdef">{{ definition }}</span>; <code>rltrace top</code> computes
 them the same way from its live files' 19%-wide duration buckets.</p>
 {% set o = rep.longtail.overall %}
-<table><tr><th class="l">sessions</th><th>P50</th><th>P90</th><th>P99</th><th>P99.9</th><th>max</th><th>waiting for last 20%</th></tr>
-<tr><td class="l">{{ o.count }}</td><td>{{ o.p50_s|s }}</td><td>{{ o.p90_s|s }}</td><td>{{ o.p99_s|s }}</td><td>{{ o.p999_s|s }}</td><td>{{ o.max_s|s }}</td><td>{{ o.tail_fraction|pct }}</td></tr></table>
+<table><tr><th class="l">sessions</th><th>P50 ({{ U }})</th><th>P90 ({{ U }})</th><th>P99 ({{ U }})</th><th>P99.9 ({{ U }})</th><th>max ({{ U }})</th><th>waiting for last 20%</th></tr>
+<tr><td class="l">{{ o.count }}</td><td>{{ o.p50_s|t(U) }}</td><td>{{ o.p90_s|t(U) }}</td><td>{{ o.p99_s|t(U) }}</td><td>{{ o.p999_s|t(U) }}</td><td>{{ o.max_s|t(U) }}</td><td>{{ o.tail_fraction|pct }}</td></tr></table>
 {{ plot("cdf") }}
 {{ plot("step_tail") }}
 <h3>Slowest sessions (by their own time: submit to their last phase's end)</h3>
 <div class="scroll"><table>
-<tr><th class="l">session</th><th>status</th><th>own time</th><th>until finalize</th><th>completion</th><th>turns</th><th class="l">slowest segment</th><th class="l">time by bucket</th><th class="l">trace id</th></tr>
+<tr><th class="l">session</th><th>status</th><th>own time ({{ U }})</th><th>until finalize ({{ U }})</th><th>completion ({{ U }})</th><th>turns</th><th class="l">slowest segment</th><th class="l">time by bucket</th><th class="l">trace id</th></tr>
 {% for b in rep.longtail.slowest_sessions %}
-<tr><td class="wrap narrow">{{ b|session }}</td><td>{{ b.status }}</td><td>{{ b.own_s|s }}</td><td>{{ b.total_s|s }}</td><td>{{ b.completion_s|s }}</td><td>{{ b.turns }}</td>
-<td class="wrap">{{ b|why }}</td><td class="wrap">{{ b|shares }}</td><td class="wrap id"><code>{{ b.trace_id }}</code></td></tr>
+<tr><td class="wrap narrow">{{ b|session }}</td><td>{{ b.status }}</td><td>{{ b.own_s|t(U) }}</td><td>{{ b.total_s|t(U) }}</td><td>{{ b.completion_s|t(U) }}</td><td>{{ b.turns }}</td>
+<td class="wrap">{{ b|why(U) }}</td><td class="wrap">{{ b|shares }}</td><td class="wrap id"><code>{{ b.trace_id }}</code></td></tr>
 {% endfor %}
 </table></div>
 <details><summary>Per step ({{ rep.longtail.per_step|length }})</summary>{{ capped(rep.longtail.per_step) }}
-<div class="scroll"><table><tr><th>step</th><th>sessions</th><th>P50</th><th>P90</th><th>P99</th><th>P99.9</th><th>max</th><th>waiting for last 20%</th><th class="l">start from</th></tr>
+<div class="scroll"><table><tr><th>step</th><th>sessions</th><th>P50 ({{ U }})</th><th>P90 ({{ U }})</th><th>P99 ({{ U }})</th><th>P99.9 ({{ U }})</th><th>max ({{ U }})</th><th>waiting for last 20%</th><th class="l">start from</th></tr>
 {% for r in rep.longtail.per_step[:max_rows] %}
-<tr><td>{{ r.step|step }}</td><td>{{ r.count }}</td><td>{{ r.p50_s|s }}</td><td>{{ r.p90_s|s }}</td><td>{{ r.p99_s|s }}</td><td>{{ r.p999_s|s }}</td><td>{{ r.max_s|s }}</td><td>{{ r.tail_fraction|pct }}</td><td class="l">{{ r.start_source }}</td></tr>
+<tr><td>{{ r.step|step }}</td><td>{{ r.count }}</td><td>{{ r.p50_s|t(U) }}</td><td>{{ r.p90_s|t(U) }}</td><td>{{ r.p99_s|t(U) }}</td><td>{{ r.p999_s|t(U) }}</td><td>{{ r.max_s|t(U) }}</td><td>{{ r.tail_fraction|pct }}</td><td class="l">{{ r.start_source }}</td></tr>
 {% endfor %}</table></div></details>
 </section>
 
+{% set U = u.stragglers %}
 <section id="stragglers">
 <h2>3. Stragglers</h2>
 {% set sg = rep.stragglers %}
 <p class="explain">Rollout time per rank and step (the rollout scope, else last session finished minus step
 start). Barrier wait = slowest − fastest rank of the step. An outlier is a (rank, step) above
-median {{ sg.median_s|s }} + {{ sg.k }} × MAD {{ sg.mad_s|s }} = {{ sg.threshold_s|s }}{% if sg.noise.excess_limit is not none %}
+median {{ sg.median_s|s(U) }} + {{ sg.k }} × MAD {{ sg.mad_s|s(U) }} = {{ sg.threshold_s|s(U) }}{% if sg.noise.excess_limit is not none %}
 and slower than its step's fastest rank by more than the run's own noise: {{ sg.noise.excess_limit|pct }}
 (median excess over the fastest {{ sg.noise.excess_median|pct }} + {{ sg.k }} × spread {{ sg.noise.excess_spread|pct }},
 the spread 1.4826 × MAD over every rank and step){% endif %}.
-Total barrier wait {{ sg.total_barrier_wait_s|s }} ({{ sg.barrier_wait_share|pct }} of step time); idle rank
-time {{ sg.total_idle_rank_s|s }}.</p>
+Total barrier wait {{ sg.total_barrier_wait_s|s(U) }} ({{ sg.barrier_wait_share|pct }} of step time); idle rank
+time {{ sg.total_idle_rank_s|s(U) }}.</p>
 {% if sg.outliers %}
 <h3>Outliers</h3>
-<div class="scroll"><table><tr><th>step</th><th>rank</th><th>rollout</th><th>median</th><th>+MADs</th><th class="l">last sessions to finish (slow phase)</th></tr>
+<div class="scroll"><table><tr><th>step</th><th>rank</th><th>rollout ({{ U }})</th><th>median ({{ U }})</th><th>+MADs</th><th class="l">last sessions to finish (slow phase)</th></tr>
 {% for o in sg.outliers[:max_rows] %}
-<tr class="flag"><td>{{ o.step }}</td><td>{{ o.rank }}</td><td>{{ o.rollout_s|s }}</td><td>{{ o.median_s|s }}</td><td>{{ o.excess_mads|num }}</td>
-<td class="wrap">{% for b in o.sessions %}{{ b|session }}: done at {{ b.completion_s|s }}, {{ b|why }}{% if not loop.last %}<br>{% endif %}{% endfor %}</td></tr>
+<tr class="flag"><td>{{ o.step }}</td><td>{{ o.rank }}</td><td>{{ o.rollout_s|t(U) }}</td><td>{{ o.median_s|t(U) }}</td><td>{{ o.excess_mads|num }}</td>
+<td class="wrap">{% for b in o.sessions %}{{ b|session }}: done at {{ b.completion_s|s(U) }}, {{ b|why(U) }}{% if not loop.last %}<br>{% endif %}{% endfor %}</td></tr>
 {% endfor %}</table></div>{{ capped(sg.outliers) }}
 {% else %}<p class="note">No outlier (rank, step).</p>{% endif %}
 {{ plot("stragglers") }}
 <h3>Per rank</h3>
-<table><tr><th>rank</th><th>steps</th><th>mean rollout</th><th>median × fastest</th><th>slowest in steps</th><th>outlier steps</th></tr>
-{% macro rank_row(r) %}<tr><td>{{ r.rank }}</td><td>{{ r.steps }}</td><td>{{ r.mean_rollout_s|s }}</td><td>{{ r.median_ratio_to_fastest|x }}</td><td>{{ r.slowest_in_steps }}</td><td>{{ r.outlier_steps }}</td></tr>
+<table><tr><th>rank</th><th>steps</th><th>mean rollout ({{ U }})</th><th>median × fastest</th><th>slowest in steps</th><th>outlier steps</th></tr>
+{% macro rank_row(r) %}<tr><td>{{ r.rank }}</td><td>{{ r.steps }}</td><td>{{ r.mean_rollout_s|t(U) }}</td><td>{{ r.median_ratio_to_fastest|x }}</td><td>{{ r.slowest_in_steps }}</td><td>{{ r.outlier_steps }}</td></tr>
 {% endmacro %}{% for r in rank_rows.top %}{{ rank_row(r) }}{% endfor %}{% if rank_rows.more %}<tr><td class="l" colspan="6">{{ rank_rows.text }}</td></tr>
 {% for r in rank_rows.bottom %}{{ rank_row(r) }}{% endfor %}{% endif %}</table>
 <details><summary>Per step ({{ sg.per_step|length }})</summary>{{ capped(sg.per_step) }}
-<div class="scroll"><table><tr><th>step</th><th>fastest rank</th><th>fastest</th><th>slowest rank</th><th>slowest</th><th>barrier wait</th><th>slowest × fastest</th><th class="l">held by (slowest rank's last session)</th></tr>
-{% for r in sg.per_step[:max_rows] %}<tr><td>{{ r.step }}</td>{% if r.slowest_s is not defined %}<td>–</td><td>–</td><td>–</td><td>–</td><td>–</td><td>–</td><td class="l">no rollout time on any rank</td></tr>{% else %}<td>{{ r.fastest_rank }}</td><td>{{ r.fastest_s|s }}</td><td>{{ r.slowest_rank }}</td><td>{{ r.slowest_s|s }}</td><td>{{ r.barrier_wait_s|s }}</td><td>{{ r.slowest_over_fastest|x }}</td><td class="wrap">{% if r.held_by %}session {{ r.held_by.session_id }} (task {{ r.held_by.task_id }}): {{ r.held_by|why }}{% else %}–{% endif %}</td></tr>{% endif %}
+<div class="scroll"><table><tr><th>step</th><th>fastest rank</th><th>fastest ({{ U }})</th><th>slowest rank</th><th>slowest ({{ U }})</th><th>barrier wait ({{ U }})</th><th>slowest × fastest</th><th class="l">held by (slowest rank's last session)</th></tr>
+{% for r in sg.per_step[:max_rows] %}<tr><td>{{ r.step }}</td>{% if r.slowest_s is not defined %}<td>–</td><td>–</td><td>–</td><td>–</td><td>–</td><td>–</td><td class="l">no rollout time on any rank</td></tr>{% else %}<td>{{ r.fastest_rank }}</td><td>{{ r.fastest_s|t(U) }}</td><td>{{ r.slowest_rank }}</td><td>{{ r.slowest_s|t(U) }}</td><td>{{ r.barrier_wait_s|t(U) }}</td><td>{{ r.slowest_over_fastest|x }}</td><td class="wrap">{% if r.held_by %}session {{ r.held_by.session_id }} (task {{ r.held_by.task_id }}): {{ r.held_by|why(U) }}{% else %}–{% endif %}</td></tr>{% endif %}
 {% endfor %}</table></div></details>
 </section>
 
+{% set U = u.session_phases %}
 <section id="phases">
 <h2>4. Time breakdown</h2>
 {% set ps = rep.phases.session %}
@@ -208,48 +212,51 @@ scope carrying its number to the next step's), as a share of step wall time summ
 step time in no <code>{{ rep.options.train_prefix }}*</code> scope (such as <code>train_batch(batch)</code> called
 beside <code>trace_scope("train.rollout")</code>).</p>
 <h3>Session time by bucket</h3>
-<table><tr><th class="l">bucket</th><th class="l">kind</th><th>total</th><th>share</th><th>sessions</th><th>mean</th><th>P50</th><th>P99</th></tr>
-{% for r in ps.overall %}<tr><td class="l">{{ r.phase }}</td><td class="l">{{ r.kind }}</td><td>{{ r.total_s|s }}</td><td>{{ r.share|pct }}</td><td>{{ r.sessions }}</td><td>{{ r.mean_s|s }}</td><td>{{ r.p50_s|s }}</td><td>{{ r.p99_s|s }}</td></tr>
+<table><tr><th class="l">bucket</th><th class="l">kind</th><th>total ({{ U }})</th><th>share</th><th>sessions</th><th>mean ({{ U }})</th><th>P50 ({{ U }})</th><th>P99 ({{ U }})</th></tr>
+{% for r in ps.overall %}<tr><td class="l">{{ r.phase }}</td><td class="l">{{ r.kind }}</td><td>{{ r.total_s|t(U) }}</td><td>{{ r.share|pct }}</td><td>{{ r.sessions }}</td><td>{{ r.mean_s|t(U) }}</td><td>{{ r.p50_s|t(U) }}</td><td>{{ r.p99_s|t(U) }}</td></tr>
 {% endfor %}</table>
 {% if ps.anomalies %}<table><tr><th>step</th><th class="l">phase</th><th>share</th><th>median share</th></tr>
 {% for a in ps.anomalies[:max_rows] %}<tr class="flag"><td>{{ a.step|step }}</td><td class="l">{{ a.phase }}</td><td>{{ a.share|pct }}</td><td>{{ a.median_share|pct }}</td></tr>
 {% endfor %}</table>{% endif %}
 {{ plot("session_phases") }}
+{% set U = u.train_phases %}
 {% set tr = rep.phases.train %}
 {% if tr.overall %}
 <h3>Train-side scopes</h3>
-<table><tr><th class="l">scope</th><th>total</th><th>share of step time</th></tr>
-{% for r in tr.overall %}<tr><td class="l">{{ r.scope }}</td><td>{{ r.total_s|s }}</td><td>{{ r.share|pct }}</td></tr>
+<table><tr><th class="l">scope</th><th>total ({{ U }})</th><th>share of step time</th></tr>
+{% for r in tr.overall %}<tr><td class="l">{{ r.scope }}</td><td>{{ r.total_s|t(U) }}</td><td>{{ r.share|pct }}</td></tr>
 {% endfor %}</table>
 {{ plot("train_phases") }}
 {% endif %}
+{% set U = u.session_phases %}
 <details><summary>Session phase shares per step ({{ ps.per_step|length }})</summary>{{ capped(ps.per_step) }}
-<div class="scroll"><table><tr><th>step</th><th>session time</th>{% for p in ps.phases %}<th>{{ p }}</th>{% endfor %}</tr>
-{% for r in ps.per_step[:max_rows] %}<tr><td>{{ r.step|step }}</td><td>{{ r.total_s|s }}</td>{% for p in ps.phases %}<td>{{ r.share[p]|pct }}</td>{% endfor %}</tr>
+<div class="scroll"><table><tr><th>step</th><th>session time ({{ U }})</th>{% for p in ps.phases %}<th>{{ p }}</th>{% endfor %}</tr>
+{% for r in ps.per_step[:max_rows] %}<tr><td>{{ r.step|step }}</td><td>{{ r.total_s|t(U) }}</td>{% for p in ps.phases %}<td>{{ r.share[p]|pct }}</td>{% endfor %}</tr>
 {% endfor %}</table></div></details>
 </section>
 
+{% set U = u.turns %}
 <section id="turns">
 <h2>5. Turns, tools and workers</h2>
 {% set tu = rep.turns %}
 <p class="explain">Mean turns per session: {{ tu.mean_turns|num }}. Session time by turns is own time (to the
 last phase's end). Time by turn index: mean per execution of each phase at that turn (× executions).</p>
 <div class="scroll" style="display:flex; gap:28px; flex-wrap:wrap">
-<table><tr><th>turns</th><th>sessions</th><th>fraction</th><th>mean session time</th></tr>
-{% for r in tu.session_time_by_turns %}<tr><td>{{ r.turns }}</td><td>{{ r.sessions }}</td><td>{{ tu.distribution[loop.index0].fraction|pct }}</td><td>{{ r.mean_s|s }}</td></tr>
+<table><tr><th>turns</th><th>sessions</th><th>fraction</th><th>mean session time ({{ U }})</th></tr>
+{% for r in tu.session_time_by_turns %}<tr><td>{{ r.turns }}</td><td>{{ r.sessions }}</td><td>{{ tu.distribution[loop.index0].fraction|pct }}</td><td>{{ r.mean_s|t(U) }}</td></tr>
 {% endfor %}</table>
 {% set pbt = tu.phase_by_turn %}
 <table><tr><th>turn index</th>{% for p in pbt.phases %}<th>{{ p }}</th>{% endfor %}</tr>
-{% for r in pbt.rows[:max_rows] %}<tr><td>{{ r.turn }}</td>{% for p in pbt.phases %}<td>{% if p in r.mean_s %}{{ r.mean_s[p]|s }} ×{{ r.executions[p] }}{% else %}–{% endif %}</td>{% endfor %}</tr>
+{% for r in pbt.rows[:max_rows] %}<tr><td>{{ r.turn }}</td>{% for p in pbt.phases %}<td>{% if p in r.mean_s %}{{ r.mean_s[p]|s(U) }} ×{{ r.executions[p] }}{% else %}–{% endif %}</td>{% endfor %}</tr>
 {% endfor %}</table></div>
 {{ plot("turns") }}
 {% if tu.tools %}<h3>Tool calls by tool</h3>
-<table><tr><th class="l">tool</th><th>calls</th><th>total</th><th>mean</th><th>P50</th><th>P99</th><th>max</th></tr>
-{% for t in tu.tools[:max_rows] %}<tr><td class="l">{{ t.tool }}</td><td>{{ t.calls }}</td><td>{{ t.total_s|s }}</td><td>{{ t.mean_s|s }}</td><td>{{ t.p50_s|s }}</td><td>{{ t.p99_s|s }}</td><td>{{ t.max_s|s }}</td></tr>
+<table><tr><th class="l">tool</th><th>calls</th><th>total ({{ U }})</th><th>mean ({{ U }})</th><th>P50 ({{ U }})</th><th>P99 ({{ U }})</th><th>max ({{ U }})</th></tr>
+{% for t in tu.tools[:max_rows] %}<tr><td class="l">{{ t.tool }}</td><td>{{ t.calls }}</td><td>{{ t.total_s|t(U) }}</td><td>{{ t.mean_s|t(U) }}</td><td>{{ t.p50_s|t(U) }}</td><td>{{ t.p99_s|t(U) }}</td><td>{{ t.max_s|t(U) }}</td></tr>
 {% endfor %}</table>{% endif %}
 <details><summary>By worker (rank) and step ({{ tu.workers|length }})</summary>{{ capped(tu.workers) }}
-<div class="scroll"><table><tr><th>rank</th><th>step</th><th>sessions</th><th>mean own time</th><th>max own time</th><th>mean generate</th><th>group wait</th></tr>
-{% for w in tu.workers[:max_rows] %}<tr><td>{{ w.rank }}</td><td>{{ w.step|step }}</td><td>{{ w.sessions }}</td><td>{{ w.mean_own_s|s }}</td><td>{{ w.max_own_s|s }}</td><td>{{ w.mean_generate_s|s }}</td><td>{{ w.group_wait_s|s }}</td></tr>
+<div class="scroll"><table><tr><th>rank</th><th>step</th><th>sessions</th><th>mean own time ({{ U }})</th><th>max own time ({{ U }})</th><th>mean generate ({{ U }})</th><th>group wait ({{ U }})</th></tr>
+{% for w in tu.workers[:max_rows] %}<tr><td>{{ w.rank }}</td><td>{{ w.step|step }}</td><td>{{ w.sessions }}</td><td>{{ w.mean_own_s|t(U) }}</td><td>{{ w.max_own_s|t(U) }}</td><td>{{ w.mean_generate_s|t(U) }}</td><td>{{ w.group_wait_s|t(U) }}</td></tr>
 {% endfor %}</table></div></details>
 </section>
 
@@ -279,14 +286,15 @@ last phase's end). Time by turn index: mean per execution of each phase at that 
 {% endfor %}</table></details>
 </section>
 
+{% set U = u.summary %}
 <section id="summary">
 <h2>7. Run summary</h2>
 {% set sm = rep.summary %}
-<p class="explain">Every scope name in the trace files. Wall time {{ sm.wall_total_s|s }} summed over ranks
-({% if many.wall %}{{ many.wall }}{% else %}{% for r, w in sm.wall_s.items() %}rank {{ r }} {{ w|s }}{% if not loop.last %}, {% endif %}{% endfor %}{% endif %}); concurrent
+<p class="explain">Every scope name in the trace files. Wall time {{ sm.wall_total_s|s(U) }} summed over ranks
+({% if many.wall %}{{ many.wall }}{% else %}{% for r, w in sm.wall_s.items() %}rank {{ r }} {{ w|s(U) }}{% if not loop.last %}, {% endif %}{% endfor %}{% endif %}); concurrent
 scopes can exceed 100%.</p>
-<div class="scroll"><table><tr><th class="l">scope</th><th>count</th><th>total</th><th>mean</th><th>P50</th><th>P99</th><th>max</th><th>wall share</th></tr>
-{% for r in sm.scopes[:max_rows] %}<tr><td class="l">{{ r.name }}</td><td>{{ r.count }}</td><td>{{ r.total_s|s }}</td><td>{{ r.mean_s|s }}</td><td>{{ r.p50_s|s }}</td><td>{{ r.p99_s|s }}</td><td>{{ r.max_s|s }}</td><td>{{ r.wall_share|pct }}</td></tr>
+<div class="scroll"><table><tr><th class="l">scope</th><th>count</th><th>total ({{ U }})</th><th>mean ({{ U }})</th><th>P50 ({{ U }})</th><th>P99 ({{ U }})</th><th>max ({{ U }})</th><th>wall share</th></tr>
+{% for r in sm.scopes[:max_rows] %}<tr><td class="l">{{ r.name }}</td><td>{{ r.count }}</td><td>{{ r.total_s|t(U) }}</td><td>{{ r.mean_s|t(U) }}</td><td>{{ r.p50_s|t(U) }}</td><td>{{ r.p99_s|t(U) }}</td><td>{{ r.max_s|t(U) }}</td><td>{{ r.wall_share|pct }}</td></tr>
 {% endfor %}</table></div>{{ capped(sm.scopes) }}
 {% if sm.counters %}
 <h3>Counters</h3>
