@@ -336,10 +336,12 @@ def _md_goodput(rep: dict[str, Any], img: dict[str, str]) -> list[str]:
          "(phase time of rejected and failed samples).", ""]
     if not gp["by_step"]:
         return [*L, "No step time to account: no rltrace.step scopes and no session records.", ""]
-    head = ["step", "wall", *gp["buckets"], "generated tokens/s", "accepted tokens/s"]
+    u = unit_of(rep, "goodput")
+    head = ["step", f"wall ({u})", *gp["buckets"], "generated tokens/s", "accepted tokens/s"]
     rows = [["all", "–", *(fmt_pct(gp["share"][b]) for b in gp["buckets"]),
              _num(gp["tokens"]["per_s"]["generated"]), _num(gp["tokens"]["per_s"]["accepted"])]]
-    rows += [[_step(r["step"]), fmt_s(r["wall_s"]), *(fmt_pct(r["share"][b]) for b in gp["buckets"]),
+    rows += [[_step(r["step"]), units.number(r["wall_s"], u),
+              *(fmt_pct(r["share"][b]) for b in gp["buckets"]),
               _num(r["tokens_per_s"]["generated"]), _num(r["tokens_per_s"]["accepted"])]
              for r in gp["by_step"]]
     L += _md_table(head, rows)
@@ -355,19 +357,21 @@ def _md_goodput(rep: dict[str, Any], img: dict[str, str]) -> list[str]:
         L += ["Policy version lag of trained samples: " + ", ".join(f"{k}: {n}" for k, n in st["lag"].items())
               + f" (mean {_num(st['mean_lag'])}, max {st['max_lag']}).", ""]
     if st["thrown_away"]:
-        L += _md_table(["thrown away", "reason", "sessions", "phase time", "tokens"],
-                       [[r["status"], r["reason"], r["sessions"], fmt_s(r["seconds"]), _num(r["tokens"])]
+        L += _md_table(["thrown away", "reason", "sessions", f"phase time ({u})", "tokens"],
+                       [[r["status"], r["reason"], r["sessions"], units.number(r["seconds"], u),
+                         _num(r["tokens"])]
                         for r in st["thrown_away"][:30]])
     return L
 
 
-def chain_text(st: dict[str, Any]) -> str:
-    """A step's critical path as one line: its links in time order, each with what it cost."""
+def chain_text(st: dict[str, Any], unit: str | None = None) -> str:
+    """A step's critical path as one line: its links in time order, each with what it cost (in
+    ``unit``, the critical-path view's)."""
     parts = []
     for link in st["links"]:
-        cost = f" (+{fmt_s(link['what_if_s'])})" if link["what_if_s"] > 0 else ""
+        cost = f" (+{fmt_s(link['what_if_s'], unit)})" if link["what_if_s"] > 0 else ""
         where = f"rank {link['rank']} " if link["kind"] == "session" and link.get("crosses_ranks") else ""
-        parts.append(f"{where}{link['what']} {fmt_s(link['seconds'])}{cost}")
+        parts.append(f"{where}{link['what']} {fmt_s(link['seconds'], unit)}{cost}")
     return " → ".join(parts)
 
 
@@ -379,12 +383,13 @@ def _md_critical(rep: dict[str, Any], img: dict[str, str]) -> list[str]:
          "shorter the step would have been with that link at its median.", ""]
     if not cp["steps"]:
         return [*L, "No rltrace.step scopes: no step to follow.", ""]
-    L += _md_table(["step", "length", "ended by", "chain", "what if"],
-                   [[_step(s["step"]), fmt_s(s["length_s"]), f"rank {s['ended_by_rank']}", chain_text(s),
-                     fmt_s(s["what_if_s"])] for s in cp["steps"][:50]])
+    u = unit_of(rep, "critical")
+    L += _md_table(["step", f"length ({u})", "ended by", "chain", f"what if ({u})"],
+                   [[_step(s["step"]), units.number(s["length_s"], u), f"rank {s['ended_by_rank']}",
+                     chain_text(s, u), units.number(s["what_if_s"], u)] for s in cp["steps"][:50]])
     if cp["top_links"]:
         L += ["Links that cost most over the run:", ""]
-        L += [f"- {link_name(t)}: {fmt_s(t['what_if_s'])} over {t['steps']} step(s)"
+        L += [f"- {link_name(t)}: {fmt_s(t['what_if_s'], u)} over {t['steps']} step(s)"
               for t in cp["top_links"]]
         L += [""]
     return L

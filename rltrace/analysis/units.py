@@ -1,12 +1,12 @@
 """One time unit per view of the report, shared by its tables and its plots.
 
-A *view* is a block of the HTML or Markdown report with its tables and plots: the slow groups,
-the long tail, the stragglers, session time by bucket, the train-side scopes, turns and tools,
-the run summary.  Its unit is the largest of s, ms and µs in which the median of the durations
-the view shows is at least 1 (:func:`pick`): most of its numbers have a digit before the point,
-the longest get thousands separators (``12,345``), the shortest three significant digits.  A
-table's header says ``P50 (ms)`` over bare numbers and the plot beside it has ``(ms)`` on its
-axis.  Findings, sentences in plain words, keep a unit per
+A *view* is a block of the HTML or Markdown report with its tables and plots: goodput, the
+critical path, the slow groups, the long tail, the stragglers, session time by bucket, the
+train-side scopes, turns and tools, the run summary.  Its unit is the largest of s, ms and µs in
+which the median of the durations the view shows is at least 1 (:func:`pick`): most of its
+numbers have a digit before the point, the longest get thousands separators (``12,345``), the
+shortest three significant digits.  A table's header says ``P50 (ms)`` over bare numbers and the
+plot beside it has ``(ms)`` on its axis.  Findings, sentences in plain words, keep a unit per
 value (:func:`~.report.fmt_s`).  The JSON report stays in seconds (``*_s`` keys).
 """
 
@@ -65,6 +65,16 @@ def _keys(rows: Iterable[dict[str, Any]], *keys: str) -> list[Any]:
     return [r.get(k) for r in rows for k in keys]
 
 
+def _goodput(rep: dict[str, Any]) -> list[Any]:
+    gp = rep["goodput"]
+    return [*_keys(gp["by_step"], "wall_s"), *_keys(gp["staleness"]["thrown_away"], "seconds")]
+
+
+def _critical(rep: dict[str, Any]) -> list[Any]:
+    steps = rep["critical_path"]["steps"]
+    return [*_keys(steps, "length_s"), *_keys((k for s in steps for k in s["links"]), "seconds")]
+
+
 def _groups(rep: dict[str, Any]) -> list[Any]:
     gs = rep["groups"]["groups"]
     return [*_keys(gs, "span_s"), *_keys((m for g in gs for m in g["members"]), "own_s", "total_s")]
@@ -106,9 +116,9 @@ def _summary(rep: dict[str, Any]) -> list[Any]:
 
 #: view -> the durations that decide its unit
 VIEWS: dict[str, Callable[[dict[str, Any]], list[Any]]] = {
-    "groups": _groups, "longtail": _longtail, "stragglers": _stragglers,
-    "session_phases": _session_phases, "train_phases": _train_phases, "turns": _turns,
-    "summary": _summary,
+    "goodput": _goodput, "critical": _critical, "groups": _groups, "longtail": _longtail,
+    "stragglers": _stragglers, "session_phases": _session_phases, "train_phases": _train_phases,
+    "turns": _turns, "summary": _summary,
 }
 
 

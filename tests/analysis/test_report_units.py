@@ -1,8 +1,8 @@
 """One time unit per view: a view's plot axes, table headers and times in words say the same unit.
 
 A GRPO run whose sessions last milliseconds (5 ms generate, 1 ms tool calls) beside 5 s PPO
-updates: every view is in ms but the train-side scopes' (s), and each view's plots agree with
-its tables.
+updates: the session views are in ms, the train-side scopes, goodput and critical path (steps of
+~6 s) in s, and each view's plots agree with its tables.
 """
 
 from __future__ import annotations
@@ -75,8 +75,8 @@ FIGURES = {
     "turns": [plots.plot_turns],
     "summary": [plots.plot_scopes],
 }
-WANT = {"longtail": "ms", "groups": "ms", "stragglers": "ms", "turns": "ms", "session_phases": "ms",
-        "train_phases": "s", "summary": "ms"}
+WANT = {"goodput": "s", "critical": "s", "longtail": "ms", "groups": "ms", "stragglers": "ms", "turns": "ms",
+        "session_phases": "ms", "train_phases": "s", "summary": "ms"}
 
 
 @pytest.mark.parametrize("view", list(WANT))
