@@ -438,8 +438,8 @@ def render_md(rep: dict[str, Any], plots: list[Plot]) -> str:
          + f"generated {rep['generated_at']}", "", "## Findings", ""]
     L += [f"- **{f['kind']}** {f['text']}" for f in rep["findings"]] or ["Nothing to report."]
     L += [""]
-    for section in (_md_goodput, _md_critical, _md_groups, _md_longtail, _md_stragglers, _md_phases,
-                    _md_turns, _md_status, _md_summary):
+    for section in (_md_groups, _md_longtail, _md_stragglers, _md_phases, _md_turns, _md_status,
+                    _md_goodput, _md_critical, _md_summary):
         L += section(rep, img)
     if inp["skipped_lines"] or inp["skipped_fields"]:
         L += ["## Inputs", "", f"{skipped_text(inp)}:", ""]
