@@ -284,60 +284,73 @@ def line_ts_ns(raw: bytes) -> int | None:
     return int(m.group(1)) * 1000 if m is not None else None
 
 
+class LineCounts:
+    """How many lines of the run's files start before a time (counted per 10 ms bucket)."""
+
+    def __init__(self, jsonl_files: list[tuple[int, Path]]) -> None:
+        per_bucket: dict[int, int] = {}
+        for _, path in jsonl_files:
+            try:
+                src = open(path, "rb")  # noqa: SIM115 - closed by the with below
+            except OSError:
+                continue
+            with src:
+                for raw in iter_lines(src):
+                    ns = None if isinstance(raw, Oversize) else line_ts_ns(raw)
+                    if ns is not None:
+                        b = ns // _BUCKET_NS
+                        per_bucket[b] = per_bucket.get(b, 0) + 1
+        self.buckets = sorted(per_bucket)
+        self.cumulative = list(accumulate(per_bucket[b] for b in self.buckets))
+        self.total = self.cumulative[-1] if self.cumulative else 0
+
+    def before(self, ns: int) -> int:
+        i = bisect_left(self.buckets, ns // _BUCKET_NS)
+        return self.cumulative[i - 1] if i else 0
+
+
 def split_windows(plan: Plan, jsonl_files: list[tuple[int, Path]], max_events: int) -> list[Window]:
     """Time windows of at most about ``max_events`` lines each (counted per 10 ms), cut at step
     starts (at 10 ms boundaries when the run has no steps); one window when the run fits."""
     if plan.lines <= max_events:
         return [WHOLE]
-    per_bucket: dict[int, int] = {}
-    for _, path in jsonl_files:
-        try:
-            src = open(path, "rb")  # noqa: SIM115 - closed by the with below
-        except OSError:
-            continue
-        with src:
-            for raw in iter_lines(src):
-                if isinstance(raw, Oversize):
-                    continue
-                ns = line_ts_ns(raw)
-                if ns is not None:
-                    b = ns // _BUCKET_NS
-                    per_bucket[b] = per_bucket.get(b, 0) + 1
+    counts = LineCounts(jsonl_files)
     steps = plan.step_starts()
     cuts: list[tuple[int, int | None]] = (
-        [(t, n) for t, n in steps] if steps else [(b * _BUCKET_NS, None) for b in sorted(per_bucket)])
-    buckets = sorted(per_bucket)
-    cumulative = list(accumulate(per_bucket[b] for b in buckets))
+        [(t, n) for t, n in steps] if steps else [(b * _BUCKET_NS, None) for b in counts.buckets])
+    windows = _cut(cuts, counts, max_events)
+    windows[-1].last_step = steps[-1][1] if steps else None
+    return windows
 
-    def lines_before(ns: int) -> int:
-        i = bisect_left(buckets, ns // _BUCKET_NS)
-        return cumulative[i - 1] if i else 0
 
-    def before(step: int | None) -> int | None:
-        return None if step is None else step - 1
+def _before(step: int | None) -> int | None:
+    return None if step is None else step - 1
 
+
+def _cut(cuts: list[tuple[int, int | None]], counts: LineCounts, max_events: int) -> list[Window]:
+    """Windows from ``cuts`` ((time, step) boundaries), each closed at the last boundary that
+    kept it within ``max_events`` lines (or at the next, when one step alone is over it)."""
     windows: list[Window] = []
     lo: int | None = None
     lo_step = cuts[0][1] if cuts else None
     base = 0
     last_ok: tuple[int, int | None] | None = None
     for t, step in cuts[1:]:
-        if lines_before(t) - base <= max_events:
+        if counts.before(t) - base <= max_events:
             last_ok = (t, step)
             continue
-        # [lo, t) holds too much: close the window at the last boundary that fitted (or at t,
-        # when one step alone is over the limit)
         cut_t, cut_step = last_ok if last_ok is not None else (t, step)
-        windows.append(Window(lo, cut_t, lo_step, before(cut_step)))
-        lo, lo_step, base, last_ok = cut_t, cut_step, lines_before(cut_t), None
-        if cut_t != t:
-            if lines_before(t) - base <= max_events:
-                last_ok = (t, step)
-            else:
-                windows.append(Window(lo, t, lo_step, before(step)))
-                lo, lo_step, base = t, step, lines_before(t)
-    if last_ok is not None and (cumulative[-1] if cumulative else 0) - base > max_events:
-        windows.append(Window(lo, last_ok[0], lo_step, before(last_ok[1])))  # the tail, too
+        windows.append(Window(lo, cut_t, lo_step, _before(cut_step)))
+        lo, lo_step, base, last_ok = cut_t, cut_step, counts.before(cut_t), None
+        if cut_t == t:
+            continue
+        if counts.before(t) - base <= max_events:
+            last_ok = (t, step)
+        else:
+            windows.append(Window(lo, t, lo_step, _before(step)))
+            lo, lo_step, base = t, step, counts.before(t)
+    if last_ok is not None and counts.total - base > max_events:  # the tail, too
+        windows.append(Window(lo, last_ok[0], lo_step, _before(last_ok[1])))
         lo, lo_step = last_ok
-    windows.append(Window(lo, None, lo_step, steps[-1][1] if steps else None))
+    windows.append(Window(lo, None, lo_step, None))
     return windows

@@ -211,6 +211,7 @@ class FileBuilder:
 
     # -- events ------------------------------------------------------------------------------------
     def event(self, ev: dict[str, Any]) -> None:
+        """One checked Chrome event, drawn by its phase letter."""
         ph = ev.get("ph")
         if ph == "M":
             self.meta(ev)
@@ -223,42 +224,59 @@ class FileBuilder:
         name = str(ev.get("name", ""))
         cat = str(ev.get("cat") or "")
         if ph == "X":
-            start = start_ns(ev)
-            end = start + round(float(ev.get("dur") or 0) * 1000)
-            if ATTR_SESSION in args and self.onto is None:
-                self.session_event(p, pid, name, cat, start, end, args)
-            elif name == TASK_SPAN and ATTR_TASK in args and self.onto is None:
-                self.task_ended(p, pid, args, start, end)
-            else:
-                self.scope(p, pid, ev.get("tid"), Node(start, end, name, cat, args), args, ev)
-        elif ph in ("i", "I", "n") and "ts" in ev:
-            ts = start_ns(ev)
-            if ATTR_SESSION in args and ph != "n" and self.onto is None:
-                s = self.session(pid, args)
-                s.instants.append((ts, name, cat, args))
-            elif ph == "n":
-                self.out.event(ts, INSTANT, self.async_track(p, ev), name, cat)
-            else:
-                self.thread(p, pid, ev.get("tid"))[1].place(Node(ts, None, name, cat, args))
-        elif ph == "C" and "ts" in ev:
-            for key, value in args.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    label = name if key == "value" else f"{name}.{key}"
-                    self.out.counter(start_ns(ev), self.child_track(p, ("C", label), label, counter=True),
-                                     value)
-        elif ph in ("b", "e") and "ts" in ev:
-            te = self.out.event(start_ns(ev), SLICE_BEGIN if ph == "b" else SLICE_END,
-                                self.async_track(p, ev), name if ph == "b" else None,
-                                cat if ph == "b" else None)
-            if ph == "b":
-                self.out.annotate(te, args, _PER_PROCESS)
-        elif ph in ("B", "E") and "ts" in ev:
-            uuid = self.thread(p, pid, ev.get("tid"))[0]
-            te = self.out.event(start_ns(ev), SLICE_BEGIN if ph == "B" else SLICE_END, uuid,
-                                name if ph == "B" else None, cat if ph == "B" else None)
-            self.out.annotate(te, args, _PER_PROCESS)
+            self.complete(p, pid, ev, name, cat, args)
+        elif "ts" not in ev:
+            self.trace.result.skip_line(f"event of phase {ph!r} without a time, not drawn")
+        elif ph in ("i", "I", "n"):
+            self.instant(p, pid, ev, name, cat, args)
+        elif ph == "C":
+            self.counter_event(p, ev, name, args)
+        elif ph in ("b", "e", "B", "E"):
+            self.begin_end(p, pid, ev, name, cat, args)
         else:
             self.trace.result.skip_line(f"event of phase {ph!r} not drawn on the native timeline")
+
+    def complete(self, p: Proc, pid: Any, ev: dict[str, Any], name: str, cat: str,
+                 args: dict[str, Any]) -> None:
+        """An ``X`` event: a session's phase or span, a task's span, or a scope on its thread."""
+        start = start_ns(ev)
+        end = start + round(float(ev.get("dur") or 0) * 1000)
+        if ATTR_SESSION in args and self.onto is None:
+            self.session_event(p, pid, name, cat, start, end, args)
+        elif name == TASK_SPAN and ATTR_TASK in args and self.onto is None:
+            self.task_ended(p, pid, args, start, end)
+        else:
+            self.scope(p, pid, ev.get("tid"), Node(start, end, name, cat, args), args, ev)
+
+    def instant(self, p: Proc, pid: Any, ev: dict[str, Any], name: str, cat: str,
+                args: dict[str, Any]) -> None:
+        """An instant: on its session's track, its async span's, or its thread's."""
+        ts = start_ns(ev)
+        ph = ev.get("ph")
+        if ATTR_SESSION in args and ph != "n" and self.onto is None:
+            self.session(pid, args).instants.append((ts, name, cat, args))
+        elif ph == "n":
+            self.out.event(ts, INSTANT, self.async_track(p, ev), name, cat)
+        else:
+            self.thread(p, pid, ev.get("tid"))[1].place(Node(ts, None, name, cat, args))
+
+    def counter_event(self, p: Proc, ev: dict[str, Any], name: str, args: dict[str, Any]) -> None:
+        """A ``C`` event: each numeric arg on a counter track of the process."""
+        for key, value in args.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                label = name if key == "value" else f"{name}.{key}"
+                self.out.counter(start_ns(ev), self.child_track(p, ("C", label), label, counter=True), value)
+
+    def begin_end(self, p: Proc, pid: Any, ev: dict[str, Any], name: str, cat: str,
+                  args: dict[str, Any]) -> None:
+        """``b``/``e`` (another instrumentation's span: a track per id) and ``B``/``E`` (a thread's)."""
+        ph = ev.get("ph")
+        begin = ph in ("b", "B")
+        track = self.async_track(p, ev) if ph in ("b", "e") else self.thread(p, pid, ev.get("tid"))[0]
+        te = self.out.event(start_ns(ev), SLICE_BEGIN if begin else SLICE_END, track,
+                            name if begin else None, cat if begin else None)
+        if begin or ph == "E":
+            self.out.annotate(te, args, _PER_PROCESS)
 
     def meta(self, ev: dict[str, Any]) -> None:
         pid, args = ev.get("pid"), ev.get("args") or {}
@@ -402,23 +420,41 @@ class FileBuilder:
                 return
 
     def write_session(self, p: Proc, pid: Any, s: sess_mod.Session, g: _Group | None) -> None:
+        """One session's track (under its task's), its slices, its arrows and its counts."""
+        self._let_go(pid, s, g)
+        self.trace.sessions += 1
+        uuid = stable_id("session", self.fi, pid, s.sid)
+        label = f"session {s.sid} · {s.status}"
+        self.out.track(uuid, label, self._session_parent(p, s, g))
+        group_end = g.end if g is not None and g.end else s.own_end()
+        self._count(p, s)
+        flows_in, flows_out = self._session_flows(pid, s)
+        for i, lane in enumerate(sess_mod.pieces(s, group_end, label)):
+            track = uuid if i == 0 else stable_id("session-lane", self.fi, pid, s.sid, i)
+            if i:
+                self.out.track(track, f"{label} · concurrent {i}", uuid)
+            self.write_pieces(track, lane, flows_in if i == 0 else (), flows_out if i == 0 else ())
+
+    def _let_go(self, pid: Any, s: sess_mod.Session, g: _Group | None) -> None:
+        """The session is written: it is no longer held, nor (when its group is done) its group."""
         self.open.pop((pid, s.sid), None)
         if g is not None:
             if g.sessions.pop(s.sid, None) is not None:
                 self.held -= 1
             if not g.sessions and g.done:
                 self.groups.pop((pid, s.task), None)
-        self.trace.sessions += 1
-        out = self.out
-        parent = g.uuid if g is not None and g.done else p.uuid
-        if g is not None and not g.done:  # its task's span is elsewhere, or never came
-            step = f" · step {s.step}" if s.step is not None else ""
-            parent = self.child_track(p, ("task", s.task), f"task {s.task}{step}")
-        uuid = stable_id("session", self.fi, pid, s.sid)
-        label = f"session {s.sid} · {s.status}"
-        out.track(uuid, label, parent)
-        group_end = g.end if g is not None and g.end else s.own_end()
-        lanes = sess_mod.pieces(s, group_end, label)
+
+    def _session_parent(self, p: Proc, s: sess_mod.Session, g: _Group | None) -> int:
+        """Its task's track; a track of its own for a task whose span is elsewhere or never came."""
+        if g is None:
+            return p.uuid
+        if g.done:
+            return g.uuid
+        step = f" · step {s.step}" if s.step is not None else ""
+        return self.child_track(p, ("task", s.task), f"task {s.task}{step}")
+
+    def _count(self, p: Proc, s: sess_mod.Session) -> None:
+        """The session into its process's counters: queue depth and generated tokens."""
         c = p.counts
         start, final = s.window()
         d, base = s.decomposition()
@@ -430,24 +466,25 @@ class FileBuilder:
             tokens = ph.args.get(_OUTPUT_TOKENS)
             if isinstance(tokens, (int, float)) and not isinstance(tokens, bool):
                 c.tokens[ph.end // 1_000_000_000] += tokens
+
+    def _session_flows(self, pid: Any, s: sess_mod.Session) -> tuple[list[int], list[int]]:
+        """The arrows ending on the session's slice (from its task) and leaving it (to the train
+        step that consumed it), both ends in this file's time range."""
+        plan, window = self.trace.plan, self.trace.window
         flows_in: list[int] = []
         if s.from_task:
             flows_in.append(task_flow(self.fi, pid, s.task, s.sid))
-        elif s.own is not None and type(s.sid) is int and self.trace.plan.task_elsewhere(s.task, self.fi) \
-                and self.trace.window.holds(self.trace.plan.task_files[s.task][1]):
+        elif s.own is not None and type(s.sid) is int and plan.task_elsewhere(s.task, self.fi) \
+                and window.holds(plan.task_files[s.task][1]):
             flows_in.append(cross_task_flow(s.task, s.own[3].get("rank"), s.sid))
         flows_out: list[int] = []
         step = s.step
         if s.status == "accepted" and s.own is not None and type(step) is int and abs(step) < 1 << 62:
             rank = s.own[3].get("rank")
-            key = self.trace.plan.consumer(rank, step, s.own[1])
-            if key is not None and self.trace.window.holds(self.trace.plan.step_start(key)):
+            key = plan.consumer(rank, step, s.own[1])
+            if key is not None and window.holds(plan.step_start(key)):
                 flows_out.append(consume_flow(rank, s.sid))
-        for i, lane in enumerate(lanes):
-            track = uuid if i == 0 else stable_id("session-lane", self.fi, pid, s.sid, i)
-            if i:
-                out.track(track, f"{label} · concurrent {i}", uuid)
-            self.write_pieces(track, lane, flows_in if i == 0 else (), flows_out if i == 0 else ())
+        return flows_in, flows_out
 
     def write_pieces(self, track: int, pieces: list[sess_mod.Piece], flows_in: Any,
                      flows_out: Any) -> None:

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 from collections import Counter, defaultdict
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -340,3 +341,38 @@ def test_the_readmes_two_queries_run_on_the_demos_native_trace(demo: dict[str, A
     accepted = Counter(r["step"] for r in demo["records"] if r["status"] == "accepted")
     assert {r["step"]: r["samples"] for r in waits} == dict(accepted)
     assert all(0 <= r["avg_wait_ms"] <= r["max_wait_ms"] for r in waits)
+
+
+def test_a_run_over_max_events_is_split_by_step_range_and_each_file_loads(
+        demo: dict[str, Any], tmp_path: Path) -> None:
+    from rltrace.cli.convert import convert
+
+    lines = sum(1 for f in (demo["logdir"] / "perf_tracer").rglob("traces-r*.jsonl")
+                for _ in f.open("rb"))
+    res = convert([demo["logdir"]], tmp_path / "run.pftrace", progress=False, max_events=lines // 3)
+    assert len(res.parts) >= 2
+    steps = [(p.window.first_step, p.window.last_step) for p in res.parts]
+    assert steps[0][0] == 0 and steps[-1][1] == 2
+    for (_, last), (first, _) in pairwise(steps):
+        assert first == last + 1  # consecutive, whole steps
+    # sessions whose own span is in the file (a session's phases that started in the next file
+    # are drawn there, on a track of their own, without a status)
+    q = (f"select {arg('rl.step', 'step')} from slice s where s.category = 'rl.session' "
+         f"and extract_arg(s.arg_set_id, 'debug.rl_session_status') is not null")
+    seen = 0
+    for part, (first, last) in zip(res.parts, steps, strict=True):
+        assert part.path.name == f"run.steps-{first}-{last}.pftrace"
+        rep = perfetto_check(part.path, q)
+        assert rep["ok"] is True and rep["import_errors"] == []
+        got = [r["step"] for r in rep["queries"][q]]
+        # the demo's ranks run unsynchronised: a file starts at its first step's earliest start on
+        # any rank, so a slower rank's sessions of the step before can start in it
+        assert got and all(first - 1 <= s <= last for s in got)
+        assert sum(first <= s <= last for s in got) > len(got) / 2
+        seen += len(got)
+    assert seen == len(demo["records"])  # each session's own slice in exactly one file
+    cli = subprocess.run([sys.executable, "-m", "rltrace.cli", "convert", str(demo["logdir"]), "-o",
+                          str(tmp_path / "cli.json"), "--max-events", str(lines // 3)],
+                         capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 0 and "split by step range" in cli.stdout
+    assert any(tmp_path.glob("cli.steps-0-*.json"))
