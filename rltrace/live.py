@@ -39,7 +39,7 @@ import orjson
 
 from rltrace.exporters.files import write_atomically
 
-from .sessions import SessionRegistry
+from .sessions import THROWN_AWAY, SessionRegistry
 
 __all__ = ["EDGES", "FORMAT", "LIST_CAP", "STEPS_KEPT", "LivePublisher", "bucket_upper"]
 
@@ -73,7 +73,6 @@ _NAME = attrgetter("name")
 _STEP = attrgetter("step")
 _START = attrgetter("start_ns")
 _FATES = ("generated", "accepted", "wasted")
-_THROWN = frozenset({"rejected", "failed", "dropped"})
 
 
 def _lag(rec: dict[str, Any]) -> int | None:
@@ -308,7 +307,7 @@ class LivePublisher:
         then minus the one that generated the session) of accepted sessions."""
         tokens, phase_s, lag = self.goodput["tokens"], self.goodput["phase_s"], self.goodput["lag"]
         for _step, status, _total, tok, ph, moved in recs:
-            fate = "accepted" if status == "accepted" else "wasted" if status in _THROWN else None
+            fate = "accepted" if status == "accepted" else "wasted" if status in THROWN_AWAY else None
             tokens["generated"] += tok
             phase_s["generated"] += ph
             if fate is not None:

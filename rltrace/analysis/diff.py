@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,8 +62,9 @@ def series_of(run: Run, rep: dict[str, Any]) -> dict[str, dict[int, float]]:
         put(f"role {role}", step, v)
     for (name, step), vs in scope_sum.items():
         put(f"scope {name}", step, sum(vs) / len(vs))
+    ranks_in_step = Counter(step for _, step in run.steps_info)
     for row in rep["goodput"]["by_step"]:
-        n = sum(1 for (_, s) in run.steps_info if s == row["step"]) or 1
+        n = ranks_in_step[row["step"]] or 1
         for b in goodput_mod.BUCKETS:
             put(f"goodput {b}", row["step"], row["seconds"][b] / n)
     sessions = _sessions_per_step(run)

@@ -33,13 +33,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..readers import timeline
+from ..sessions import THROWN_AWAY
 
 BUCKETS = ("productive", "overhead", "idle", "wasted")
 #: ``train.*`` scopes whose name holds one of these words are overhead, not train compute
 OVERHEAD_WORDS = ("sync", "weight", "broadcast", "checkpoint", "ckpt", "save", "load", "data",
                   "offload", "flush")
 _OVERHEAD = re.compile("|".join(OVERHEAD_WORDS), re.IGNORECASE)
-THROWN_AWAY = frozenset({"rejected", "failed", "dropped"})
 
 
 @dataclass

@@ -33,6 +33,7 @@ TRACE_GLOB = "traces-r*.jsonl"
 PROFILER_GLOB = "torch_profiler/*.json"
 _SESSION_RE = re.compile(r"sessions-r\d+\.jsonl$")
 _RANK_RE = re.compile(r"traces-r(\d+)")
+_PROFILER_RANK_RE = re.compile(r"-r(\d+)(?:-|$)")
 _HEAD_RE = re.compile(rb'^\{"pid":(-?\d+),"tid":(-?\d+),')
 #: messages kept about what was skipped (the counts are exact)
 MAX_MESSAGES = 50
@@ -174,6 +175,12 @@ def _load_json(path: Path, result: ConvertResult) -> tuple[list[Any], int | None
     return events, (int(base) if is_number(base) and abs(base) <= MAX_SECONDS * 1e9 else None)
 
 
+def profiler_rank(path: Path) -> int | None:
+    """The rank in a ``torch.profiler`` trace's name (``[role-]step{n}-r{rank}[-...].json``)."""
+    m = _PROFILER_RANK_RE.search(path.stem)
+    return int(m.group(1)) if m else None
+
+
 def _events_of_json(path: Path, merge: _Merge) -> Iterator[dict[str, Any]]:
     """Checked events of a whole-file JSON trace, on rltrace's epoch-microsecond clock.
 
@@ -185,8 +192,8 @@ def _events_of_json(path: Path, merge: _Merge) -> Iterator[dict[str, Any]]:
     if loaded is None:
         return
     events, base = loaded
-    m = re.search(r"-r(\d+)(?:-|$)", path.stem)  # ``[role-]step{n}-r{rank}[-...]``
-    label = f"[Rank {m.group(1)}, torch.profiler]" if m and base is not None else None
+    rank = profiler_rank(path)
+    label = f"[Rank {rank}, torch.profiler]" if rank is not None and base is not None else None
     pids: set[Any] = set()
     for i, e in enumerate(events):
         if merge.check(e, f"{path}: event {i}", text_pid=True) is None:
@@ -363,9 +370,8 @@ def _write_native(files: list[Path], merge: _Merge, fh: BinaryIO, result: Conver
     trace = NativeTrace(out, plan, result, merge.window)
     for i, path in enumerate(files):
         if path.suffix == ".json":
-            m = re.search(r"-r(\d+)(?:-|$)", path.stem)
             events = sorted(merge.in_window(_events_of_json(path, merge)), key=lambda e: e.get("ph") != "M")
-            trace.file(i, events, onto_rank=int(m.group(1)) if m else None)
+            trace.file(i, events, onto_rank=profiler_rank(path))
             merge.bar.update(_size(path))
         else:
             m = _RANK_RE.search(path.name)

@@ -157,7 +157,7 @@ def _fmt_s(s: float | None) -> str:
     return f"{s / 3600:.1f}h"
 
 
-def _pct(part: int, whole: int) -> str:
+def _pct(part: float, whole: float) -> str:
     return f"{100.0 * part / whole:.1f}%" if whole else "-"
 
 
@@ -299,21 +299,17 @@ def goodput_line(states: list[RankState]) -> str | None:
             elapsed = max(elapsed, ts - started)
     if not phase_s.get("generated"):
         return None
-    parts = [f"goodput: thrown away {_share(phase_s['wasted'], phase_s['generated'])} of phase time"]
+    parts = [f"goodput: thrown away {_pct(phase_s['wasted'], phase_s['generated'])} of phase time"]
     if tokens.get("generated"):
-        parts[0] += f", {_share(tokens['wasted'], tokens['generated'])} of tokens"
+        parts[0] += f", {_pct(tokens['wasted'], tokens['generated'])} of tokens"
         if elapsed > 0:
             parts.append(f"generated {_count(tokens['generated'] / elapsed)} tokens/s, accepted "
                          f"{_count(tokens['accepted'] / elapsed)}/s since start")
     if lag:
         n = lag.total()
         parts.append("policy version lag at finalize: "
-                     + ", ".join(f"{k} for {_share(v, n)}" for k, v in sorted(lag.items())))
+                     + ", ".join(f"{k} for {_pct(v, n)}" for k, v in sorted(lag.items())))
     return "; ".join(parts)
-
-
-def _share(part: float, whole: float) -> str:
-    return f"{100 * part / whole:.1f}%" if whole else "–"
 
 
 def _count(x: float) -> str:

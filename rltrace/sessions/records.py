@@ -41,6 +41,8 @@ from .context import SESSION_CV
 
 FINAL_STATUSES = ("accepted", "rejected", "failed", "dropped")
 FINAL_SET = frozenset(FINAL_STATUSES)
+#: the final statuses of samples that are not trained on: their work is thrown away
+THROWN_AWAY = FINAL_SET - {"accepted"}
 STATUSES = ("pending", *FINAL_STATUSES)
 
 

@@ -216,6 +216,55 @@ class Plan:
                 arrows.add(cross_task_flow(task, ranks[ri], sid), start)
 
 
+class FileArrows:
+    """The plan's arrows as one output file draws them (the native trace and the merged JSON
+    alike): only those whose two ends start in its window, and each train step's and task's
+    arrows once, should a rank's file repeat."""
+
+    def __init__(self, plan: Plan, window: Window = WHOLE) -> None:
+        self.plan = plan
+        self.window = window
+        self._used: set[Any] = set()
+
+    def to_consumer(self, rank: Any, session: Any, step: Any, end: int) -> int | None:
+        """The flow id of an accepted session's arrow to the train step that consumed it (None:
+        no step did, or not in this file)."""
+        if type(step) is not int or abs(step) >= _INT64:
+            return None
+        key = self.plan.consumer(rank, step, end)
+        if key is None or not self.window.holds(self.plan.step_start(key)):
+            return None
+        return consume_flow(rank, session)
+
+    def from_other_file(self, task: Any, fi: int, rank: Any, session: Any) -> int | None:
+        """The flow id of the arrow to a session of input file ``fi`` from its task's slice in
+        another input file (None: the task's slice is in the same file, in none, or not in this
+        output file)."""
+        plan = self.plan
+        if type(session) is not int or not plan.task_elsewhere(task, fi) \
+                or not self.window.holds(plan.task_files[task][1]):
+            return None
+        return cross_task_flow(task, rank, session)
+
+    def to_other_files(self, task: Any) -> list[int]:
+        """The flow ids of the arrows from ``task``'s slice to its sessions in other files."""
+        cross = self.plan.cross.get(task)
+        if cross is None or ("task", task) in self._used:
+            return []
+        self._used.add(("task", task))
+        return cross.within(self.window)
+
+    def consumed(self, rank: Any, step: int) -> tuple[int, list[int]] | None:
+        """(the last consumed sample's end in ns, the flow ids ending) of train step ``step`` of
+        ``rank`` (None: it consumed none)."""
+        key = (rank, step)
+        c = self.plan.consumed.get(key)
+        if c is None or key in self._used:
+            return None
+        self._used.add(key)
+        return c.last_end_ns, c.within(self.window)
+
+
 def plan_arrows(jsonl_files: Iterable[tuple[int, Path]]) -> Plan:
     """Read the task, session and step lines of ``jsonl_files`` ((file index, path)): the plan."""
     plan = Plan()

@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 
 from ..semconv import ATTR_SESSION, ATTR_STATUS, ATTR_STEP, ATTR_TASK, SESSION_SPAN, TASK_SPAN
-from .arrows import WHOLE, Plan, Window, consume_flow, cross_task_flow, stable_id, start_ns, step_of
+from .arrows import WHOLE, FileArrows, Plan, Window, stable_id, start_ns, step_of
 
 #: tids of the tracks added here start above any thread lane the Chrome exporter numbers
 FIRST_TID = 1 << 20
@@ -51,10 +51,8 @@ class ChromeTracks:
     """One conversion's added tracks and arrows (state bounded by the tasks open at once)."""
 
     def __init__(self, plan: Plan, window: Window = WHOLE) -> None:
-        self.plan = plan
-        #: the time range this file holds (a split trace: arrows to other files are not drawn)
-        self.window = window
-        self._used: set[Any] = set()
+        #: the arrows this file draws (a split trace's: those with both ends in its window)
+        self.arrows = FileArrows(plan, window)
         self._tids: dict[Any, int] = {}
         self._next_tid = FIRST_TID
         #: (file, pid, task) -> sessions of the task seen in the file: (tid, start µs, dur µs, sid)
@@ -104,24 +102,21 @@ class ChromeTracks:
                 self._last_phase[key] = (ts, dur)
             return tid
         last = self._last_phase.pop(key, None)
+        rank = args.get("rank")
         if task is not None:
-            if type(sid) is int and self.plan.task_elsewhere(task, fi):  # the arrow's start: there
-                if not self.window.holds(self.plan.task_files[task][1]):
-                    return tid
-                fid = cross_task_flow(task, args.get("rank"), sid)
-                out.append(_flow("f", pid, tid, _inside(ts, dur), fid, "task"))
+            if type(sid) is int and self.arrows.plan.task_elsewhere(task, fi):  # the arrow's start: there
+                fid = self.arrows.from_other_file(task, fi, rank, sid)
+                if fid is not None:
+                    out.append(_flow("f", pid, tid, _inside(ts, dur), fid, "task"))
             else:
                 self._task_sessions.setdefault((fi, pid, task), []).append((tid, ts, dur, sid))
-        step = args.get(ATTR_STEP)
-        if args.get(ATTR_STATUS) == "accepted" and type(step) is int:
-            rank = args.get("rank")
-            end = start_ns(ev) + round(dur * 1000)
-            consumer = self.plan.consumer(rank, step, end)
-            if consumer is not None and self.window.holds(self.plan.step_start(consumer)):
+        if args.get(ATTR_STATUS) == "accepted":
+            fid = self.arrows.to_consumer(rank, sid, args.get(ATTR_STEP), start_ns(ev) + round(dur * 1000))
+            if fid is not None:
                 # from its last phase (a leaf: Perfetto binds the arrow to the slice open at that
                 # time, and a finished phase's slice may still count as open after it ended)
                 at = _inside(*last, from_end=True) if last is not None else _inside(ts, dur)
-                out.append(_flow("s", pid, tid, at, consume_flow(rank, sid), "consumed by"))
+                out.append(_flow("s", pid, tid, at, fid, "consumed by"))
         return tid
 
     def _task_line(self, fi: int, pid: int, ev: dict[str, Any], args: dict[str, Any],
@@ -135,11 +130,8 @@ class ChromeTracks:
             fid = stable_id("json-task", fi, pid, task, sid)
             out.append(_flow("s", pid, tid, at, fid, "task"))
             out.append(_flow("f", pid, s_tid, _inside(s_ts, s_dur), fid, "task"))
-        cross = self.plan.cross.get(task)
-        if cross is not None and ("task", task) not in self._used:  # its sessions in other files
-            self._used.add(("task", task))
-            for fid in cross.within(self.window):
-                out.append(_flow("s", pid, tid, at, fid, "task"))
+        for fid in self.arrows.to_other_files(task):  # its sessions in other files
+            out.append(_flow("s", pid, tid, at, fid, "task"))
         return tid
 
     def _consumed(self, pid: int, ev: dict[str, Any], args: dict[str, Any], step: int,
@@ -147,14 +139,12 @@ class ChromeTracks:
         """An instant ``consumed N sample(s)`` inside train step ``step`` once its last sample
         ended, and the arrows' ends bound to it.  (Perfetto draws an arrow whose end binds to a
         slice that started before the arrow's start backwards: the instant starts after.)"""
-        key = (args.get("rank"), step)
-        c = self.plan.consumed.get(key)
-        if c is None or key in self._used:
+        consumed = self.arrows.consumed(args.get("rank"), step)
+        if consumed is None:
             return
-        self._used.add(key)
-        flows = c.within(self.window)
+        last_end, flows = consumed
         ts, dur = float(ev["ts"]), float(ev.get("dur") or 0)
-        at = min(max(c.last_end_ns / 1000, _inside(ts, dur)), _inside(ts, dur, from_end=True))
+        at = min(max(last_end / 1000, _inside(ts, dur)), _inside(ts, dur, from_end=True))
         raw_tid = ev.get("tid")
         tid = raw_tid if isinstance(raw_tid, int) else 0
         n = len(flows)

@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 from ..semconv import ATTR_SESSION, ATTR_STATUS, ATTR_STEP, ATTR_TASK, SESSION_SPAN, TASK_SPAN
 from . import sessions as sess_mod
-from .arrows import WHOLE, Plan, Window, consume_flow, cross_task_flow, stable_id, start_ns, step_of
+from .arrows import WHOLE, FileArrows, Plan, Window, stable_id, start_ns, step_of
 from .lanes import Lane, Node, preorder
 from .packets import INSTANT, SLICE_BEGIN, SLICE_END, PacketWriter
 
@@ -108,12 +108,9 @@ class NativeTrace:
 
     def __init__(self, out: PacketWriter, plan: Plan, result: Result, window: Window = WHOLE) -> None:
         self.out = out
-        self.plan = plan
         self.result = result
-        #: the time range this file holds (a split trace: arrows to other files are not drawn)
-        self.window = window
-        #: train steps and tasks whose arrows are drawn (once, should a rank's file repeat)
-        self.used: set[Any] = set()
+        #: the arrows this file draws (a split trace's: those with both ends in its window)
+        self.arrows = FileArrows(plan, window)
         self._next_pid = 1
         self._next_tid = 1_000
         #: rank -> its (first) process, for ``torch.profiler`` traces of that rank
@@ -308,13 +305,11 @@ class FileBuilder:
         step = step_of(ev)
         if step is None:
             return
-        key = (args.get("rank"), step)
-        consumed = self.trace.plan.consumed.get(key)
-        if consumed is None or node.end is None or key in self.trace.used:
+        consumed = self.trace.arrows.consumed(args.get("rank"), step)
+        if consumed is None or node.end is None:
             return
-        self.trace.used.add(key)
-        flows = consumed.within(self.trace.window)
-        at = min(max(consumed.last_end_ns, node.start), node.end)
+        last_end, flows = consumed
+        at = min(max(last_end, node.start), node.end)
         n = len(flows)
         lane.place(Node(at, None, f"consumed {n} sample(s)", "rl.consume",
                         {"rl.consumed": n, ATTR_STEP: step}, flows_end=flows))
@@ -395,10 +390,7 @@ class FileBuilder:
         te.flow_ids.extend(task_flow(self.fi, pid, task, s.sid) for s in ready)
         for s in ready:
             s.from_task = True
-        cross = self.trace.plan.cross.get(task)
-        if cross is not None and ("task", task) not in self.trace.used:  # its sessions in other files
-            self.trace.used.add(("task", task))
-            te.flow_ids.extend(cross.within(self.trace.window))
+        te.flow_ids.extend(self.trace.arrows.to_other_files(task))  # its sessions in other files
         self.out.event(end, SLICE_END, g.uuid)
         g.done = True
         self.write_group(p, pid, g)
@@ -470,20 +462,22 @@ class FileBuilder:
     def _session_flows(self, pid: Any, s: sess_mod.Session) -> tuple[list[int], list[int]]:
         """The arrows ending on the session's slice (from its task) and leaving it (to the train
         step that consumed it), both ends in this file's time range."""
-        plan, window = self.trace.plan, self.trace.window
+        arrows = self.trace.arrows
         flows_in: list[int] = []
+        flows_out: list[int] = []
         if s.from_task:
             flows_in.append(task_flow(self.fi, pid, s.task, s.sid))
-        elif s.own is not None and type(s.sid) is int and plan.task_elsewhere(s.task, self.fi) \
-                and window.holds(plan.task_files[s.task][1]):
-            flows_in.append(cross_task_flow(s.task, s.own[3].get("rank"), s.sid))
-        flows_out: list[int] = []
-        step = s.step
-        if s.status == "accepted" and s.own is not None and type(step) is int and abs(step) < 1 << 62:
-            rank = s.own[3].get("rank")
-            key = plan.consumer(rank, step, s.own[1])
-            if key is not None and window.holds(plan.step_start(key)):
-                flows_out.append(consume_flow(rank, s.sid))
+        if s.own is None:
+            return flows_in, flows_out
+        rank = s.own[3].get("rank")
+        if not s.from_task:
+            fid = arrows.from_other_file(s.task, self.fi, rank, s.sid)
+            if fid is not None:
+                flows_in.append(fid)
+        if s.status == "accepted":
+            fid = arrows.to_consumer(rank, s.sid, s.step, s.own[1])
+            if fid is not None:
+                flows_out.append(fid)
         return flows_in, flows_out
 
     def write_pieces(self, track: int, pieces: list[sess_mod.Piece], flows_in: Any,
