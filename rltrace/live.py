@@ -11,7 +11,11 @@ the new one, never a part).  It holds:
   how many, open phase executions by phase, sessions between phases, counts and age
   histograms by step, and the ``LIST_CAP`` oldest with their open phases and ages;
 * finished sessions: counts by status, and per step (the ``STEPS_KEPT`` highest) counts by
-  status and a histogram of session durations (submit to finalize).
+  status and a histogram of session durations (submit to finalize);
+* goodput: tokens and phase time generated, accepted and thrown away, the policy version lag
+  at finalize, and each kept step's time split into productive, overhead, idle and wasted
+  (:mod:`rltrace.goodput`, the report's split: from the step scope, once it ended, and the
+  phase executions of the step's sessions; a rank without step scopes from its sessions).
 
 The file is bounded whatever the run: at most ``LIST_CAP`` sessions listed, ``STEPS_KEPT``
 steps with at most ``len(EDGES) + 1`` histogram buckets each, ``BY_STEP_CAP`` steps of open
@@ -39,6 +43,7 @@ import orjson
 
 from rltrace.exporters.files import write_atomically
 
+from .goodput import BUCKETS, RankStepWork, ScopeStep, StepScopeCollector, split_rank_step
 from .sessions import THROWN_AWAY, SessionRegistry
 
 __all__ = ["EDGES", "FORMAT", "LIST_CAP", "STEPS_KEPT", "LivePublisher", "bucket_upper"]
@@ -90,9 +95,27 @@ def _phase_s(rec: dict[str, Any]) -> float:
     return float(sum(rec.get(p + "_s", 0.0) for p in rec.get("phase_counts") or ()))
 
 
+def _intervals(rec: dict[str, Any]) -> list[tuple[float, float]]:
+    """A session record's phase executions as (start, end) seconds."""
+    return [(e["start_ts"], e["end_ts"]) for execs in (rec.get("phases") or {}).values()
+            for e in execs]
+
+
 _R_STEP = itemgetter(0)
 _R_STATUS = itemgetter(1)
 _R_TOTAL = itemgetter(2)
+
+
+def _keep(kept: dict[int, Any], step: int, value: Any) -> Any:
+    """Put ``value`` under ``step`` in ``kept`` if ``step`` is among the ``STEPS_KEPT`` highest
+    (dropping the lowest); returns it, or None when ``step`` is too old to keep."""
+    if step not in kept and len(kept) >= STEPS_KEPT:
+        lowest = min(kept)
+        if step < lowest:
+            return None
+        del kept[lowest]
+    kept[step] = value
+    return value
 
 
 def bucket_upper(i: int) -> float:
@@ -151,8 +174,10 @@ class LivePublisher:
     def __init__(self, path: Path, *, interval_s: float, session_processor: Any, rank: int,
                  world_size: int, role: str | None = None, host: str | None = None,
                  experiment: str | None = None, trial: str | None = None,
-                 registry: SessionRegistry) -> None:
+                 registry: SessionRegistry, step_scopes: StepScopeCollector | None = None) -> None:
         self.path = Path(path)
+        #: this process's step scopes as they end (the scope side of each step's goodput split)
+        self.step_scopes = step_scopes
         #: the registry whose open tasks and sessions are published
         self.registry = registry
         self._dir_made = False
@@ -167,8 +192,10 @@ class LivePublisher:
         # (holding up to AGGREGATE_AT records of ~1 KB each grew memory by ~2 MB between publishes)
         self._recent: deque[tuple[Any, ...]] = deque(maxlen=RECENT_CAP)
         append = self._recent.append
-        self._listener = lambda rec: append((rec["step"], rec["status"], rec["total_s"],
-                                             rec.get("output_tokens", 0), _phase_s(rec), _lag(rec)))
+        self._listener = lambda rec: append((
+            rec["step"], rec["status"], rec["total_s"], rec.get("output_tokens", 0), _phase_s(rec),
+            _lag(rec), _intervals(rec), rec.get("submit_ts"), rec["finalized_ts"],
+            rec.get("policy_version")))
         if session_processor is not None:
             session_processor.listeners.append(self._listener)
         self._reset_counts()
@@ -188,6 +215,12 @@ class LivePublisher:
                                         "phase_s": dict.fromkeys(_FATES, 0.0), "lag": Counter()}
         self.aggregated = 0
         self.max_step: int | None = None
+        #: the goodput split's inputs of the ``STEPS_KEPT`` highest steps: the sessions' work and
+        #: the step scope (once it ended)
+        self.work: dict[int, RankStepWork] = {}
+        self.scopes: dict[int, ScopeStep] = {}
+        #: whether a step scope ended on this rank (then only those steps are split)
+        self.scoped = False
         self.base_sessions = self.sp.sessions if self.sp is not None else 0
 
     # -- called from the pipeline -----------------------------------------------------------
@@ -236,6 +269,8 @@ class LivePublisher:
         self.header = {**self.header, "pid": os.getpid(), "started_ts": time.time()}
         self._recent.clear()
         self._reset_counts()
+        if self.step_scopes is not None:
+            self.step_scopes.reset()
         self._next = 0.0
         self.seq = 0
         self.closed = False
@@ -266,7 +301,27 @@ class LivePublisher:
              "hist": sorted(st.hist.items()), "max_s": round(st.max_s, 6)}
             for s, st in sorted(self.steps.items(), key=lambda kv: _step_key(kv[0]))
         ]
+        doc["goodput"] = self._goodput_steps()
         return doc
+
+    def _goodput_steps(self) -> list[dict[str, Any]]:
+        """Each kept step's time split into the goodput buckets (:mod:`rltrace.goodput`): a step
+        with a step scope once it ended, a rollout-only one from its sessions so far."""
+        if self.step_scopes is not None:
+            for step, ended in self.step_scopes.take():
+                _keep(self.scopes, step, ended)
+                self.scoped = True
+        rollout = self.step_scopes.rollout_scope if self.step_scopes is not None else "train.rollout"
+        out = []
+        for step in sorted(set(self.work) | set(self.scopes)):
+            info = self.scopes.get(step)
+            if info is None and self.scoped:
+                continue  # a rank with step scopes: this one's has not ended yet
+            wall, sec = split_rank_step(info, self.work.get(step), rollout)
+            if wall > 0:
+                out.append({"step": step, "wall_s": round(wall, 6), "scoped": info is not None,
+                            "seconds": {k: round(sec[k], 6) for k in BUCKETS}})
+        return out
 
     def _aggregate_finished(self) -> None:
         recent = self._recent
@@ -303,10 +358,18 @@ class LivePublisher:
                 self.max_step = step
 
     def _aggregate_goodput(self, recs: list[tuple[Any, ...]]) -> None:
-        """Tokens and phase time by fate, and version lag at finalize (the rank's policy version
-        then minus the one that generated the session) of accepted sessions."""
+        """Tokens and phase time by fate, version lag at finalize (the rank's policy version
+        then minus the one that generated the session) of accepted sessions, and each kept
+        step's work for its goodput split."""
         tokens, phase_s, lag = self.goodput["tokens"], self.goodput["phase_s"], self.goodput["lag"]
-        for _step, status, _total, tok, ph, moved in recs:
+        work = self.work
+        for step, status, _total, tok, ph, moved, phases, submit, final, version in recs:
+            if type(step) is int:
+                w = work.get(step)
+                if w is None:
+                    w = _keep(work, step, RankStepWork())
+                if w is not None:
+                    w.add(phases, status, tok, version, submit, final)
             fate = "accepted" if status == "accepted" else "wasted" if status in THROWN_AWAY else None
             tokens["generated"] += tok
             phase_s["generated"] += ph

@@ -35,6 +35,7 @@ from rltrace.exporters.values import refresh_thread_names
 from . import device, otel_compat
 from .config import TracerConfig
 from .flight import FlightRecorder, ring_name
+from .goodput import StepScopeCollector
 from .live import LivePublisher, live_path
 from .locks import FairRLock
 from .materialize import SpanBuilder
@@ -202,11 +203,14 @@ class Pipeline:
         if cfg.session_tracer.flight_recorder:
             self._new_flight(os.getpid())
         if cfg.live_interval_s > 0:
+            step_scopes = StepScopeCollector()  # the scope side of top's goodput split
+            self.record_processors.append(step_scopes)
             self.live = LivePublisher(
                 live_path(self.log_dir, self._file_name("live", os.getpid())),
                 interval_s=cfg.live_interval_s, session_processor=self.session_processor,
                 rank=self.rank, world_size=self.world_size, role=cfg.role, host=self.host,
                 experiment=cfg.experiment_name, trial=cfg.trial_name, registry=registry,
+                step_scopes=step_scopes,
             )
 
     def _otlp_side(self, cfg: TracerConfig) -> None:

@@ -1,20 +1,6 @@
-"""Goodput: where every second of each rank's steps went, and every generated token.
-
-Each rank's step (its ``rltrace.step`` scope; on a rank that only rolls out, its sessions' first
-submit to last finalize in that step) is split into four buckets that add up to its wall time:
-
-* **productive**: train compute (the ``train.*`` scopes directly under the step that are not
-  overhead or the rollout) and the generation, tool and reward time of samples that were
-  accepted (trained on);
-* **overhead**: weight sync, checkpoints, data loading, flushing (``train.*`` scopes named for
-  them: :data:`OVERHEAD_WORDS`) and the step's time outside any ``train.*`` scope (untraced);
-* **idle**: rollout time with no session phase running on the rank (a trainer waiting for
-  rollouts, a rollout worker waiting for work or weights);
-* **wasted**: the generation, tool and reward time of rejected, failed and dropped samples.
-
-During the rollout the rank is busy while any of its sessions runs a phase (the union of their
-phase executions); that busy time is shared between productive and wasted in proportion to the
-phase time of accepted and of thrown-away sessions.
+"""Goodput in the report: each rank's step split into productive, overhead, idle and wasted
+time (the split itself is :mod:`rltrace.goodput`'s, shared with ``rltrace top``), and every
+generated token.
 
 Tokens are the ``output_tokens`` of the session records (``gen_ai.usage.output_tokens`` of their
 phases): generated (all), accepted (trained on) and wasted, per rank and step, and per second
@@ -26,39 +12,14 @@ what staleness cost: the rejected sessions by reason, with their time and tokens
 
 from __future__ import annotations
 
-import re
-from array import array
 from collections import Counter
-from dataclasses import dataclass, field
 from typing import Any
 
+from ..goodput import BUCKETS, OVERHEAD_WORDS, RankStepWork, split_rank_step
 from ..readers import timeline
 from ..sessions import THROWN_AWAY
 
-BUCKETS = ("productive", "overhead", "idle", "wasted")
-#: ``train.*`` scopes whose name holds one of these words are overhead, not train compute
-OVERHEAD_WORDS = ("sync", "weight", "broadcast", "checkpoint", "ckpt", "save", "load", "data",
-                  "offload", "flush")
-_OVERHEAD = re.compile("|".join(OVERHEAD_WORDS), re.IGNORECASE)
-
-
-@dataclass
-class RankStepWork:
-    """What the session records say one rank did in one step."""
-
-    starts: array[float] = field(default_factory=lambda: array("d"))
-    ends: array[float] = field(default_factory=lambda: array("d"))
-    accepted_s: float = 0.0
-    wasted_s: float = 0.0
-    first_submit: float = float("inf")
-    last_final: float = float("-inf")
-    tokens_generated: float = 0.0
-    tokens_accepted: float = 0.0
-    tokens_wasted: float = 0.0
-    #: policy version that generated each accepted session -> sessions
-    versions: Counter[int] = field(default_factory=Counter)
-    accepted: int = 0
-    unversioned: int = 0
+__all__ = ["BUCKETS", "OVERHEAD_WORDS", "GoodputReader", "build", "staleness"]
 
 
 class GoodputReader:
@@ -75,30 +36,10 @@ class GoodputReader:
         w = self.work.get((rank, step))
         if w is None:
             w = self.work[(rank, step)] = RankStepWork()
-        phase_s = 0.0
-        for _, kind, s, e, _ in d.raw:
-            if kind == timeline.KIND_PHASE and e > s:
-                w.starts.append(s)
-                w.ends.append(e)
-                phase_s += e - s
-        if submit is not None and submit < w.first_submit:
-            w.first_submit = submit
-        if final > w.last_final:
-            w.last_final = final
         tokens = rec.get("output_tokens") or 0.0
-        w.tokens_generated += tokens
-        if status == "accepted":
-            w.accepted_s += phase_s
-            w.tokens_accepted += tokens
-            w.accepted += 1
-            v = rec.get("policy_version")
-            if type(v) is int:
-                w.versions[v] += 1
-            else:
-                w.unversioned += 1
-        elif status in THROWN_AWAY:
-            w.wasted_s += phase_s
-            w.tokens_wasted += tokens
+        phase_s = w.add(((s, e) for _, kind, s, e, _ in d.raw if kind == timeline.KIND_PHASE),
+                        status, tokens, rec.get("policy_version"), submit, final)
+        if status in THROWN_AWAY:
             key = (status, str(rec.get("reason") or "–"))
             t = self.thrown.get(key)
             if t is None:
@@ -106,58 +47,6 @@ class GoodputReader:
             t[0] += 1
             t[1] += phase_s
             t[2] += tokens
-
-
-def union_s(starts: array[float], ends: array[float], lo: float, hi: float) -> float:
-    """Seconds of [lo, hi] covered by at least one of the intervals."""
-    total, cur_s, cur_e = 0.0, None, None
-    for s, e in sorted(zip(starts, ends, strict=True)):
-        s, e = max(s, lo), min(e, hi)
-        if e <= s:
-            continue
-        if cur_e is None or s > cur_e:
-            if cur_e is not None and cur_s is not None:
-                total += cur_e - cur_s
-            cur_s, cur_e = s, e
-        elif e > cur_e:
-            cur_e = e
-    if cur_e is not None and cur_s is not None:
-        total += cur_e - cur_s
-    return total
-
-
-def split_rank_step(info: Any, work: RankStepWork | None,
-                    rollout_scope: str) -> tuple[float, dict[str, float]]:
-    """(wall seconds, seconds per bucket) of one rank's step."""
-    b = dict.fromkeys(BUCKETS, 0.0)
-    if info is not None:
-        wall = info.dur_us / 1e6
-        lo, hi = info.start_us / 1e6, (info.start_us + info.dur_us) / 1e6
-        rollout_s, covered = 0.0, 0.0
-        for name, us in info.breakdown.items():
-            s = us / 1e6
-            covered += s
-            if name == rollout_scope:
-                rollout_s += s
-            else:
-                b["overhead" if _OVERHEAD.search(name) else "productive"] += s
-        if info.rollout_start_us is not None:
-            lo, hi = info.rollout_start_us / 1e6, info.rollout_end_us / 1e6
-        b["overhead"] += max(wall - covered, 0.0)  # untraced
-    elif work is not None and work.last_final > work.first_submit:
-        lo, hi = work.first_submit, work.last_final
-        wall = rollout_s = hi - lo
-    else:
-        return 0.0, b
-    busy = 0.0
-    if work is not None and rollout_s > 0:
-        busy = min(union_s(work.starts, work.ends, lo, hi), rollout_s)
-        phase = work.accepted_s + work.wasted_s
-        if phase > 0:
-            b["productive"] += busy * work.accepted_s / phase
-            b["wasted"] += busy * work.wasted_s / phase
-    b["idle"] += max(rollout_s - busy, 0.0)
-    return wall, b
 
 
 def _shares(sec: dict[str, float]) -> dict[str, float | None]:

@@ -68,6 +68,8 @@ SCHEMA: Schema = {
                      "lag": list_of(pair(integer(-(1 << 62), 1 << 62), count), MAX_ITEMS)}),
     "steps": list_of(obj({"step": step, "done": count, "by_status": by_status, "hist": histogram,
                           "max_s": seconds}), MAX_ITEMS),
+    "goodput": list_of(obj({"step": step, "wall_s": seconds, "scoped": boolean,
+                            "seconds": dict_of(seconds, MAX_ITEMS)}), MAX_ITEMS),
 }
 
 

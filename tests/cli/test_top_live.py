@@ -347,3 +347,49 @@ def test_demo_live_shows_top_on_the_run_then_its_summary(tmp_path: Path) -> None
     docs = [json.loads(f.read_bytes()) for f in sorted(logdir.rglob("live-r*.json"))]
     assert [d["rank"] for d in docs] == [0, 1] and all(d["closed"] for d in docs)
     assert sum(d["finished"]["total"] for d in docs) == 8
+
+
+def test_top_splits_each_steps_time_into_the_reports_goodput_buckets(tmp_path: Path) -> None:
+    """A real run with all four buckets planted (accepted and rejected generations, a gap in the
+    rollout with nothing running, train compute, a weight sync): the live state splits each
+    step's time exactly as ``rltrace report`` does from the files (one implementation,
+    :mod:`rltrace.goodput`), and ``top`` prints that split."""
+    pytest.importorskip("numpy", reason="the report needs the analysis extra: "
+                                        "pip install 'rltrace[analysis]'")
+    from rltrace.analysis import ReportOptions, build_report, load_run
+
+    path = _configure(tmp_path, rank=0)
+    for step in range(3):
+        with rltrace.step(step):
+            with rltrace.trace_scope("train.rollout"):
+                for i in range(4):
+                    sid = rltrace.register_session()
+                    with rltrace.trace_session_phase("generate", session_id=sid):
+                        time.sleep(0.004)  # the planted workload, not a wait for another thread
+                    rejected = i == 3
+                    rltrace.trace_session_event("mark_finalized", session_id=sid,
+                                                status="rejected" if rejected else "accepted",
+                                                reason="stale_weight" if rejected else None)
+                    time.sleep(0.002)  # idle: no phase running
+            with rltrace.trace_scope("train.ppo_update"):
+                time.sleep(0.005)
+            with rltrace.trace_scope("train.weight_sync"):
+                time.sleep(0.002)
+    rltrace.shutdown()
+    live = {e["step"]: e for e in json.loads(path.read_bytes())["goodput"]}
+    logdir = path.parents[1]
+    report = build_report(load_run(logdir, ReportOptions(progress=False)))["goodput"]
+    assert sorted(live) == [r["step"] for r in report["by_step"]] == [0, 1, 2]
+    for row in report["by_step"]:
+        got = live[row["step"]]
+        assert got["scoped"] is True
+        assert got["wall_s"] == pytest.approx(row["wall_s"], abs=1e-5)
+        for k in ("productive", "overhead", "idle", "wasted"):
+            assert got["seconds"][k] > 0.0
+            assert got["seconds"][k] == pytest.approx(row["seconds"][k], abs=2e-5), k
+        assert sum(got["seconds"].values()) == pytest.approx(got["wall_s"], abs=5e-6)  # each rounded to 1 µs
+    newest = live[2]["seconds"]
+    line = next(ln for ln in _top_once(logdir).splitlines() if ln.startswith("step time"))
+    pct = {k: f"{100 * v / sum(newest.values()):.1f}%" for k, v in newest.items()}
+    assert line.startswith("step time, step 2 (1 rank): "
+                           + " · ".join(f"{k} {v}" for k, v in pct.items())), line
