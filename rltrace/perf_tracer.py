@@ -43,6 +43,7 @@ from . import runtime as _runtime
 from .config import SessionTracerConfig
 from .config import TracerConfig as PerfTracerConfig
 from .profiling import maybe_profiled, profile_path
+from .recorder import STATE, RecordBase
 from .runtime import (
     RUNTIME,
     atrace_session_phase,
@@ -56,6 +57,7 @@ from .runtime import (
     trace_session,
     trace_session_phase,
 )
+from .semconv import ATTR_POLICY_VERSION
 from .session_metrics import COUNTER_PREFIX
 from .sessions import get_session_id, get_task_id, set_session_id, set_task_id
 from .spans import atrace_scope as _atrace_scope
@@ -161,8 +163,8 @@ def trace_scope(
     scope = _trace_scope(name, category, args, device_sync=device_sync,
                          device_timing=device_timing, annotate=annotate)
     if enable_profiler:
-        return maybe_profiled(scope, name, args, profiler_args)
-    return scope
+        scope = maybe_profiled(scope, name, args, profiler_args)
+    return _areal_version(scope, name, args) if args else scope
 
 
 def atrace_scope(
@@ -177,7 +179,62 @@ def atrace_scope(
     scope = _atrace_scope(name, category, args, device_sync=device_sync,
                           device_timing=device_timing, annotate=annotate)
     if enable_profiler:
-        return maybe_profiled(scope, name, args, profiler_args)
+        scope = maybe_profiled(scope, name, args, profiler_args)
+    return _areal_version(scope, name, args) if args else scope
+
+
+#: AReaL's weight update scope: inside it AReaL's trainer (``rl_trainer.py``) sets every engine's
+#: version to ``global_step + 1`` (``engine.set_version``), the version its rollouts then carry
+AREAL_WEIGHT_UPDATE = "train.update_weights"
+
+
+class _WeightUpdate:
+    """AReaL's ``train.update_weights`` scope: when it ends without an error, the policy version
+    becomes ``version`` (as AReaL's engines' do inside it), unless the process sets its own
+    (:func:`rltrace.set_policy_version`)."""
+
+    __slots__ = ("scope", "version")
+
+    def __init__(self, scope: Any, version: int) -> None:
+        self.scope = scope
+        self.version = version
+
+    def __enter__(self) -> Any:
+        return self.scope.__enter__()
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Any:
+        try:
+            return self.scope.__exit__(exc_type, exc, tb)
+        finally:
+            self._updated(exc_type)
+
+    async def __aenter__(self) -> Any:
+        return await self.scope.__aenter__()
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> Any:
+        try:
+            return await self.scope.__aexit__(exc_type, exc, tb)
+        finally:
+            self._updated(exc_type)
+
+    def _updated(self, exc_type: Any) -> None:
+        if exc_type is None and not STATE.policy_version_set:
+            STATE.policy_version = self.version
+
+
+def _areal_version(scope: Any, name: str, args: dict[str, Any]) -> Any:
+    """AReaL's own notion of the policy version, where it is at hand: a scope of step
+    ``args["global_step"]`` records the version in effect (``rl.policy.version``; the report
+    takes a step's lowest as the version it trained with), and AReaL's weight update scope moves
+    it to ``global_step + 1`` when it ends (:class:`_WeightUpdate`)."""
+    step = args.get("global_step")
+    if type(step) is not int or step < 0:
+        return scope
+    v = STATE.policy_version
+    if v is not None and isinstance(scope, RecordBase):
+        scope.set_attribute(ATTR_POLICY_VERSION, v)
+    if name == AREAL_WEIGHT_UPDATE:
+        return _WeightUpdate(scope, step + 1)
     return scope
 
 

@@ -120,7 +120,8 @@ class RecorderState:
     """Mutable state shared by the hot path and the exporter thread."""
 
     __slots__ = ("buffer", "cap", "device", "dropped", "enabled", "help", "help_at", "on_start",
-                 "overflow", "pid", "policy_version", "sampling", "span_api", "wake", "wake_at")
+                 "overflow", "pid", "policy_version", "policy_version_set", "sampling", "span_api",
+                 "wake", "wake_at")
 
     def __init__(self) -> None:
         self.enabled = False
@@ -151,6 +152,9 @@ class RecorderState:
         #: the policy (weights) version this process generates and trains with
         #: (``rltrace.set_policy_version``); kept across ``configure()``: it is the training's
         self.policy_version: int | None = None
+        #: whether the version came from ``rltrace.set_policy_version`` (then AReaL's own notion
+        #: of it, :func:`rltrace.perf_tracer.trace_scope`'s, is not applied over it)
+        self.policy_version_set = False
 
 
 def _noop() -> None:

@@ -77,11 +77,15 @@ def set_policy_version(version: int | None) -> None:
     the weights change (after a weight sync or an optimizer step).  Sessions registered from now
     on record it as the version that generated them (``policy_version`` in their records), and
     ``rltrace.step(n)`` scopes as the version that trained (``rl.policy.version``); the report
-    turns the two into each trained sample's version lag.  None: no version."""
+    turns the two into each trained sample's version lag.  None: no version.
+
+    A process that sets none and runs AReaL's trainer gets AReaL's own version instead (see
+    :func:`rltrace.perf_tracer.trace_scope`); once this is called, its version is the one used."""
     if version is not None and (type(version) is not int or version < 0):
         raise TypeError(f"rltrace.set_policy_version: the version must be an int >= 0 (or None), "
                         f"got {type(version).__name__} {version!r}")
     STATE.policy_version = version
+    STATE.policy_version_set = version is not None
 
 
 def policy_version() -> int | None:

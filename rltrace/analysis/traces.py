@@ -92,6 +92,7 @@ class TraceReader:
         self.pid_role: dict[tuple[int, Any], str] = {}
         #: (file index, pid, step) -> the policy version its step scope trained with
         self._versions: dict[tuple[int, Any, int], int] = {}
+        self._scoped_versions: set[tuple[int, Any, int]] = set()
         self.file_ranks: list[int] = []
         self.counters: dict[tuple[int, Any, str], CounterInfo] = {}
         #: tool name -> durations (µs) of the tool-call phase spans
@@ -197,16 +198,24 @@ class TraceReader:
         if name.startswith(self.train_prefix) or name == self.step_scope:
             step = _step_arg(ev.get("args"))
             self._train.append((fi, ev.get("pid"), ev.get("tid"), ts, dur, name, step))
-            if name == self.step_scope and step is not None:
-                self._version(fi, ev, step)
+            if step is not None:
+                self._version(fi, ev, step, name == self.step_scope)
         elif name.startswith(TOOL_PHASES) or "gen_ai.tool.name" in (ev.get("args") or ()):
             self._tool(ev, dur)
 
-    def _version(self, fi: int, ev: dict[str, Any], step: int) -> None:
-        """The policy version a step scope trained with (``rl.policy.version``), if any."""
+    def _version(self, fi: int, ev: dict[str, Any], step: int, step_scope: bool) -> None:
+        """The policy version a step trained with (``rl.policy.version``), if recorded: its step
+        scope's, else the lowest of its ``train.*`` scopes' (AReaL's trainer, whose version moves
+        on at the end of the step: :func:`rltrace.perf_tracer.trace_scope`)."""
         v = ev["args"].get(ATTR_POLICY_VERSION) if isinstance(ev.get("args"), dict) else None
-        if type(v) is int and 0 <= v <= STEP_MAX:
-            self._versions[(fi, ev.get("pid"), step)] = v
+        if type(v) is not int or not 0 <= v <= STEP_MAX:
+            return
+        key = (fi, ev.get("pid"), step)
+        if step_scope:
+            self._versions[key] = v
+            self._scoped_versions.add(key)
+        elif key not in self._scoped_versions:
+            self._versions[key] = min(v, self._versions.get(key, v))
 
     def step_versions(self) -> dict[tuple[int, int], int]:
         """(rank, step) -> the policy version that step trained with (where it was recorded)."""

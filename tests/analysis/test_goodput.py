@@ -202,6 +202,64 @@ def test_a_session_finalized_after_the_policy_moved_on_records_both_versions(tmp
     assert records[fresh]["policy_version"] == 4 and "policy_version_at_finalize" not in records[fresh]
 
 
+def test_areals_own_version_notion_gives_the_staleness_without_set_policy_version(tmp_path: Path) -> None:
+    """AReaL's trainer never calls rltrace: its version is ``global_step + 1`` from the end of its
+    ``train.update_weights`` scope (what its engines' ``set_version`` get).  Through rltrace's
+    AReaL namespace the sessions then record the version they were generated with, the step's
+    scopes the version it trained with, and the report turns them into the version lag."""
+    from rltrace import perf_tracer
+
+    perf_tracer.configure({"enabled": True, "fileroot": str(tmp_path), "experiment_name": "gp",
+                           "trial_name": "areal", "session_tracer": {"enabled": True}}, rank=0)
+    early = None
+    for g in range(3):
+        with perf_tracer.trace_scope("train.rollout", args={"global_step": g}):
+            for i in range(3):
+                sid = perf_tracer.register_session()
+                if g == 1 and i == 0:
+                    early = sid  # still running when the weights move on: finalized after them
+                    continue
+                with perf_tracer.trace_session_phase("generate", session_id=sid):
+                    pass
+                perf_tracer.trace_session_event("mark_finalized", session_id=sid, status="accepted")
+        with perf_tracer.trace_scope("train.ppo_update", args={"global_step": g}):
+            pass
+        with perf_tracer.trace_scope("train.update_weights", "communication", args={"global_step": g}):
+            assert rltrace.policy_version() == (g or None)  # moves on when the update has ended
+        assert rltrace.policy_version() == g + 1
+        with perf_tracer.trace_scope("train.save", "io", args={"global_step": g}):
+            pass
+        if g == 1:
+            perf_tracer.trace_session_event("mark_finalized", session_id=early, status="accepted")
+    with pytest.raises(RuntimeError):  # a failed update does not move the version
+        with perf_tracer.trace_scope("train.update_weights", args={"global_step": 3}):
+            raise RuntimeError("broadcast failed")
+    assert rltrace.policy_version() == 3
+    perf_tracer.save(force=True)
+    rltrace.shutdown()
+    logdir = tmp_path / "logs" / current_user() / "gp" / "areal"
+    records = {r["session_id"]: r for f in (logdir / "session_tracer").rglob("sessions-r*.jsonl")
+               for r in map(orjson.loads, f.read_bytes().splitlines())}
+    assert sorted((r["step"], r.get("policy_version")) for r in records.values()) == [
+        (0, None)] * 3 + [(1, 1)] * 3 + [(2, 2)] * 3
+    assert records[early]["policy_version_at_finalize"] == 2
+    st = goodput_of(logdir)["staleness"]
+    assert st["lag"] == {"0": 6}  # steps 1 and 2 trained with versions 1 and 2
+    assert st["unknown"] == 3  # step 0 ran before AReaL's first update: no version yet
+
+
+def test_set_policy_version_wins_over_areals_notion_and_works_with_tracing_off() -> None:
+    from rltrace import perf_tracer
+
+    with perf_tracer.trace_scope("train.update_weights", args={"global_step": 4}):
+        pass
+    assert rltrace.policy_version() == 5  # tracing is off: the version moves all the same
+    rltrace.set_policy_version(40)
+    with perf_tracer.trace_scope("train.update_weights", args={"global_step": 5}):
+        pass
+    assert rltrace.policy_version() == 40
+
+
 # -- the cross-rank critical path ---------------------------------------------------------------------
 def test_a_planted_slow_sample_on_another_rank_sets_the_steps_critical_path(tmp_path: Path) -> None:
     """Rank 1 rolls out 8 samples at once (each one 5 s generate; in step 1 sample 3 takes 20 s);
