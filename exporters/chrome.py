@@ -415,6 +415,9 @@ class ChromeTraceExporter(SpanExporter):
         self.file = LineFile(path, on_reopen=self._header_again)
         self._lock = threading.RLock()  # reentrant: a SIGTERM flush may interrupt a write
         self.lines_written = 0
+        #: called with each batch of lines once written (the rank's native trace as the run
+        #: goes, :class:`rltrace.timeline.stream.RankTraceWriter`); it never raises
+        self.tap: Any = None
 
     @property
     def path(self) -> Path:
@@ -439,6 +442,8 @@ class ChromeTraceExporter(SpanExporter):
             fill(out)
             ok = self.file.append(b"".join(out))
             self.lines_written += len(out)
+            if self.tap is not None and out:
+                self.tap(out)
         return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:

@@ -83,6 +83,14 @@ def open_for_append(path: Path) -> BinaryIO:
     return fh
 
 
+def open_fresh(path: Path) -> BinaryIO:
+    """Open ``path`` to write it from its start (created, or emptied), creating its directory;
+    never through a link.  Unbuffered: each write is the caller's whole unit."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = open_no_follow(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    return open(fd, "wb", buffering=0)
+
+
 def write_atomically(path: Path, data: bytes) -> None:
     """Replace ``path`` with ``data``: written to a fresh, unpredictable name beside it
     (``O_EXCL``; the umask applies), then renamed over it, so a reader sees the old file or the

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import getpass
+import importlib.util
 import logging
 import os
 import re
@@ -147,6 +148,10 @@ class ExportersConfig:
 
     #: per-rank Chrome-trace JSONL file ``perf_tracer/traces-r{rank}.jsonl``
     chrome: bool = True
+    #: per-rank native Perfetto trace ``perf_tracer/traces-r{rank}.pftrace`` written as the run
+    #: goes, from the Chrome lines (needs ``chrome`` and the ``perfetto`` extra;
+    #: :mod:`rltrace.timeline.stream`)
+    native: bool = False
 
 
 @dataclass
@@ -587,6 +592,12 @@ def _check_values(cfg: TracerConfig) -> None:
         v = getattr(cfg, key)
         need(v is None or folder_name_ok(v), key,
              f"must be a non-empty name without '/' or NUL (it names a folder), got {v!r}")
+    if cfg.exporters.native:
+        need(cfg.exporters.chrome, "exporters.native",
+             "is drawn from the Chrome lines: it needs exporters.chrome on")
+        need(importlib.util.find_spec("perfetto") is not None, "exporters.native",
+             "needs the perfetto package: pip install 'rltrace[perfetto]' (the README's install, "
+             "'.[dev]', has it), or turn it off and run `rltrace convert LOGDIR -o run.pftrace`")
     need(cfg.fork_mode in ("trace", "disable"), "fork_mode",
          f"must be 'trace' or 'disable', got {cfg.fork_mode!r}")
     proto = cfg.otlp.protocol

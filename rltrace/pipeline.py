@@ -149,6 +149,8 @@ class Pipeline:
         self._on_unlock = on_unlock
         self.record_processors.extend(self.user_record_processors)
         self.chrome: Any = None
+        #: the rank's native trace written as the run goes (``exporters.native``)
+        self.native: Any = None
         if cfg.enabled and cfg.exporters.chrome:
             from rltrace.exporters import ChromeTraceExporter
 
@@ -158,6 +160,8 @@ class Pipeline:
                 host=self.host, experiment=cfg.experiment_name, trial=cfg.trial_name,
             )
             self.add_queued(self.chrome)
+            if cfg.exporters.native:
+                self._native_side()
         self.otlp: BoundedBatchProcessor | None = None
         self.tail_sampler: TaskTailSampler | None = None
         self._otlp_side(cfg)
@@ -182,6 +186,16 @@ class Pipeline:
         self._lost_reported = 0
         self._lost_warned_at = 0.0
         self.errors = 0
+
+    def _native_side(self) -> None:
+        """The rank's native Perfetto trace, drawn from its Chrome lines as they are written."""
+        from rltrace.exporters.files import open_fresh
+
+        from .timeline.stream import SUFFIX, RankTraceWriter
+
+        assert self.chrome_path is not None
+        self.native = RankTraceWriter(self.chrome_path.with_suffix(SUFFIX), open_fresh)
+        self.chrome.tap = self.native.lines
 
     def _session_side(self, cfg: TracerConfig, registry: SessionRegistry) -> None:
         """Session records (and their metrics), the flight recorder, the live state."""
@@ -563,6 +577,8 @@ class Pipeline:
                 p.shutdown()
             except Exception as exc:
                 internal_error("processor shutdown", exc)
+        if self.native is not None:  # after the Chrome file's last lines
+            self.native.close()
         if meters is not None:
             meters.join(timeout + 1.0)
         self._report_otlp_loss(final=True)
@@ -597,6 +613,8 @@ class Pipeline:
         if self.chrome is not None:
             self.chrome_path = self.log_dir / TRACES_DIR / self._file_name("traces", pid, True)
             self.chrome.reset_after_fork(self.chrome_path)
+            if self.native is not None:
+                self.native.after_fork(self.chrome_path.with_suffix(".pftrace"))
         sp = self.session_processor
         if sp is not None and sp.writer is not None:
             self.sessions_path = self.log_dir / SESSIONS_DIR / self._file_name("sessions", pid, True)

@@ -13,6 +13,7 @@ the slowest sessions by their own time.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import multiprocessing
 import random
 import sys
@@ -131,6 +132,7 @@ def _rank_main(opts: DemoOptions, rank: int) -> None:
                      session_tracer=SessionTracerConfig(enabled=True, flush_threshold=64)),
         rank=rank, otlp__endpoint=opts.otlp_endpoint, otlp__protocol=opts.otlp_protocol,
         live_interval_s=0.5 if opts.live else None, flush_interval_s=0.5 if opts.live else None,
+        exporters__native=importlib.util.find_spec("perfetto") is not None,  # each rank's, as it goes
     )
     rltrace.register_phase("verify", category="compute")
     rng = random.Random(opts.seed * 1000 + rank)
@@ -326,8 +328,13 @@ def _native_trace(logdir: Path) -> tuple[Path | None, str]:
         res = convert([logdir], native, progress=False)
     except ConvertError as exc:  # the perfetto extra is missing: say how to get it
         return None, f"native trace: not written ({exc})"
-    return native, (f"native trace: {native} ({res.sessions} sessions on task/session tracks, "
-                    f"{res.flows} arrows to the train steps that used them, counters)")
+    per_rank = sorted(logdir.glob("perf_tracer/**/traces-r*.pftrace"))
+    line = (f"native trace: {native} ({res.sessions} sessions on task/session tracks, "
+            f"{res.flows} arrows to the train steps that used them, counters)")
+    if per_rank:
+        line += (f"\n  and each rank's, written as it ran: {per_rank[0].parent}/traces-r*.pftrace "
+                 f"({len(per_rank)} files)")
+    return native, line
 
 
 def _next_steps(logdir: Path, trace: Path) -> str:

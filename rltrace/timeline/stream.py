@@ -1,0 +1,130 @@
+"""A rank's native trace written as the run goes (``native_trace: true``): the Chrome lines the
+rank's exporter writes, drawn onto Perfetto's tracks by the same builder ``rltrace convert``
+uses (:class:`~.native.FileBuilder`), one file per rank next to its JSONL
+(``perf_tracer/[role/]traces-r{rank}.pftrace``).
+
+What it holds and when: the rank's process with its threads, task and session tracks, turns,
+phases, waits and status instants, and the task -> session arrows, written at the end of each
+export cycle for everything that has ended (a session once its task's span has: its group
+wait needs the group's end; a scope once its parent has).  Counter tracks (sessions in
+flight, queue depth, statuses per step, tokens/s) are written when the rank's trace closes
+(their levels need every session before them).  Arrows that cross ranks (a session to the
+train step on another rank that consumed it, a task to sessions run elsewhere) need every
+rank's file: ``rltrace convert`` draws them in the merged trace, built from the same JSONL
+lines.
+
+The file is a stream of whole ``Trace`` messages, one per export cycle, so a process killed
+mid-run leaves a file Perfetto loads up to its last complete cycle.  The cost is the
+exporter thread's (parsing its own lines and building packets: ``bench_compare``'s
+``rltrace_native`` session row); nothing here runs on the training thread, and a failure
+(an unwritable file, a planted link) is counted (``errors``), logged once, stops this file
+only, and is never raised.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import orjson
+
+from ..readers import check_trace_event
+from .arrows import Plan
+from .native import FileBuilder, NativeTrace
+from .packets import PacketWriter
+
+__all__ = ["SUFFIX", "RankTraceWriter"]
+
+logger = logging.getLogger("rltrace")
+
+SUFFIX = ".pftrace"
+
+
+class _Skipped:
+    """What the builder could not draw (counted, as ``rltrace convert`` counts it)."""
+
+    def __init__(self) -> None:
+        self.lines = 0
+
+    def skip_line(self, msg: str) -> None:
+        self.lines += 1
+
+
+class RankTraceWriter:
+    """Draws the Chrome lines of one rank's exporter onto its native trace at ``path``."""
+
+    def __init__(self, path: Path, opener: Any) -> None:
+        #: ``opener(path) -> binary file``: a fresh file, never through a link
+        #: (:func:`rltrace.exporters.files.open_fresh`)
+        self._opener = opener
+        self.path = Path(path)
+        self.skipped = _Skipped()
+        self.errors = 0
+        self.events = 0
+        self.stopped = False
+        self._fh: BinaryIO | None = None
+        self._builder: FileBuilder | None = None
+        self._out: PacketWriter | None = None
+
+    def _start(self) -> FileBuilder:
+        self._fh = self._opener(self.path)
+        self._out = PacketWriter(self._fh)
+        trace = NativeTrace(self._out, Plan(), self.skipped)  # no plan: no arrows across files
+        self._builder = FileBuilder(trace, 0, None, None)
+        return self._builder
+
+    def lines(self, lines: list[bytes]) -> None:
+        """The lines the Chrome exporter just wrote (each a JSON event and its newline)."""
+        if self.stopped:
+            return
+        try:
+            fb = self._builder or self._start()
+            for raw in lines:
+                ev = orjson.loads(raw)
+                if type(ev) is dict and check_trace_event(ev, _ignore, None, False) is None:
+                    fb.event(ev)
+            if self._out is not None:
+                self._out.flush()
+                self.events = self._out.events
+        except Exception as exc:
+            self._failed(exc)
+
+    def close(self) -> None:
+        """Write what is held (sessions whose task never ended, scopes, counters) and close."""
+        try:
+            if self._builder is not None:
+                self._builder.close()
+                self.events = self._out.events if self._out is not None else self.events
+        except Exception as exc:
+            self._failed(exc)
+        finally:
+            self._builder = None
+            self._out = None
+            if self._fh is not None:
+                try:
+                    self._fh.close()
+                except OSError:
+                    pass
+                self._fh = None
+
+    def after_fork(self, path: Path) -> None:
+        """In a forked child: its own file; the parent's held sessions are the parent's (the
+        child's copy of the parent's descriptor is unbuffered: dropping it writes nothing)."""
+        self._fh = None
+        self._builder = None
+        self._out = None
+        self.path = Path(path)
+        self.stopped = self.errors > 0
+
+    def _failed(self, exc: Exception) -> None:
+        self.errors += 1
+        if self.errors == 1:
+            logger.warning("rltrace: the native trace %s stopped being written (%r); the Chrome "
+                           "JSONL beside it is complete and `rltrace convert` builds the native "
+                           "trace from it (tracing continues)", self.path, exc)
+        self.stopped = True  # what is on disk stays a loadable prefix
+
+
+def _ignore(msg: str) -> None:
+    return None
