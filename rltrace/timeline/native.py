@@ -12,7 +12,9 @@ Track tree (every track named; the UI orders children by their first slice):
 * the rank's threads (``rltrace.step`` and the other scopes: train step, weight sync, ...), as
   in the Chrome file; ``torch.profiler`` traces' threads under the rank's process;
 * counter tracks: sessions in flight, queue depth (submitted, no phase begun), accepted /
-  rejected / failed so far in each step, generated tokens per second.
+  rejected / failed so far in each step, generated tokens per second, the policy version (of
+  the sessions as they are submitted and the train steps as they start: it moves when the
+  weights do).
 
 Flows: the task's slice to each of its sessions; each accepted session to the train step that
 consumed it (:mod:`.arrows`), ending on an instant ``consumed N sample(s)`` inside that step.
@@ -33,12 +35,21 @@ from collections.abc import Iterable
 from functools import partial
 from typing import Any, Protocol
 
-from ..semconv import ATTR_SESSION, ATTR_STATUS, ATTR_STEP, ATTR_TASK, SESSION_SPAN, TASK_SPAN
+from ..semconv import (
+    ATTR_POLICY_VERSION,
+    ATTR_SESSION,
+    ATTR_STATUS,
+    ATTR_STEP,
+    ATTR_TASK,
+    SESSION_SPAN,
+    TASK_SPAN,
+)
 from . import sessions as sess_mod
 from .arrows import WHOLE, FileArrows, Plan, Window, stable_id, start_ns, step_of
 from .lanes import Lane, Node, preorder
 from .packets import INSTANT, SLICE_BEGIN, SLICE_END, PacketWriter
 
+_INT_MAX = 1 << 62
 #: sessions held for their task's span before the oldest group is written without it
 MAX_HELD_SESSIONS = 100_000
 _LABEL_RANK = re.compile(r"(?:^|,)rank=(-?\d+)")
@@ -74,6 +85,10 @@ class _Counts:
         self.final_step = array("q")
         self.final_status = array("b")
         self.tokens: defaultdict[int, float] = defaultdict(float)
+        #: (start, policy version) of the slices that carry one: sessions (the version that
+        #: generated them) and train steps (the version they trained with)
+        self.version_ts = array("q")
+        self.version = array("q")
 
 
 class Proc:
@@ -238,6 +253,10 @@ class FileBuilder:
         """An ``X`` event: a session's phase or span, a task's span, or a scope on its thread."""
         start = start_ns(ev)
         end = start + round(float(ev.get("dur") or 0) * 1000)
+        version = args.get(ATTR_POLICY_VERSION)
+        if type(version) is int and 0 <= version < _INT_MAX:
+            p.counts.version_ts.append(start)
+            p.counts.version.append(version)
         if ATTR_SESSION in args and self.onto is None:
             self.session_event(p, pid, name, cat, start, end, args)
         elif name == TASK_SPAN and ATTR_TASK in args and self.onto is None:
@@ -536,6 +555,13 @@ class FileBuilder:
                 key = (c.final_step[i], c.final_status[i])
                 per[key] += 1
                 self.out.counter(c.final_ts[i], tracks[c.final_status[i]], per[key])
+        if c.version_ts:
+            track = self.child_track(p, ("counter", "version"), "policy version", counter=True)
+            last = None
+            for i in sorted(range(len(c.version_ts)), key=lambda i: (c.version_ts[i], c.version[i])):
+                if c.version[i] != last:
+                    last = c.version[i]
+                    self.out.counter(c.version_ts[i], track, last)
         if c.tokens:
             track = self.child_track(p, ("counter", "tokens"), "generated tokens/s", counter=True)
             last = None

@@ -195,6 +195,10 @@ def test_counters_agree_with_the_session_records_and_the_generate_spans(demo: di
         tokens = sum(e["args"]["gen_ai.usage.output_tokens"] for e in chrome_events(demo["logdir"])
                      if e.get("name") == "generate" and e["args"].get("rank") == rank)
         assert sum(series[("generated tokens/s", rank)]) == tokens > 0
+        # the version moves when the weights do: one sample per version the rank's sessions
+        # were generated with and its steps trained with
+        versions = {r["policy_version"] for r in demo["records"] if r["rank"] == rank}
+        assert series[("policy version", rank)] == sorted(versions) and len(versions) > 1
 
 
 def test_every_slice_carries_the_otel_ids_of_the_span_the_receiver_got(demo: dict[str, Any]) -> None:
