@@ -80,25 +80,27 @@ _START = attrgetter("start_ns")
 _FATES = ("generated", "accepted", "wasted")
 
 
-def _lag(rec: dict[str, Any]) -> int | None:
-    """How far the rank's policy version had moved on from the session's when it was finalized
-    (None: no version recorded)."""
+def _finished(rec: dict[str, Any]) -> tuple[Any, ...]:
+    """What the live state keeps of a finished session record: (step, status, total_s, output
+    tokens, phase seconds, version lag at finalize (None: no version), its phase executions as
+    flat (start, end, start, end, ...) seconds, submit, finalize, the version that generated
+    it).  One pass over its phases: this runs for every session, on the exporter thread.  Only
+    numbers and tuples of numbers, which the garbage collector stops tracking after one look,
+    so the held entries cost the user's collections nothing."""
+    iv: list[float] = []
+    phase_s = 0.0
+    for execs in rec["phases"].values():
+        for e in execs:
+            s, t = e["start_ts"], e["end_ts"]
+            iv += (s, t)
+            phase_s += t - s
     v = rec.get("policy_version")
-    if type(v) is not int:
-        return None
-    at = rec.get("policy_version_at_finalize", v)
-    return at - v if type(at) is int else None
-
-
-def _phase_s(rec: dict[str, Any]) -> float:
-    """A session record's phase seconds (its ``<phase>_s`` fields)."""
-    return float(sum(rec.get(p + "_s", 0.0) for p in rec.get("phase_counts") or ()))
-
-
-def _intervals(rec: dict[str, Any]) -> list[tuple[float, float]]:
-    """A session record's phase executions as (start, end) seconds."""
-    return [(e["start_ts"], e["end_ts"]) for execs in (rec.get("phases") or {}).values()
-            for e in execs]
+    lag = None
+    if type(v) is int:
+        at = rec.get("policy_version_at_finalize", v)
+        lag = at - v if type(at) is int else None
+    return (rec["step"], rec["status"], rec["total_s"], rec.get("output_tokens", 0), phase_s, lag,
+            tuple(iv), rec.get("submit_ts"), rec["finalized_ts"], v)
 
 
 _R_STEP = itemgetter(0)
@@ -188,14 +190,11 @@ class LivePublisher:
             "host": host or socket.gethostname(), "pid": os.getpid(), "experiment": experiment,
             "trial": trial, "interval_s": self.interval_s, "started_ts": time.time(),
         }
-        # (step, status, total_s) of each finished record: a small tuple, not the record dict
+        # a small tuple of each finished record (:func:`_finished`), not the record dict
         # (holding up to AGGREGATE_AT records of ~1 KB each grew memory by ~2 MB between publishes)
         self._recent: deque[tuple[Any, ...]] = deque(maxlen=RECENT_CAP)
         append = self._recent.append
-        self._listener = lambda rec: append((
-            rec["step"], rec["status"], rec["total_s"], rec.get("output_tokens", 0), _phase_s(rec),
-            _lag(rec), _intervals(rec), rec.get("submit_ts"), rec["finalized_ts"],
-            rec.get("policy_version")))
+        self._listener = lambda rec: append(_finished(rec))
         if session_processor is not None:
             session_processor.listeners.append(self._listener)
         self._reset_counts()
@@ -369,7 +368,7 @@ class LivePublisher:
                 if w is None:
                     w = _keep(work, step, RankStepWork())
                 if w is not None:
-                    w.add(phases, status, tok, version, submit, final)
+                    w.add(zip(phases[::2], phases[1::2], strict=True), status, tok, version, submit, final)
             fate = "accepted" if status == "accepted" else "wasted" if status in THROWN_AWAY else None
             tokens["generated"] += tok
             phase_s["generated"] += ph

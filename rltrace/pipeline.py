@@ -137,6 +137,8 @@ class Pipeline:
         self.flight: FlightRecorder | None = None
         #: the live state ``rltrace top`` reads (open sessions, current step), when enabled
         self.live: LivePublisher | None = None
+        #: the live state's step scope collector, until the process records a step scope
+        self._step_scopes: StepScopeCollector | None = None
         if cfg.session_tracer.enabled:
             self._session_side(cfg, registry)
         self.summary: ScopeSummary | None = None
@@ -218,7 +220,7 @@ class Pipeline:
             self._new_flight(os.getpid())
         if cfg.live_interval_s > 0:
             step_scopes = StepScopeCollector()  # the scope side of top's goodput split
-            self.record_processors.append(step_scopes)
+            self._step_scopes = step_scopes  # fed records once the process records steps
             self.live = LivePublisher(
                 live_path(self.log_dir, self._file_name("live", os.getpid())),
                 interval_s=cfg.live_interval_s, session_processor=self.session_processor,
@@ -427,6 +429,9 @@ class Pipeline:
 
     def _cycle(self, batch: int | None = None) -> None:
         refresh_thread_names()
+        if self._step_scopes is not None and self.state.stepped:
+            self.record_processors.append(self._step_scopes)  # the first step's records on
+            self._step_scopes = None
         if device.pending_count():
             device.resolve_pending_events()
         buf = self.state.buffer

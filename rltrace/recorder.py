@@ -121,7 +121,7 @@ class RecorderState:
 
     __slots__ = ("buffer", "cap", "device", "dropped", "enabled", "help", "help_at", "on_start",
                  "overflow", "pid", "policy_version", "policy_version_set", "sampling", "span_api",
-                 "wake", "wake_at")
+                 "stepped", "wake", "wake_at")
 
     def __init__(self) -> None:
         self.enabled = False
@@ -155,6 +155,9 @@ class RecorderState:
         #: whether the version came from ``rltrace.set_policy_version`` (then AReaL's own notion
         #: of it, :func:`rltrace.perf_tracer.trace_scope`'s, is not applied over it)
         self.policy_version_set = False
+        #: whether an ``rltrace.step`` scope was recorded in this process (then the pipeline
+        #: follows step scopes for the live goodput split; until then no record pays for it)
+        self.stepped = False
 
 
 def _noop() -> None:

@@ -69,6 +69,7 @@ def step(n: int, name: str = "train.step", category: Any = "compute",
         if STATE.policy_version is not None:
             attrs[ATTR_POLICY_VERSION] = STATE.policy_version
         scope.extra = {"attrs": attrs}
+        STATE.stepped = True
     return _StepContext(n, scope)
 
 
