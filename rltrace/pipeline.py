@@ -619,7 +619,7 @@ class Pipeline:
             self.chrome_path = self.log_dir / TRACES_DIR / self._file_name("traces", pid, True)
             self.chrome.reset_after_fork(self.chrome_path)
             if self.native is not None:
-                self.native.after_fork(self.chrome_path.with_suffix(".pftrace"))
+                self.native.after_fork(self.chrome_path.with_suffix(self.native.path.suffix))
         sp = self.session_processor
         if sp is not None and sp.writer is not None:
             self.sessions_path = self.log_dir / SESSIONS_DIR / self._file_name("sessions", pid, True)

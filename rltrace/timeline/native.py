@@ -89,6 +89,9 @@ class _Counts:
         #: generated them) and train steps (the version they trained with)
         self.version_ts = array("q")
         self.version = array("q")
+        #: sessions counted, and whether the trace's cap stopped the counting
+        self.sessions = 0
+        self.capped = False
 
 
 class Proc:
@@ -121,9 +124,15 @@ class _Group:
 class NativeTrace:
     """One merged native trace being written: shared by the files it is built from."""
 
-    def __init__(self, out: PacketWriter, plan: Plan, result: Result, window: Window = WHOLE) -> None:
+    def __init__(self, out: PacketWriter, plan: Plan, result: Result, window: Window = WHOLE,
+                 counter_cap: int | None = None) -> None:
         self.out = out
         self.result = result
+        #: sessions a process's counters hold at most (their samples wait for the file's end:
+        #: a rank's trace written as the run goes bounds them; None: all)
+        self.counter_cap = counter_cap
+        #: whether a process reached ``counter_cap`` (its counters end there)
+        self.counters_capped = False
         #: the arrows this file draws (a split trace's: those with both ends in its window)
         self.arrows = FileArrows(plan, window)
         self._next_pid = 1
@@ -254,7 +263,7 @@ class FileBuilder:
         start = start_ns(ev)
         end = start + round(float(ev.get("dur") or 0) * 1000)
         version = args.get(ATTR_POLICY_VERSION)
-        if type(version) is int and 0 <= version < _INT_MAX:
+        if type(version) is int and 0 <= version < _INT_MAX and not p.counts.capped:
             p.counts.version_ts.append(start)
             p.counts.version.append(version)
         if ATTR_SESSION in args and self.onto is None:
@@ -372,14 +381,12 @@ class FileBuilder:
             return
         s.own = (start, end, cat, args)
         c = p.counts
-        c.flight_ts.extend((start, end))
-        c.flight_d.extend((1, -1))
-        status = args.get(ATTR_STATUS)
-        step = args.get(ATTR_STEP)
-        if status in _STATUS_COUNTERS and type(step) is int and abs(step) < 1 << 62:
-            c.final_ts.append(end)
-            c.final_step.append(step)
-            c.final_status.append(_STATUS_COUNTERS.index(status))
+        cap = self.trace.counter_cap
+        if cap is not None and c.sessions >= cap:
+            c.capped = self.trace.counters_capped = True
+        c.sessions += 1
+        if not c.capped:
+            self._count_final(c, start, end, args)
         if s.task is None:
             self.write_session(p, pid, s, None)
             return
@@ -464,9 +471,23 @@ class FileBuilder:
         step = f" · step {s.step}" if s.step is not None else ""
         return self.child_track(p, ("task", s.task), f"task {s.task}{step}")
 
+    @staticmethod
+    def _count_final(c: _Counts, start: int, end: int, args: dict[str, Any]) -> None:
+        """A session's span into its process's counters: in flight, and its status in its step."""
+        c.flight_ts.extend((start, end))
+        c.flight_d.extend((1, -1))
+        status = args.get(ATTR_STATUS)
+        step = args.get(ATTR_STEP)
+        if status in _STATUS_COUNTERS and type(step) is int and abs(step) < 1 << 62:
+            c.final_ts.append(end)
+            c.final_step.append(step)
+            c.final_status.append(_STATUS_COUNTERS.index(status))
+
     def _count(self, p: Proc, s: sess_mod.Session) -> None:
         """The session into its process's counters: queue depth and generated tokens."""
         c = p.counts
+        if c.capped:
+            return
         start, final = s.window()
         d, base = s.decomposition()
         first = base + int(d.raw[0][3]) if d.raw and d.raw[0][1] == "queue" else start

@@ -8,7 +8,8 @@ phases, waits and status instants, and the task -> session arrows, written at th
 export cycle for everything that has ended (a session once its task's span has: its group
 wait needs the group's end; a scope once its parent has).  Counter tracks (sessions in
 flight, queue depth, statuses per step, tokens/s) are written when the rank's trace closes
-(their levels need every session before them).  Arrows that cross ranks (a session to the
+(their levels need every session before them; the first ``COUNTER_CAP`` sessions, about 50 MB
+of samples at most).  Arrows that cross ranks (a session to the
 train step on another rank that consumed it, a task to sessions run elsewhere) need every
 rank's file: ``rltrace convert`` draws them in the merged trace, built from the same JSONL
 lines.
@@ -24,6 +25,7 @@ only, and is never raised.
 from __future__ import annotations
 
 import logging
+from contextlib import suppress
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -39,6 +41,8 @@ __all__ = ["SUFFIX", "RankTraceWriter"]
 logger = logging.getLogger("rltrace")
 
 SUFFIX = ".pftrace"
+#: sessions whose counter samples a rank's trace keeps for its end (about 50 bytes each)
+COUNTER_CAP = 1_000_000
 
 
 class _Skipped:
@@ -63,6 +67,9 @@ class RankTraceWriter:
         self.errors = 0
         self.events = 0
         self.stopped = False
+        #: whether the counters reached ``COUNTER_CAP`` sessions
+        self.capped = False
+        self._trace: NativeTrace | None = None
         self._fh: BinaryIO | None = None
         self._builder: FileBuilder | None = None
         self._out: PacketWriter | None = None
@@ -70,8 +77,9 @@ class RankTraceWriter:
     def _start(self) -> FileBuilder:
         self._fh = self._opener(self.path)
         self._out = PacketWriter(self._fh)
-        trace = NativeTrace(self._out, Plan(), self.skipped)  # no plan: no arrows across files
-        self._builder = FileBuilder(trace, 0, None, None)
+        # no plan: no arrows across files; counters bounded (their samples wait for the end)
+        self._trace = NativeTrace(self._out, Plan(), self.skipped, counter_cap=COUNTER_CAP)
+        self._builder = FileBuilder(self._trace, 0, None, None)
         return self._builder
 
     def lines(self, lines: list[bytes]) -> None:
@@ -87,6 +95,11 @@ class RankTraceWriter:
             if self._out is not None:
                 self._out.flush()
                 self.events = self._out.events
+            if self._trace is not None and self._trace.counters_capped and not self.capped:
+                self.capped = True
+                logger.warning("rltrace: the counter tracks of %s hold the first %d sessions (their "
+                               "samples are kept until the rank shuts down); `rltrace convert` "
+                               "draws them all", self.path, COUNTER_CAP)
         except Exception as exc:
             self._failed(exc)
 
@@ -101,12 +114,10 @@ class RankTraceWriter:
         finally:
             self._builder = None
             self._out = None
-            if self._fh is not None:
-                try:
-                    self._fh.close()
-                except OSError:
-                    pass
-                self._fh = None
+            fh, self._fh = self._fh, None
+            if fh is not None:
+                with suppress(OSError):
+                    fh.close()
 
     def after_fork(self, path: Path) -> None:
         """In a forked child: its own file; the parent's held sessions are the parent's (the
@@ -114,6 +125,8 @@ class RankTraceWriter:
         self._fh = None
         self._builder = None
         self._out = None
+        self._trace = None
+        self.capped = False
         self.path = Path(path)
         self.stopped = self.errors > 0
 

@@ -108,6 +108,26 @@ def test_a_killed_ranks_native_trace_loads_with_every_step_saved_before_the_kill
     assert set(range(4 * (saved + 1))) <= sids  # every session of every saved step
 
 
+def test_a_long_runs_counters_stop_at_the_cap_and_say_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """The counters' samples wait for the rank's end: a rank keeps those of its first
+    ``COUNTER_CAP`` sessions (a million: about 50 MB), and the slices all the same."""
+    from rltrace.timeline import stream
+
+    monkeypatch.setattr(stream, "COUNTER_CAP", 5)
+    rltrace.configure(fileroot=str(tmp_path), experiment_name="n", trial_name="cap", flush_at_exit=False,
+                      session_tracer={"enabled": True}, exporters={"native": True})
+    for step in range(3):
+        loop(step)
+    rltrace.shutdown()
+    assert "hold the first 5 sessions" in caplog.text
+    trace = tmp_path / "logs" / current_user() / "n" / "cap" / "perf_tracer" / "traces-r0.pftrace"
+    rep = perfetto_check(trace, COUNTERS, SESSIONS)
+    counters = {r["name"]: r["n"] for r in rep["queries"][COUNTERS]}
+    assert counters["accepted in step"] + counters["rejected in step"] == 5
+    assert len(rep["queries"][SESSIONS]) == 12
+
+
 def test_native_needs_the_chrome_lines_it_is_drawn_from(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"'exporters.native': is drawn from the Chrome lines"):
         rltrace.configure(fileroot=str(tmp_path), exporters={"native": True, "chrome": False})
