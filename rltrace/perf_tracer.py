@@ -199,6 +199,9 @@ class _WeightUpdate:
         self.scope = scope
         self.version = version
 
+    def __getattr__(self, name: str) -> Any:  # the scope's own API (set_attribute, ...)
+        return getattr(self.scope, name)
+
     def __enter__(self) -> Any:
         return self.scope.__enter__()
 

@@ -251,7 +251,9 @@ def test_areals_own_version_notion_gives_the_staleness_without_set_policy_versio
 def test_set_policy_version_wins_over_areals_notion_and_works_with_tracing_off() -> None:
     from rltrace import perf_tracer
 
-    with perf_tracer.trace_scope("train.update_weights", args={"global_step": 4}):
+    update = perf_tracer.trace_scope("train.update_weights", args={"global_step": 4})
+    update.set_attribute("bytes", 1)  # the scope's own API, as on any scope (a no-op: tracing off)
+    with update:
         pass
     assert rltrace.policy_version() == 5  # tracing is off: the version moves all the same
     rltrace.set_policy_version(40)
