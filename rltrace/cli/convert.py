@@ -99,7 +99,9 @@ def find_trace_files(inputs: Iterable[str | Path]) -> list[Path]:
     """Expand files, globs and log dirs into trace files, ordered by rank.
 
     Directories are searched recursively for ``traces-r*.jsonl``; session files
-    (``sessions-r*.jsonl``) named explicitly are skipped with a warning.
+    (``sessions-r*.jsonl``) named explicitly are skipped with a warning; a rank's native trace
+    (``traces-r*.pftrace``, ``exporters.native``) stands for the JSONL beside it, whose lines it
+    was drawn from.
     """
     found: dict[Path, None] = {}
     for inp in inputs:
@@ -123,6 +125,13 @@ def find_trace_files(inputs: Iterable[str | Path]) -> list[Path]:
             if _SESSION_RE.search(c.name):
                 logger.warning("rltrace convert: skipping session file %s (not a trace file)", c)
                 continue
+            if c.suffix.lower() in NATIVE_SUFFIXES:  # a rank's native trace (exporters.native)
+                twin = c.with_suffix(".jsonl")
+                if not twin.is_file():
+                    raise ConvertError(f"rltrace convert: {c} is a native trace, and the JSONL it "
+                                       f"was drawn from ({twin.name}) is not beside it: convert "
+                                       "merges the per-rank JSONL files (pass the log dir)")
+                c = twin  # the same events: the merge (and its arrows across ranks) reads these
             found[c.resolve()] = None
     files = sorted(found, key=_rank_key)
     if not files:

@@ -32,7 +32,7 @@ FLOWS = "select count(*) as n from flow"
 
 
 def test_the_ranks_native_trace_grows_as_the_run_goes_and_draws_what_convert_draws(tmp_path: Path) -> None:
-    from rltrace.cli.convert import convert
+    from rltrace.cli.convert import ConvertError, convert
 
     rltrace.configure(fileroot=str(tmp_path), experiment_name="n", trial_name="t", flush_at_exit=False,
                       session_tracer={"enabled": True}, exporters={"native": True})
@@ -66,6 +66,14 @@ def test_the_ranks_native_trace_grows_as_the_run_goes_and_draws_what_convert_dra
     # the task -> session arrows are the rank's own; the 9 accepted samples' arrows are convert's
     flows, merged_flows = streamed["queries"][FLOWS][0]["n"], converted["queries"][FLOWS][0]["n"]
     assert flows == 12 and merged_flows == 12 + 9
+    # the ranks' native traces merge by naming them: convert reads the lines they were drawn from
+    again = convert([native], tmp_path / "again.pftrace", progress=False)
+    assert (again.sessions, again.flows) == (merged.sessions, merged.flows) == (12, 9)
+    lone = tmp_path / "lone" / "traces-r3.pftrace"
+    lone.parent.mkdir()
+    lone.write_bytes(native.read_bytes())
+    with pytest.raises(ConvertError, match=r"traces-r3.jsonl\) is not beside it"):
+        convert([lone], tmp_path / "x.pftrace", progress=False)
 
 
 KILLED = """
