@@ -228,11 +228,7 @@ class LivePublisher:
         if time.monotonic() >= self._next:
             self.publish()
         elif len(self._recent) >= AGGREGATE_AT:  # keep the held records few
-            try:
-                self._aggregate_finished()
-            except Exception as exc:  # pragma: no cover - defensive
-                self.errors += 1
-                logger.debug("rltrace live state: %r", exc)
+            self.aggregate()
 
     def publish(self, closed: bool = False) -> bool:
         """Write the state now; returns False when it could not be written (never raises)."""
@@ -321,6 +317,14 @@ class LivePublisher:
                 out.append({"step": step, "wall_s": round(wall, 6), "scoped": info is not None,
                             "seconds": {k: round(sec[k], 6) for k in BUCKETS}})
         return out
+
+    def aggregate(self) -> None:
+        """Count the finished sessions held so far (an explicit flush: nothing stays held)."""
+        try:
+            self._aggregate_finished()
+        except Exception as exc:  # pragma: no cover - defensive
+            self.errors += 1
+            logger.debug("rltrace live state: %r", exc)
 
     def _aggregate_finished(self) -> None:
         recent = self._recent

@@ -417,6 +417,8 @@ class Pipeline:
                             flush = getattr(rp, "force_flush", None)
                             if flush is not None:
                                 flush()
+                        if self.live is not None:
+                            self.live.aggregate()  # what finished is counted, nothing held
             except Exception as exc:  # pragma: no cover - defensive
                 internal_error("exporter cycle", exc)
             finally:
