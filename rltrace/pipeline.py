@@ -646,6 +646,8 @@ class Pipeline:
             out[type(q.exporter).__name__] = q.stats()
         if self.otlp is not None:
             out["otlp"] = self.otlp.stats()
+        if self.native is not None:
+            out["native"] = self.native.stats()
         sampling: dict[str, Any] = {"mode": self.cfg.sampling.mode or "parent"}
         if self.head_sampling is not None:
             sampling.update(self.head_sampling.stats())

@@ -1,4 +1,4 @@
-"""A rank's native trace written as the run goes (``native_trace: true``): the Chrome lines the
+"""A rank's native trace written as the run goes (``exporters.native: true``): the Chrome lines the
 rank's exporter writes, drawn onto Perfetto's tracks by the same builder ``rltrace convert``
 uses (:class:`~.native.FileBuilder`), one file per rank next to its JSONL
 (``perf_tracer/[role/]traces-r{rank}.pftrace``).
@@ -73,6 +73,12 @@ class RankTraceWriter:
         self._fh: BinaryIO | None = None
         self._builder: FileBuilder | None = None
         self._out: PacketWriter | None = None
+
+    def stats(self) -> dict[str, Any]:
+        """Track events written, lines it could not draw, failures (the file stopped at the
+        first), and whether the counters stopped at ``COUNTER_CAP`` (``diagnostics()["native"]``)."""
+        return {"path": str(self.path), "events": self.events, "skipped": self.skipped.lines,
+                "errors": self.errors, "stopped": self.stopped, "counters_capped": self.capped}
 
     def _start(self) -> FileBuilder:
         self._fh = self._opener(self.path)

@@ -46,6 +46,8 @@ def test_the_ranks_native_trace_grows_as_the_run_goes_and_draws_what_convert_dra
         assert rep["ok"] is True and rep["import_errors"] == []
         seen.append(len(rep["queries"][SESSIONS]))
     assert seen == [4, 8, 12]  # each step's sessions on disk by the end of that step
+    diag = rltrace.diagnostics()["native"]
+    assert diag["events"] > 0 and diag["errors"] == diag["skipped"] == 0 and diag["stopped"] is False
     rltrace.shutdown()
     streamed = perfetto_check(native, SLICES, COUNTERS, FLOWS)
     merged = convert([logdir], tmp_path / "merged.pftrace", progress=False)
@@ -150,6 +152,8 @@ def test_a_native_trace_path_planted_as_a_link_is_not_written_through(tmp_path: 
     rltrace.configure(fileroot=str(tmp_path), experiment_name="n", trial_name="link", flush_at_exit=False,
                       session_tracer={"enabled": True}, exporters={"native": True})
     loop(0)
-    rltrace.shutdown()  # the native trace stops with a warning; tracing goes on
+    rltrace.flush()  # the lines are exported: the native trace meets the link
+    assert rltrace.diagnostics()["native"]["stopped"] is True  # with a warning; tracing goes on
+    rltrace.shutdown()
     assert target.read_bytes() == b"keep"
     assert (folder / "traces-r0.jsonl").stat().st_size > 0
