@@ -347,6 +347,11 @@ def test_demo_live_shows_top_on_the_run_then_its_summary(tmp_path: Path) -> None
     docs = [json.loads(f.read_bytes()) for f in sorted(logdir.rglob("live-r*.json"))]
     assert [d["rank"] for d in docs] == [0, 1] and all(d["closed"] for d in docs)
     assert sum(d["finished"]["total"] for d in docs) == 8
+    # goodput in top: the step's time split on both ranks, thrown-away shares and tokens/s
+    assert [[g["step"] for g in d["goodput"]] for d in docs] == [[0], [0]]
+    last = " ".join(top.split("rltrace top")[-1].split())  # as one line, however it wrapped
+    assert "step time, step 0 (2 ranks): productive " in last and " wasted " in last
+    assert "goodput: thrown away " in last and "tokens/s" in last
 
 
 def test_top_splits_each_steps_time_into_the_reports_goodput_buckets(tmp_path: Path) -> None:
