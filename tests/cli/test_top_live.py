@@ -352,6 +352,7 @@ def test_demo_live_shows_top_on_the_run_then_its_summary(tmp_path: Path) -> None
     last = " ".join(top.split("rltrace top")[-1].split())  # as one line, however it wrapped
     assert "step time, step 0 (2 ranks): productive " in last and " wasted " in last
     assert "goodput: thrown away " in last and "tokens/s" in last
+    assert "policy version lag at finalize: 0 for " in last  # staleness: the demo sets versions
 
 
 def test_top_splits_each_steps_time_into_the_reports_goodput_buckets(tmp_path: Path) -> None:
