@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import goodput as goodput_mod
+from ..goodput import BUCKETS
 from .report import build_report, fmt_pct, fmt_s
 from .run import ReportOptions, Run, load_run
 from .sessions import NO_STEP
@@ -65,7 +65,7 @@ def series_of(run: Run, rep: dict[str, Any]) -> dict[str, dict[int, float]]:
     ranks_in_step = Counter(step for _, step in run.steps_info)
     for row in rep["goodput"]["by_step"]:
         n = ranks_in_step[row["step"]] or 1
-        for b in goodput_mod.BUCKETS:
+        for b in BUCKETS:
             put(f"goodput {b}", row["step"], row["seconds"][b] / n)
     sessions = _sessions_per_step(run)
     for step, buckets in run.buckets_by_step().items():

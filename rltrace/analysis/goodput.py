@@ -15,11 +15,11 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from ..goodput import BUCKETS, OVERHEAD_WORDS, RankStepWork, split_rank_step
+from ..goodput import BUCKETS, RankStepWork, split_rank_step
 from ..readers import timeline
 from ..sessions import THROWN_AWAY
 
-__all__ = ["BUCKETS", "OVERHEAD_WORDS", "GoodputReader", "build", "staleness"]
+__all__ = ["GoodputReader", "build", "staleness"]
 
 
 class GoodputReader:

@@ -49,7 +49,8 @@ from .arrows import WHOLE, FileArrows, Plan, Window, stable_id, start_ns, step_o
 from .lanes import Lane, Node, preorder
 from .packets import INSTANT, SLICE_BEGIN, SLICE_END, PacketWriter
 
-_INT_MAX = 1 << 62
+#: the largest step or version magnitude drawn (as the arrows' plan bounds ids)
+_BOUND = 1 << 62
 #: sessions held for their task's span before the oldest group is written without it
 MAX_HELD_SESSIONS = 100_000
 _LABEL_RANK = re.compile(r"(?:^|,)rank=(-?\d+)")
@@ -263,7 +264,7 @@ class FileBuilder:
         start = start_ns(ev)
         end = start + round(float(ev.get("dur") or 0) * 1000)
         version = args.get(ATTR_POLICY_VERSION)
-        if type(version) is int and 0 <= version < _INT_MAX and not p.counts.capped:
+        if type(version) is int and 0 <= version < _BOUND and not p.counts.capped:
             p.counts.version_ts.append(start)
             p.counts.version.append(version)
         if ATTR_SESSION in args and self.onto is None:
@@ -478,7 +479,7 @@ class FileBuilder:
         c.flight_d.extend((1, -1))
         status = args.get(ATTR_STATUS)
         step = args.get(ATTR_STEP)
-        if status in _STATUS_COUNTERS and type(step) is int and abs(step) < 1 << 62:
+        if status in _STATUS_COUNTERS and type(step) is int and abs(step) < _BOUND:
             c.final_ts.append(end)
             c.final_step.append(step)
             c.final_status.append(_STATUS_COUNTERS.index(status))
