@@ -28,6 +28,7 @@ import mmap
 import os
 import struct
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 from zlib import crc32
@@ -39,7 +40,8 @@ from rltrace.exporters.values import dumps_line, json_safe
 
 from .pids import pid_alive
 from .semconv import ATTR_REASON, ATTR_SESSION, ATTR_STATUS, ATTR_STEP, ATTR_TASK
-from .session_metrics import build_record
+from .session_metrics import build_record, group_phases
+from .sessions.records import Execution
 
 MAGIC = b"RLFLIGHT"
 _HEADER = struct.Struct("<8sQQ32s")  # magic, capacity, pid, records file name
@@ -87,10 +89,10 @@ class FlightRecorder:
         self.unencodable = 0
 
     def add(self, task_id: Any, session_id: Any, status: str, reason: Any, start_ns: int,
-            end_ns: int, step: Any, phases: list[tuple[Any, ...]]) -> None:
+            end_ns: int, step: Any, phases: Sequence[Execution]) -> None:
         """Keep one finished session: its ids, status, reason, times, step and phase executions
         ``(phase, start_ns, end_ns, turn, interrupted)``."""
-        entry = [task_id, session_id, status, reason, start_ns, end_ns, step, phases]
+        entry = (task_id, session_id, status, reason, start_ns, end_ns, step, phases)
         try:
             payload = orjson.dumps(entry)
         except TypeError:  # ids JSON has no form for, a lone surrogate: made JSON-safe
@@ -108,8 +110,12 @@ class FlightRecorder:
             at = self._written
             self._written = at + n
             self.entries += 1
+        at %= self.capacity
         try:
-            self._put(at % self.capacity, line)
+            if at + n <= self.capacity:  # in one piece (all but one entry per round)
+                self._map[HEADER_SIZE + at:HEADER_SIZE + at + n] = line
+            else:
+                self._put(at, line)
         except ValueError:  # closed meanwhile (a reconfigure): that pipeline's records are written
             pass
 
@@ -191,10 +197,8 @@ def recovered_record(entry: list[Any], rank: int, role: str | None) -> dict[str,
     attrs = {ATTR_TASK: task_id, ATTR_SESSION: session_id, ATTR_STATUS: status, ATTR_STEP: step}
     if reason is not None:
         attrs[ATTR_REASON] = reason
-    by_phase: dict[str, list[tuple[int, int, Any, bool]]] = {}
-    for name, s, e, turn, interrupted in phases:
-        by_phase.setdefault(name, []).append((s, e, turn, bool(interrupted)))
-    record = build_record(attrs, start, end, 0, by_phase, rank, role, (), counters_possible=False)
+    record = build_record(attrs, start, end, 0, group_phases(phases), rank, role, (),
+                          counters_possible=False)
     record["trace_id"] = None
     record["recovered"] = True
     return record

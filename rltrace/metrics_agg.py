@@ -148,7 +148,8 @@ class SessionAggregates:
     def record(self, status: str, total_s: float, phases: Any) -> None:
         """One finished session: its total and every phase execution's duration.
 
-        ``phases``: ``{phase: [(start_ns, end_ns, ...), ...]}`` as the session processor holds them.
+        ``phases``: ``{phase: [(phase, start_ns, end_ns, ...), ...]}`` as the session processor
+        holds them (:data:`rltrace.sessions.records.Execution`).
         """
         now = time.time_ns()
         skey = ((ATTR_STATUS, status),)
@@ -164,7 +165,7 @@ class SessionAggregates:
                 for p, execs in phases.items():
                     pkey = ((ATTR_PHASE, p), (ATTR_STATUS, status))
                     for ex in execs:
-                        st.hist(phase_name, pkey, (ex[1] - ex[0]) / 1e9, now)
+                        st.hist(phase_name, pkey, (ex[2] - ex[1]) / 1e9, now)
 
     def _merge(self, state: _ReaderState, data: MetricsData | None) -> MetricsData | None:
         metrics = state.collect(time.time_ns())

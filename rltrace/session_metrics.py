@@ -4,7 +4,8 @@ It is a real OTel ``SpanProcessor``: add it to any SDK ``TracerProvider`` and ev
 ``rl.session.id`` feeds it (phase spans carry ``rl.phase``; the ``rl.session`` span closes the
 record).  Inside rltrace's pipeline it is fed the recorded scopes directly (``on_record``),
 before ``ReadableSpan``s are built, so the derived figures also land on the session span as
-``rl.session.<field>`` attributes.
+``rl.session.<field>`` attributes; an rltrace session brings its phase executions with it (its
+``phase_log``, which the flight recorder keeps too), so nothing is held for it meanwhile.
 
 A record holds AReaL's fields in AReaL's order (``task_id, session_id, rank, role`` (when set),
 ``status, reason, submit_ts, finalized_ts, total_s, generate_s, reward_s, toolcall_s, phases,
@@ -16,7 +17,7 @@ epoch seconds.  Finished sessions leave no state behind.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from operator import itemgetter
 from typing import Any
 
@@ -38,25 +39,26 @@ from .semconv import (
     ATTR_VERSION_AT_FINALIZE,
     SESSION_SPAN,
 )
+from .sessions.records import Execution, PhaseScope, SessionScope, SyncedPhaseScope, TaskScope
 
 _BUILTIN_SET = frozenset(p.name for p in BUILTIN)
 #: session-span attributes holding per-session counters (``rl.session.counter.<name>``)
 COUNTER_PREFIX = "rl.session.counter."
 _COUNTER_LEN = len(COUNTER_PREFIX)
 _DONE_GEN = 4_096
-_EXEC_TIMES = itemgetter(0, 1)  # a phase execution's (start, end)
-_NO_PHASES: dict[str, list[tuple[int, int, Any, bool]]] = {}  # read only, never stored into
+_EXEC_TIMES = itemgetter(1, 2)  # an execution's (start, end)
+_NO_PHASES: dict[str, list[Execution]] = {}  # read only, never stored into
 #: token counts of a phase execution (``gen_ai.usage.*``; AReaL's ``input_tokens`` /
 #: ``output_tokens`` payloads are recorded under these names)
 IN_TOKENS, OUT_TOKENS = "gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens"
 
 
 def build_record(attrs: Mapping[str, Any], start: int, end: int, trace_id: int,
-                 phases: dict[str, list[tuple[int, int, Any, bool]]], rank: int, role: str | None,
+                 phases: dict[str, list[Execution]], rank: int, role: str | None,
                  custom: tuple[str, ...], counters_possible: bool = True,
                  tokens: list[float] | None = None) -> dict[str, Any]:
     """One session's record (AReaL's fields in AReaL's order, then rltrace's): its span's
-    attributes and times, its phase executions ``(start, end, turn, interrupted)`` by phase,
+    attributes and times, its phase executions (:data:`~rltrace.sessions.records.Execution`) by phase,
     and the ``[input, output]`` tokens its phases reported (``input_tokens`` /
     ``output_tokens``; absent when none did), and ``policy_version`` when it was set."""
     status = attrs.get(ATTR_STATUS, "pending")
@@ -69,7 +71,7 @@ def build_record(attrs: Mapping[str, Any], start: int, end: int, trace_id: int,
             execs.sort(key=_EXEC_TIMES)
         total = 0
         items = []
-        for s, e, turn, interrupted in execs:
+        for _, s, e, turn, interrupted in execs:
             total += e - s
             item: dict[str, Any] = {"start_ts": s / 1e9, "end_ts": e / 1e9}
             if turn is not None:
@@ -121,6 +123,20 @@ def build_record(attrs: Mapping[str, Any], start: int, end: int, trace_id: int,
     return record
 
 
+def group_phases(logged: Sequence[Execution],
+                 held: dict[str, list[Execution]] | None = None) -> dict[str, list[Execution]]:
+    """A session's logged executions by phase, as :func:`build_record` takes them (after
+    those ``held`` for it by attribute, if any)."""
+    out = {p: list(execs) for p, execs in held.items()} if held else {}
+    for entry in logged:
+        execs = out.get(entry[0])
+        if execs is None:
+            out[entry[0]] = [entry]
+        else:
+            execs.append(entry)
+    return out
+
+
 class SessionMetricsProcessor(SpanProcessor):
     """Builds one record per finished session; writes it and records OTel metrics."""
 
@@ -146,7 +162,7 @@ class SessionMetricsProcessor(SpanProcessor):
         # recently finished session ids, two generations of _DONE_GEN: a phase racing its
         # session's finalize arrives within an export cycle or two, so a few thousand suffice
         self._done: list[set[Any]] = [set(), set()]
-        self._acc: OrderedDict[Any, dict[str, list[tuple[int, int, Any, bool]]]] = OrderedDict()
+        self._acc: OrderedDict[Any, dict[str, list[Execution]]] = OrderedDict()
         #: session id -> [input, output] tokens its phases reported so far
         self._tokens: dict[Any, list[float]] = {}
         self.listeners: list[Callable[[dict[str, Any]], None]] = []
@@ -190,9 +206,25 @@ class SessionMetricsProcessor(SpanProcessor):
 
     # -- rltrace records ---------------------------------------------------------------------
     def on_record(self, rec: Any) -> None:
-        """Fast path for rltrace's recorded scopes (no ``ReadableSpan`` needed)."""
-        if rec.extra is None and not rec.slot_attrs:
-            return  # a plain scope without attributes: the common case
+        """Fast path for rltrace's recorded scopes (no ``ReadableSpan`` needed).
+
+        A session's record is made from the session itself: its phase executions are in its
+        ``phase_log`` (each execution notes itself there as it ends, before its own record is
+        queued), so the processor holds nothing per open session; an execution's record only
+        brings its token counts.  Records of other kinds that carry ``rl.session.id`` (a
+        scope of the user's) are reassembled by attribute, as the spans of other
+        instrumentation are.
+        """
+        cls = rec.__class__
+        if cls is SessionScope:
+            attrs = rec.record_attrs()
+            self._session_ended(attrs, rec.start_ns, rec.end_ns, rec, attrs)
+            return
+        if cls is PhaseScope or cls is SyncedPhaseScope:
+            self._logged_phase(rec)
+            return
+        if cls is TaskScope or (rec.extra is None and not rec.slot_attrs):
+            return  # a task, or a plain scope without attributes: the common case
         attrs = rec.record_attrs()
         if attrs and ATTR_SESSION in attrs:
             if rec.name == SESSION_SPAN:
@@ -222,7 +254,12 @@ class SessionMetricsProcessor(SpanProcessor):
         """A session's span ended: its record, from the phases held for it, written and
         aggregated (and its figures added to ``writable``: an rltrace record's attributes)."""
         sid = attrs[ATTR_SESSION]
-        phases = self._acc.pop(sid, _NO_PHASES)
+        phases = self._acc.pop(sid, _NO_PHASES) if self._acc else _NO_PHASES
+        if writable is not None and span.__class__ is SessionScope:
+            # what ended before now; an execution ending from now on is a late one
+            logged = span.phase_log = tuple(span.phase_log)
+            if logged:
+                phases = group_phases(logged, phases)
         tokens = self._tokens.pop(sid, None) if self._tokens else None
         # the trace id: an rltrace session's is its task's (no ids of its own are drawn for
         # it); an rltrace record keeps user-set attributes (counters among them) in ``extra``
@@ -255,6 +292,23 @@ class SessionMetricsProcessor(SpanProcessor):
         for listener in self.listeners:
             listener(record)
 
+    def _logged_phase(self, rec: PhaseScope) -> None:
+        """An rltrace phase execution's record: in its session's log already; counted late if
+        its session's record was built without it, else its token counts are taken."""
+        log = rec.parent.phase_log
+        if type(log) is tuple:  # its session's record is built
+            start, end, name = rec.start_ns, rec.end_ns, rec.spec.name
+            for entry in log:
+                if entry[1] == start and entry[2] == end and entry[0] == name:
+                    return  # in that record: it ended in time
+            self.late_phases += 1
+            return
+        if rec.start_payload or rec.end_payload or rec.extra is not None:
+            attrs = rec.record_attrs()
+            tin, tout = attrs.get(IN_TOKENS), attrs.get(OUT_TOKENS)
+            if tin is not None or tout is not None:
+                self._count_tokens(rec.session_id, tin, tout)
+
     def _phase_ended(self, attrs: Mapping[str, Any], start: int, end: int) -> None:
         """A phase execution's span ended: held until its session's span ends."""
         phase = attrs.get(ATTR_PHASE)
@@ -273,7 +327,8 @@ class SessionMetricsProcessor(SpanProcessor):
         execs = phases.get(phase)
         if execs is None:
             execs = phases[phase] = []
-        execs.append((start, end, attrs.get(ATTR_TURN), bool(attrs.get(ATTR_INTERRUPTED, False))))
+        execs.append((phase, start, end, attrs.get(ATTR_TURN),
+                      bool(attrs.get(ATTR_INTERRUPTED, False))))
         tin, tout = attrs.get(IN_TOKENS), attrs.get(OUT_TOKENS)
         if tin is not None or tout is not None:
             self._count_tokens(sid, tin, tout)
@@ -294,7 +349,7 @@ class SessionMetricsProcessor(SpanProcessor):
         self.orphaned += 1
 
     def _record_metrics(self, record: dict[str, Any],
-                        phases: dict[str, list[tuple[int, int, Any, bool]]]) -> None:
+                        phases: dict[str, list[Execution]]) -> None:
         """The session's figures through the SDK's instruments, one measurement at a time."""
         h_session, h_phase, c_sessions = self._metrics  # type: ignore[misc]
         status = record["status"]
@@ -302,7 +357,7 @@ class SessionMetricsProcessor(SpanProcessor):
         h_session.record(record["total_s"], labels)
         c_sessions.add(1, labels)
         for p, execs in phases.items():
-            for s, e, _, _ in execs:
+            for _, s, e, _, _ in execs:
                 h_phase.record((e - s) / 1e9, {ATTR_PHASE: p, ATTR_STATUS: status})
 
 

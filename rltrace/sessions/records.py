@@ -59,6 +59,9 @@ _GENAI_CONVERSATION = "gen_ai.conversation.id"
 
 _SCHEDULER = "scheduler"  # the category of task and session spans
 
+#: one phase execution, as its session logs it: ``(phase, start_ns, end_ns, turn, interrupted)``
+Execution = tuple[str, int, int, Any, bool]
+
 
 class PhaseHost(Protocol):
     """What a phase execution needs of the registry that holds its session
@@ -170,9 +173,12 @@ class SessionScope(Scope):
         self.task_rec = task
         self.turn = -1
         self.open_phases: list[PhaseScope] = []
-        #: its ended phase executions ``(phase, start, end, turn, interrupted)`` while a flight
-        #: recorder keeps sessions (:mod:`rltrace.flight`), else None
-        self.phase_log: list[tuple[Any, ...]] | None = None
+        #: its ended phase executions ``(phase, start, end, turn, interrupted)``, as they end:
+        #: what its record (:mod:`rltrace.session_metrics`) and the flight recorder
+        #: (:mod:`rltrace.flight`) are made from.  A list while executions may join it; the
+        #: session processor turns it into a tuple when it builds the record, and an execution
+        #: that ends after that is a late one (counted there, not added)
+        self.phase_log: list[Execution] | tuple[Execution, ...] = []
         # ``status`` and ``reason`` are set when it is finalized (the only way it ends)
         self.step = step
         #: the policy version that generates it (``rltrace.set_policy_version``), or None
@@ -317,7 +323,9 @@ class PhaseScope(Scope):
             ops.append(self)  # atomic; whoever removes it from the list closes it
         except AttributeError:  # finalized meanwhile (a race): recorded, and interrupted
             self.set_attribute(ATTR_INTERRUPTED, True)
-            self.finish(recorder.now_ns())
+            end = recorder.now_ns()
+            self._log_in(session, end, True)
+            self.finish(end)
             return
         if self.reg.sessions.get(session.session_id) is not session:  # finalized meanwhile
             self._close_if_open(ops, recorder.now_ns(), None, True)
@@ -342,13 +350,14 @@ class PhaseScope(Scope):
             return
         if interrupted or exc is not None:
             self.set_attribute(ATTR_INTERRUPTED, True)
-        self.finish(end, exc)
         self._log_in(self.parent, end, interrupted or exc is not None)
+        self.finish(end, exc)
 
     def _log_in(self, sess: SessionScope, end: int, interrupted: bool) -> None:
-        """Note this ended execution on its session while a flight recorder keeps sessions."""
+        """Note this ended execution on its session (before its record is queued: the session
+        processor, meeting the record, knows its session's log has it)."""
         log = sess.phase_log
-        if log is not None:
+        if type(log) is list:  # else the session's record is built: this one is late
             log.append((self.spec.name, self.start_ns, end, self.turn, interrupted))
 
     def __enter__(self) -> PhaseScope:
@@ -398,8 +407,8 @@ class PhaseScope(Scope):
                 return
             if exc is not None:
                 self.set_attribute(ATTR_INTERRUPTED, True)
-            self.finish(end, exc)
             self._log_in(sess, end, exc is not None)
+            self.finish(end, exc)
 
     async def __aenter__(self) -> PhaseScope:
         return self.__enter__()

@@ -216,9 +216,7 @@ class SessionRegistry:
             step = _STEP_CV.get()
             if step is None:  # the task's, else AReaL style: the enclosing scope's global_step
                 step = task.step if task.step is not None else scope_arg_step()
-            sess = self.sessions[session_id] = SessionScope(session_id, task, step)
-            if self.flight is not None:
-                sess.phase_log = []
+            self.sessions[session_id] = SessionScope(session_id, task, step)
             remember(self.recent_sessions, session_id, task, _RECENT_GEN)
             tally = self.tally
             if tally is not None:
@@ -344,7 +342,7 @@ class SessionRegistry:
         flight = self.flight
         if flight is not None:  # before it is queued: the ring has it whatever comes next
             flight.add(task.task_id, sess.session_id, status, reason, sess.start_ns, end,
-                       sess.step, sess.phase_log or [])
+                       sess.step, sess.phase_log)
         sess.finish(end, keep=True)
         if task_done:
             task.finish(end, keep=True)
