@@ -78,6 +78,12 @@ _X = b'{"pid":%d,"tid":%d,"ph":"X","ts":%d,"dur":%d.%03d,"name":%s,"cat":%s,"arg
 #: the same line in three pieces (encode's loop): a track's head, the times, the name's tail
 _TIMES = b'%d,"dur":%d.%03d'
 _TAIL = b',"name":%s,"cat":%s,"args":%s}\n'
+#: the tail's head, before a record's own args
+_NAMECAT = b',"name":%s,"cat":%s,"args":'
+#: a record with attributes of its own: head, times, name and category, its args' JSON
+#: without the closing brace, then rank (and role) and the brace
+_OWN = b'%b%d,"dur":%d.%03d%b%b%b}\n'
+plain_dumps = orjson.dumps
 _I = b'{"pid":%d,"tid":%d,"ph":"i","s":"t","ts":%d,"name":%s,"cat":%s,"args":%s}\n'
 _CACHE_MAX = 4096
 #: the span's OTel ids, appended inside a record's args (``with_ids``)
@@ -132,6 +138,7 @@ class ChromeEncoder:
         self.dropped = 0
         self._names: dict[str, bytes] = {}
         self._cats: dict[Any, bytes] = {}
+        self._namecats: dict[tuple[Any, Any], bytes] = {}
 
     def process_label(self, pid: int | None = None) -> str:
         """The process name: AReaL's (as its trace converter writes it) plus the host."""
@@ -220,9 +227,11 @@ class ChromeEncoder:
         append, args_json, args_only = out.append, self.args_json, self._args_only
         heads, tails = self._heads, self._tails
         with_ids = self.with_ids
+        namecats, args_tail = self._namecats, self._args_tail
         for item in items:
-            if getattr(item, "slot_attrs", True) or item.extra is not None:
-                self._encode_isolated(item, pid, out)  # not plain (or a ReadableSpan)
+            own = getattr(item, "slot_attrs", None)
+            if own is None or item.extra is not None:
+                self._encode_isolated(item, pid, out)  # a ReadableSpan, or events or an error
                 continue
             thread, lane = item.thread, item.lane
             known = tids.get((thread, lane))
@@ -234,6 +243,25 @@ class ChromeEncoder:
             if head is None:  # '{"pid":P,"tid":T,"ph":"X","ts":'
                 head = heads[tid] = b'{"pid":%d,"tid":%d,"ph":"X","ts":' % (pid, tid)
             args = item.args
+            if own:  # a task, session or phase record: its attributes, built from its slots
+                us = item.start_ns // 1000
+                d = item.end_ns - us * 1000
+                namecat = namecats.get((item.name, item.category)) or \
+                    self._namecat(item.name, item.category)
+                try:  # the common case in one piece: orjson's plain call, AReaL's keys added
+                    attrs = item.record_attrs()
+                    if args:
+                        attrs = {**args, **attrs}
+                    body = None if with_ids or "rank" in attrs or "role" in attrs \
+                        else plain_dumps(attrs)
+                except Exception:  # a value the careful path below encodes (or marks)
+                    body = None
+                if body is not None and len(body) > 2:
+                    append(_OWN % (head, us, d // 1000, d % 1000, namecat, body[:-1], args_tail))
+                else:
+                    append(head + _TIMES % (us, d // 1000, d % 1000) + namecat
+                           + self._own_args(item, args) + b"}\n")
+                continue
             try:
                 tail = tails.get((item.name, item.category)) if args is None and not with_ids else None
             except TypeError:  # an unhashable category object
@@ -267,6 +295,29 @@ class ChromeEncoder:
         except Exception as exc:  # one bad value costs its own args, never a neighbour
             encoded = self._unencodable(exc)
         return _TAIL % (self._name(name), self._cat(category), encoded)
+
+    def _namecat(self, name: Any, category: Any) -> bytes:
+        """``,"name":…,"cat":…,"args":`` of a record with attributes of its own (kept for
+        each name and category: a few per run)."""
+        piece = _NAMECAT % (self._name(name), self._cat(category))
+        namecats = self._namecats
+        if len(namecats) >= _CACHE_MAX:
+            namecats.clear()
+        try:
+            namecats[(name, category)] = piece
+        except TypeError:  # an unhashable category object
+            pass
+        return piece
+
+    def _own_args(self, item: Any, args: dict[str, Any] | None) -> bytes:
+        """The ``args`` of a record with attributes of its own (its slots' and the caller's;
+        its own win), as JSON: a value that cannot be encoded costs only these args."""
+        try:
+            own = item.record_attrs()
+            encoded = self.args_json({**args, **own} if args else own)
+        except Exception as exc:  # one bad value costs its own args, never a neighbour
+            encoded = self._unencodable(exc)
+        return self._with_ids(item, encoded) if self.with_ids else encoded
 
     def _tail_with_ids(self, item: Any, args: Any) -> bytes:
         """The tail of a plain record's line with its ids in its args."""
@@ -440,7 +491,7 @@ class ChromeTraceExporter(SpanExporter):
             if self.file._fh is not None and self.file._deleted():
                 self.file.append(b"")  # recreate now, so metadata precedes the new events
             fill(out)
-            ok = self.file.append(b"".join(out))
+            ok = self.file.append(b"".join(out), len(out))  # one line each
             self.lines_written += len(out)
             if self.tap is not None and out:
                 self.tap(out)

@@ -139,8 +139,9 @@ class LineFile:
         except OSError:
             return True
 
-    def append(self, data: bytes) -> bool:
-        """Append ``data`` (whole lines); True when it and everything pending reached the file.
+    def append(self, data: bytes, lines: int | None = None) -> bool:
+        """Append ``data`` (whole lines; ``lines`` of them, when the caller knows: else they
+        are counted); True when it and everything pending reached the file.
 
         Writes are unbuffered and resumed exactly where a failed write stopped, so a line split
         by a fault is completed by the retry, never duplicated.
@@ -163,7 +164,9 @@ class LineFile:
                     self._pending[0] = chunk[n:]
                     self._partial = n > 0 or self._partial
                     continue
-                self.written_lines += chunk.count(b"\n")
+                # written whole in one piece: the caller's count of its lines, if it gave one
+                self.written_lines += lines if lines is not None and chunk is data \
+                    else chunk.count(b"\n")
                 self._pending.popleft()
                 self._partial = False
             return True

@@ -12,8 +12,12 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from .files import LineFile
 from .values import dumps_line
+
+_dumps, _NEWLINE = orjson.dumps, orjson.OPT_APPEND_NEWLINE
 
 
 class SessionRecordWriter:
@@ -40,7 +44,10 @@ class SessionRecordWriter:
 
     def add(self, record: dict[str, Any]) -> None:
         """Buffer one record; append the buffer once it holds ``flush_threshold`` records."""
-        line = dumps_line(record) + b"\n"
+        try:
+            line = _dumps(record, option=_NEWLINE)  # the common case: orjson's plain call
+        except TypeError:  # values JSON has no plain form for
+            line = dumps_line(record) + b"\n"
         with self._lock:
             self._buf.append(line)
             if len(self._buf) >= self.flush_threshold:
@@ -52,7 +59,7 @@ class SessionRecordWriter:
             self._write_locked()
 
     def _write_locked(self) -> None:
-        self.file.append(b"".join(self._buf))
+        self.file.append(b"".join(self._buf), len(self._buf))  # one line each
         self._buf.clear()
         if self.tally is not None:  # records that reached the disk since the last count
             on_disk = self.file.written_lines

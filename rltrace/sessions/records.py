@@ -90,6 +90,8 @@ class TaskScope(Scope):
         self.end_ns = 0
         self.extra = None
         self._attrs: dict[str, Any] | None = None
+        self._sc = None  # its ids are always drawn (its sessions' records carry its trace id):
+        # set, the slot is read without the AttributeError an unset one raises and clears
         self.task_id = task_id
         self.open: set[Any] | None = set()  # ids of its open sessions; None once it ended
         #: its context went to another process (``rltrace.ray``), whose sessions join it there
