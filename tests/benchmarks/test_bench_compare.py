@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import REPO
 
 BENCH = REPO / "benchmarks" / "bench_compare.py"
@@ -63,3 +65,41 @@ def test_a_small_comparison_runs_every_contender_and_writes_the_readme_table(tmp
     assert f"{rl:.2f} µs" in text  # the figure in the table is the one in the JSON
     assert "| **rltrace**, OTLP/gRPC on too | " in text and "all delivered" in text
     assert f"{mem['bytes_per_held_record']} bytes per queued record" in text
+
+
+INSTRUCTIONS = REPO / "benchmarks" / "bench_instructions.py"
+
+
+def test_instruction_counts_come_from_real_callgrind_runs_of_the_compare_workers(tmp_path: Path) -> None:
+    """``bench_instructions.py`` counts the instructions of ``bench_compare``'s own workers
+    under Valgrind (the real tool, as on the README's machine): per operation from two sizes,
+    and the ratios the targets name.  Counts are not asserted beyond their shape and sign (a
+    benchmark's figures are not a test's)."""
+    if shutil.which("valgrind") is None:
+        pytest.skip("valgrind is not installed here (apt-get install valgrind)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    proc = subprocess.run(
+        [sys.executable, str(INSTRUCTIONS), "--sessions", "20,60", "--spans", "50,150",
+         "--session-contenders", "rltrace,areal", "--span-contenders", "rltrace"],
+        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(proc.stdout)
+    rl = doc["instructions_per_session"]["rltrace"]
+    assert rl["per_op"] > 0 and rl["runs"]["60"] > rl["runs"]["20"]
+    assert doc["instructions_per_span"]["rltrace"]["per_op"] > 0
+    areal = doc["instructions_per_session"]["areal"]
+    if os.environ.get("RLTRACE_AREAL_WHEEL"):
+        assert doc["ratios"]["session_rltrace_vs_areal"] == round(rl["per_op"] / areal["per_op"], 3)
+    else:
+        assert "skipped" in areal and doc["ratios"]["session_rltrace_vs_areal"] is None
+
+
+def test_instruction_counts_without_valgrind_say_so_in_one_line(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env["PATH"] = str(tmp_path)  # nothing on it: no valgrind
+    proc = subprocess.run([sys.executable, str(INSTRUCTIONS)], capture_output=True, text=True,
+                          cwd=tmp_path, env=env, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [
+        "bench_instructions: valgrind is not on PATH; install it (apt-get install valgrind)"]
