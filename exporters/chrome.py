@@ -83,7 +83,7 @@ _NAMECAT = b',"name":%s,"cat":%s,"args":'
 #: a record with attributes of its own: head, times, name and category, its args' JSON
 #: without the closing brace, then rank (and role) and the brace
 _OWN = b'%b%d,"dur":%d.%03d%b%b%b}\n'
-plain_dumps = orjson.dumps
+_plain_dumps = orjson.dumps
 _I = b'{"pid":%d,"tid":%d,"ph":"i","s":"t","ts":%d,"name":%s,"cat":%s,"args":%s}\n'
 _CACHE_MAX = 4096
 #: the span's OTel ids, appended inside a record's args (``with_ids``)
@@ -253,7 +253,7 @@ class ChromeEncoder:
                     if args:
                         attrs = {**args, **attrs}
                     body = None if with_ids or "rank" in attrs or "role" in attrs \
-                        else plain_dumps(attrs)
+                        else _plain_dumps(attrs)
                 except Exception:  # a value the careful path below encodes (or marks)
                     body = None
                 if body is not None and len(body) > 2:

@@ -251,8 +251,9 @@ class SessionMetricsProcessor(SpanProcessor):
 
     def _session_ended(self, attrs: Mapping[str, Any], start: int, end: int, span: Any,
                        writable: dict[str, Any] | None) -> None:
-        """A session's span ended: its record, from the phases held for it, written and
-        aggregated (and its figures added to ``writable``: an rltrace record's attributes)."""
+        """A session's span ended: its record, from its logged phase executions (an rltrace
+        session's) and those held for it by attribute, written and aggregated (and its figures
+        added to ``writable``: an rltrace record's attributes)."""
         sid = attrs[ATTR_SESSION]
         phases = self._acc.pop(sid, _NO_PHASES) if self._acc else _NO_PHASES
         if writable is not None and span.__class__ is SessionScope:
