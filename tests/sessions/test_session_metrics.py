@@ -228,6 +228,39 @@ def test_session_metrics_reach_an_otel_metric_reader_by_status(tmp_path: Path) -
 # ---- SessionMetricsProcessor outside rltrace ----------------------------------------------------------
 
 
+@pytest.mark.parametrize("flight", [True, False])
+def test_a_session_brings_its_phases_so_nothing_is_held_for_it_while_it_is_open(
+        tmp_path: Path, flight: bool) -> None:
+    """Each phase execution notes itself in its session as it ends: after export cycles that
+    took the executions' records, the session processor holds nothing for the open session
+    (it used to hold them until the session ended), with or without the flight recorder, and
+    the record, once the session is finalized, has every execution with its turn, the token
+    counts its executions reported, and the interrupted one marked."""
+    path = configure_sessions_only(tmp_path, flush_interval_s=3600,
+                                   session_tracer={"flush_threshold": 1, "flight_recorder": flight})
+    p = runtime.get_pipeline()
+    sid = register_session()
+    with trace_session_phase("generate", {"input_tokens": 7}, {"output_tokens": 30}, session_id=sid):
+        pass
+    with trace_session_phase("reward", session_id=sid):
+        pass
+    h = trace_session_event("mark_generate_start", session_id=sid)
+    p.flush(everything=False)  # the background cycle: the two ended executions' records go
+    assert p.session_processor is not None and p.session_processor.open_sessions() == 0
+    assert line_count(path) == 0  # the session is still open
+    trace_session_event("mark_finalized", session_id=sid, status="accepted")  # closes h
+    assert h.closed
+    rltrace.flush()
+    [rec] = read_jsonl(path)
+    assert [(e["turn"], e.get("interrupted", False)) for e in rec["phases"]["generate"]] == [
+        (0, False), (1, True)]
+    assert [e["turn"] for e in rec["phases"]["reward"]] == [0]
+    assert rec["phase_counts"] == {"generate": 2, "reward": 1} and rec["turns"] == 2
+    assert (rec["input_tokens"], rec["output_tokens"]) == (7, 30)
+    assert rltrace.diagnostics()["sessions"]["late_phases"] == 0
+    assert p.session_processor.open_sessions() == 0
+
+
 def test_executions_at_the_same_instant_with_and_without_a_turn_make_one_record(tmp_path: Path) -> None:
     """Spans of another framework may carry no ``rl.turn`` and equal times (a coarse clock): the
     executions are ordered by their times only, never by comparing a turn of None with an int."""
