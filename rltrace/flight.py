@@ -110,21 +110,19 @@ class FlightRecorder:
             at = self._written
             self._written = at + n
             self.entries += 1
-        at %= self.capacity
         try:
-            if at + n <= self.capacity:  # in one piece (all but one entry per round)
-                self._map[HEADER_SIZE + at:HEADER_SIZE + at + n] = line
-            else:
-                self._put(at, line)
+            self._put(at % self.capacity, line)
         except ValueError:  # closed meanwhile (a reconfigure): that pipeline's records are written
             pass
 
     def _put(self, at: int, frame: bytes) -> None:
-        base, cap = HEADER_SIZE, self.capacity
-        first = min(len(frame), cap - at)
-        self._map[base + at:base + at + first] = frame[:first]
-        if first < len(frame):  # round to the start
-            self._map[base:base + len(frame) - first] = frame[first:]
+        base, n = HEADER_SIZE + at, len(frame)
+        first = self.capacity - at
+        if n <= first:  # in one piece (all but one entry per round): no copy of the frame
+            self._map[base:base + n] = frame
+            return
+        self._map[base:base + first] = frame[:first]
+        self._map[HEADER_SIZE:HEADER_SIZE + n - first] = frame[first:]  # round to the start
 
     def close(self, remove: bool) -> None:
         """Unmap; ``remove``: the records it backed up are all on disk (a clean shutdown)."""
