@@ -74,15 +74,20 @@ def chrome_args(attributes: Any) -> dict[str, Any]:
     return out
 
 
-_X = b'{"pid":%d,"tid":%d,"ph":"X","ts":%d,"dur":%d.%03d,"name":%s,"cat":%s,"args":%s}\n'
+#: a duration's microseconds are written as ``%d`` and ``_FRACTION[ns % 1000]`` (the table
+#: costs less than formatting ``.%03d``, whose width takes the slow path)
+_FRACTION = tuple(b".%03d" % i for i in range(1000))
+_X = b'{"pid":%d,"tid":%d,"ph":"X","ts":%d,"dur":%d%b,"name":%s,"cat":%s,"args":%s}\n'
 #: the same line in three pieces (encode's loop): a track's head, the times, the name's tail
-_TIMES = b'%d,"dur":%d.%03d'
+_TIMES = b'%d,"dur":%d%b'
 _TAIL = b',"name":%s,"cat":%s,"args":%s}\n'
 #: the tail's head, before a record's own args
 _NAMECAT = b',"name":%s,"cat":%s,"args":'
 #: a record with attributes of its own: head, times, name and category, its args' JSON
 #: without the closing brace, then rank (and role) and the brace
-_OWN = b'%b%d,"dur":%d.%03d%b%b%b}\n'
+_OWN = b'%b%d,"dur":%d%b%b%b%b}\n'
+#: a plain record's line: its track's head, the times, its name's tail
+_PLAIN = b'%b%d,"dur":%d%b%b'
 _plain_dumps = orjson.dumps
 _I = b'{"pid":%d,"tid":%d,"ph":"i","s":"t","ts":%d,"name":%s,"cat":%s,"args":%s}\n'
 _CACHE_MAX = 4096
@@ -139,6 +144,12 @@ class ChromeEncoder:
         self._names: dict[str, bytes] = {}
         self._cats: dict[Any, bytes] = {}
         self._namecats: dict[tuple[Any, Any], bytes] = {}
+        #: (thread ident, lane) -> its track's head, while its thread keeps its name
+        self._tracks: dict[tuple[int, int], bytes] = {}
+        #: (thread ident, lane, name, category) -> (head, tail) of a plain record's line
+        self._plain: dict[tuple[Any, ...], tuple[bytes, bytes]] = {}
+        #: thread ident -> its name when ``_tracks`` and ``_plain`` took it
+        self._named: dict[int, str] = {}
 
     def process_label(self, pid: int | None = None) -> str:
         """The process name: AReaL's (as its trace converter writes it) plus the host."""
@@ -209,6 +220,38 @@ class ChromeEncoder:
         self._tids = {}
         self._heads = {}
         self._next_tid = 1
+        self._forget_tracks()
+
+    def _forget_tracks(self) -> None:
+        self._tracks = {}
+        self._plain = {}
+        self._named = {}
+
+    def _track_head(self, pid: int, thread: int, lane: int, out: list[bytes]) -> bytes:
+        """``{"pid":P,"tid":T,"ph":"X","ts":`` of ``thread``'s ``lane`` (named the first time)."""
+        tid = self._tid(pid, thread, lane, out)
+        head = self._heads.get(tid)
+        if head is None:
+            head = self._heads[tid] = b'{"pid":%d,"tid":%d,"ph":"X","ts":' % (pid, tid)
+        self._named[thread] = self._tids[(thread, lane)][0]
+        self._tracks[(thread, lane)] = head
+        return head
+
+    def _plain_pieces(self, item: Any, pid: int, out: list[bytes]) -> tuple[bytes, bytes]:
+        """The head and tail of a plain record's line (no args, attributes or ids), kept for
+        its track, name and category."""
+        head = self._tracks.get((item.thread, item.lane))
+        if head is None:
+            head = self._track_head(pid, item.thread, item.lane, out)
+        pieces = (head, self._tail(item.name, item.category, self._args_only, None, None))
+        plain = self._plain
+        if len(plain) >= _CACHE_MAX:
+            plain.clear()
+        try:
+            plain[(item.thread, item.lane, item.name, item.category)] = pieces
+        except TypeError:  # an unhashable category object
+            pass
+        return pieces
 
     def encode(self, items: Sequence[Any], out: list[bytes]) -> None:
         """Append the JSON lines for ``items`` (records or ``ReadableSpan``s) to ``out``.
@@ -218,34 +261,41 @@ class ChromeEncoder:
         """
         pid = os.getpid()
         if pid != self._pid:
+            self.reset()
             self._pid = pid
-            self._tids = {}
-            self._heads = {}
-            self._next_tid = 1
             self._process_metadata(pid, out)
-        tids, thread_names_now = self._tids, thread_names()
-        append, args_json, args_only = out.append, self.args_json, self._args_only
-        heads, tails = self._heads, self._tails
-        with_ids = self.with_ids
-        namecats, args_tail = self._namecats, self._args_tail
+        names_now = thread_names()
+        for thread, name in self._named.items():  # a thread renamed, or its ident reused
+            if names_now.get(thread, name) != name:
+                self._forget_tracks()
+                break
+        tracks, plain, append = self._tracks, self._plain, out.append
+        args_json, with_ids, args_tail = self.args_json, self.with_ids, self._args_tail
+        namecats = self._namecats
         for item in items:
-            own = getattr(item, "slot_attrs", None)
+            try:
+                own = item.slot_attrs
+            except AttributeError:  # a ReadableSpan
+                own = None
             if own is None or item.extra is not None:
                 self._encode_isolated(item, pid, out)  # a ReadableSpan, or events or an error
                 continue
-            thread, lane = item.thread, item.lane
-            known = tids.get((thread, lane))
-            if known is None or known[0] != thread_names_now.get(thread):
-                tid = self._tid(pid, thread, lane, out)
-            else:
-                tid = known[1]
-            head = heads.get(tid)
-            if head is None:  # '{"pid":P,"tid":T,"ph":"X","ts":'
-                head = heads[tid] = b'{"pid":%d,"tid":%d,"ph":"X","ts":' % (pid, tid)
             args = item.args
-            if own:  # a task, session or phase record: its attributes, built from its slots
+            if not own and args is None and not with_ids:  # a plain scope: the common case
+                try:
+                    head, tail = plain[(item.thread, item.lane, item.name, item.category)]
+                except (KeyError, TypeError):
+                    head, tail = self._plain_pieces(item, pid, out)
                 us = item.start_ns // 1000
                 d = item.end_ns - us * 1000
+                append(_PLAIN % (head, us, d // 1000, _FRACTION[d % 1000], tail))
+                continue
+            track = tracks.get((item.thread, item.lane))
+            head = track if track is not None else \
+                self._track_head(pid, item.thread, item.lane, out)
+            us = item.start_ns // 1000
+            d = item.end_ns - us * 1000
+            if own:  # a task, session or phase record: its attributes, built from its slots
                 namecat = namecats.get((item.name, item.category)) or \
                     self._namecat(item.name, item.category)
                 try:  # the common case in one piece: orjson's plain call, AReaL's keys added
@@ -257,23 +307,16 @@ class ChromeEncoder:
                 except Exception:  # a value the careful path below encodes (or marks)
                     body = None
                 if body is not None and len(body) > 2:
-                    append(_OWN % (head, us, d // 1000, d % 1000, namecat, body[:-1], args_tail))
+                    append(_OWN % (head, us, d // 1000, _FRACTION[d % 1000], namecat, body[:-1], args_tail))
                 else:
-                    append(head + _TIMES % (us, d // 1000, d % 1000) + namecat
+                    append(head + _TIMES % (us, d // 1000, _FRACTION[d % 1000]) + namecat
                            + self._own_args(item, args) + b"}\n")
                 continue
-            try:
-                tail = tails.get((item.name, item.category)) if args is None and not with_ids else None
-            except TypeError:  # an unhashable category object
-                tail = None
             if with_ids:
                 tail = self._tail_with_ids(item, args)
-            elif tail is None:
-                tail = self._tail(item.name, item.category, args_only if args is None else None,
-                                  args, args_json)
-            us = item.start_ns // 1000
-            d = item.end_ns - us * 1000
-            append(head + _TIMES % (us, d // 1000, d % 1000) + tail)
+            else:
+                tail = self._tail(item.name, item.category, None, args, args_json)
+            append(_PLAIN % (head, us, d // 1000, _FRACTION[d % 1000], tail))
 
     def _tail(self, name: Any, category: Any, args_only: bytes | None, args: Any,
               args_json: Any) -> bytes:
@@ -354,7 +397,7 @@ class ChromeEncoder:
             tid = self._tid(pid, getattr(rec, "thread", 0), getattr(rec, "lane", 0), lines)
             us = rec.start_ns // 1000
             d = rec.end_ns - us * 1000
-            lines.append(_X % (pid, tid, us, d // 1000, d % 1000, self._name(rec.name),
+            lines.append(_X % (pid, tid, us, d // 1000, _FRACTION[d % 1000], self._name(rec.name),
                                self._cat(getattr(rec, "category", None)), marker))
         except Exception:
             self.dropped += 1
@@ -384,7 +427,8 @@ class ChromeEncoder:
         ids = self._with_ids if self.with_ids else _no_ids
         if extra is None and not rec.slot_attrs:
             d = rec.end_ns - us * 1000
-            out.append(_X % (pid, tid, us, d // 1000, d % 1000, name, cat, ids(rec, self.args_json(args))))
+            out.append(_X % (pid, tid, us, d // 1000, _FRACTION[d % 1000], name, cat,
+                               ids(rec, self.args_json(args))))
             return
         own = rec.record_attrs()
         if not args:
@@ -397,7 +441,8 @@ class ChromeEncoder:
             args = dict(args)
         if extra is None:
             d = rec.end_ns - us * 1000
-            out.append(_X % (pid, tid, us, d // 1000, d % 1000, name, cat, ids(rec, self.args_json(args))))
+            out.append(_X % (pid, tid, us, d // 1000, _FRACTION[d % 1000], name, cat,
+                               ids(rec, self.args_json(args))))
             return
         error = extra.get("error")
         if error is not None:
@@ -406,7 +451,8 @@ class ChromeEncoder:
             out.append(_I % (pid, tid, us, name, cat, ids(rec, self.args_json(args))))
             return
         d = rec.end_ns - us * 1000
-        out.append(_X % (pid, tid, us, d // 1000, d % 1000, name, cat, ids(rec, self.args_json(args))))
+        out.append(_X % (pid, tid, us, d // 1000, _FRACTION[d % 1000], name, cat,
+                               ids(rec, self.args_json(args))))
         for ev_name, ts, ev_args, ev_cat in extra.get("events", ()):
             out.append(_I % (pid, tid, ts // 1000, self._name(ev_name),
                              self._cat(ev_cat) if ev_cat is not None else cat,

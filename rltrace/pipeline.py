@@ -438,23 +438,13 @@ class Pipeline:
             device.resolve_pending_events()
         buf = self.state.buffer
         popleft = buf.popleft
-        record_procs = self.record_processors
         todo = len(buf) if batch is None else min(batch, len(buf))
+        # one cycle at a time takes from the queue (under the pipeline's lock) and recording
+        # threads only append, so ``todo`` records are there
+        taken = [popleft() for _ in range(todo)]
+        for rp in self.record_processors:
+            taken = self._feed(rp, taken)
         if self._direct:
-            taken: list[Any] = []
-            keep = taken.append
-            for _ in range(todo):
-                try:
-                    rec = popleft()
-                except IndexError:
-                    break
-                try:
-                    for rp in record_procs:
-                        rp.on_record(rec)
-                except Exception as exc:  # counted; the record is not exported
-                    self._sink_error(exc)
-                    continue
-                keep(rec)
             for q in self._record_sinks:  # the whole cycle at once (queued exporters take it)
                 take = getattr(q, "on_end_batch", None)
                 if take is not None:
@@ -468,22 +458,40 @@ class Pipeline:
                         q.on_end(rec)
                     except Exception as exc:
                         self._sink_error(exc)
-            self._drain()
-            return
-        build = self.builder.build
-        on_end = self.processor.on_end
-        for _ in range(todo):
-            try:
-                rec = popleft()
-            except IndexError:
-                break
-            try:
-                for rp in record_procs:
-                    rp.on_record(rec)
-                on_end(build(rec) if isinstance(rec, RecordBase) else rec)
-            except Exception as exc:
-                self._sink_error(exc)
+        else:
+            build = self.builder.build
+            on_end = self.processor.on_end
+            for rec in taken:
+                try:
+                    on_end(build(rec) if isinstance(rec, RecordBase) else rec)
+                except Exception as exc:
+                    self._sink_error(exc)
         self._drain()
+
+    def _feed(self, rp: Any, records: list[Any]) -> list[Any]:
+        """Give a cycle's records to record processor ``rp`` (``on_records`` when it takes a
+        whole cycle, else ``on_record`` one by one); return those it did not fail on (a record a
+        processor raised for is counted and not exported)."""
+        failed: list[Any] = []
+
+        def on_error(rec: Any, exc: Exception) -> None:
+            failed.append(rec)
+            self._sink_error(exc)
+
+        take = getattr(rp, "on_records", None)
+        if take is not None:
+            take(records, on_error)
+        else:
+            on_record = rp.on_record
+            for rec in records:
+                try:
+                    on_record(rec)
+                except Exception as exc:
+                    on_error(rec, exc)
+        if not failed:
+            return records
+        gone = {id(rec) for rec in failed}
+        return [rec for rec in records if id(rec) not in gone]
 
     def _sink_error(self, exc: Exception) -> None:
         """A record a sink could not take (as ``on_end`` raising for it)."""

@@ -91,7 +91,6 @@ _current_task = asyncio.current_task
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _UNSAMPLED = TraceFlags(TraceFlags.DEFAULT)
 _ID_LOCK = threading.RLock()  # reentrant: a SIGTERM drain may interrupt a holder
-_dict_set = dict.__setitem__
 
 
 # ---- shared recorder state ------------------------------------------------------------------
@@ -225,27 +224,23 @@ def internal_error(where: str, exc: BaseException) -> None:
 
 # ---- lanes: per-thread track numbers so concurrent scopes never overlap on one track -------
 
-_LANES: dict[int, list[Any]] = {}
+#: thread ident -> the heap of its free lanes (a record's ``lanes`` holds its thread's)
+_LANES: dict[int, list[int]] = {}
+#: thread ident -> the lane a thread opens next when none of its lanes is free
+_NEXT_LANE: dict[int, int] = {}
 
 
-def _acquire_lane(thread: int) -> int:
-    pool = _LANES.get(thread)
-    if pool is None:
-        pool = _LANES[thread] = [[], 0]
-    free = pool[0]
-    lane: int
+def _take_lane(rec: ScopeCore, thread: int) -> None:
+    """Give ``rec`` a lane of its own on ``thread``: the lowest free one, else a new one."""
+    free = _LANES.get(thread)
+    if free is None:
+        free = _LANES[thread] = []
     if free:
-        lane = heappop(free)
-        return lane
-    lane = pool[1]
-    pool[1] = lane + 1
-    return lane
-
-
-def _release_lane(thread: int, lane: int) -> None:
-    pool = _LANES.get(thread)
-    if pool is not None:
-        heappush(pool[0], lane)
+        rec.lane = heappop(free)
+    else:
+        rec.lane = _NEXT_LANE.get(thread, 0)
+        _NEXT_LANE[thread] = rec.lane + 1
+    rec.lanes = free
 
 
 def after_fork_in_child(state: RecorderState) -> None:
@@ -256,6 +251,7 @@ def after_fork_in_child(state: RecorderState) -> None:
     _rng.seed()
     _ID_LOCK = threading.RLock()
     _LANES.clear()
+    _NEXT_LANE.clear()
     state.pid = os.getpid()
     state.buffer = deque()
 
@@ -277,8 +273,8 @@ class ScopeCore:
         "end_ns",
         "extra",
         "lane",
+        "lanes",
         "name",
-        "owns_lane",
         "parent",
         "start_ns",
         "task",
@@ -291,8 +287,9 @@ class ScopeCore:
     end_ns: int
     extra: dict[str, Any] | None
     lane: int
+    #: the free-lane heap of its thread that its lane goes back to (None: its parent's lane)
+    lanes: list[int] | None
     name: str
-    owns_lane: bool
     parent: Any
     start_ns: int
     task: Any
@@ -324,29 +321,26 @@ class ScopeCore:
             task = None if loop is None else _current_task(loop)
             if parent is None:
                 self.parent = None
-                pool = _LANES.get(thread)
-                if pool is not None and pool[0]:  # inlined _acquire_lane: the common case
-                    self.lane = heappop(pool[0])
+                free = _LANES.get(thread)
+                if free:  # inlined _take_lane: the common case
+                    self.lane = heappop(free)
+                    self.lanes = free
                 else:
-                    self.lane = _acquire_lane(thread)
-                self.owns_lane = True
+                    _take_lane(self, thread)
             elif isinstance(parent, RecordBase):
                 self.parent = parent
                 if parent.thread == thread and parent.task is task:
                     self.lane = parent.lane
-                    self.owns_lane = False
+                    self.lanes = None
                 else:
-                    self.lane = _acquire_lane(thread)
-                    self.owns_lane = True
+                    _take_lane(self, thread)
             else:
                 self.parent = parent if parent.get_span_context().is_valid else None
-                self.lane = _acquire_lane(thread)
-                self.owns_lane = True
+                _take_lane(self, thread)
             self.thread = thread
             self.task = task
-            new = Context(ctx)
-            _dict_set(new, _SPAN_KEY, self)
-            self._token = _ctx_set(new)
+            # a new Context from an exact dict (copying the Context itself costs more)
+            self._token = _ctx_set(Context({**ctx, _SPAN_KEY: self}))
             self.start_ns = now_ns()
             if STATE.on_start is not None:
                 _call_on_start(self, ctx)
@@ -369,19 +363,15 @@ class ScopeCore:
                     self.end_ns = end
                     if exc is not None:
                         self._set_error(exc)
-                    if self.owns_lane:  # inlined _release_lane
-                        pool = _LANES.get(self.thread)
-                        if pool is not None:
-                            heappush(pool[0], self.lane)
+                    lanes = self.lanes
+                    if lanes is not None:
+                        heappush(lanes, self.lane)
                     state = STATE
                     buf = state.buffer
-                    n = len(buf)
-                    if n < state.cap:
+                    if len(buf) < state.wake_at:  # inlined push: the common case
                         buf.append(self)
-                        if n >= state.wake_at:
-                            _past_wake(state, n)
                     else:
-                        state.dropped += 1
+                        push(self)
         except Exception as err:  # pragma: no cover - defensive
             internal_error("trace_scope exit", err)
 
@@ -393,10 +383,9 @@ class ScopeCore:
         task = self.task = None if loop is None else _current_task(loop)
         if share_lane and parent is not None and parent.thread == thread and parent.task is task:
             self.lane = parent.lane
-            self.owns_lane = False
+            self.lanes = None
         else:
-            self.lane = _acquire_lane(thread)
-            self.owns_lane = True
+            _take_lane(self, thread)
         self.start_ns = now_ns()
         if STATE.on_start is not None:
             _call_on_start(self, _ctx_get())
@@ -412,8 +401,9 @@ class ScopeCore:
         self.end_ns = end_ns
         if exc is not None:
             self._set_error(exc)
-        if self.owns_lane:
-            _release_lane(self.thread, self.lane)
+        lanes = self.lanes
+        if lanes is not None:
+            heappush(lanes, self.lane)
         if not hold:
             push(self, keep or self.kept)
 
@@ -493,9 +483,7 @@ class Scope(ScopeCore, Span):
     def _restore_parent(self) -> None:
         cur = _ctx_get()
         if cur.get(_SPAN_KEY) is self:
-            parent = Context(cur)
-            _dict_set(parent, _SPAN_KEY, self.parent)
-            _ctx_set(parent)
+            _ctx_set(Context({**cur, _SPAN_KEY: self.parent}))
 
     def _set_error(self, exc: BaseException) -> None:
         etype = type(exc)
@@ -656,8 +644,7 @@ NOOP = NoopScope(INVALID_SPAN_CONTEXT)
 
 def attach(span: Any) -> Any:
     """Make ``span`` the current span in the OTel context; returns the token for :func:`detach`."""
-    ctx = Context(_ctx_get())
-    _dict_set(ctx, _SPAN_KEY, span)
+    ctx = Context({**_ctx_get(), _SPAN_KEY: span})
     return _ctx_set(ctx)
 
 

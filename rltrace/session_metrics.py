@@ -25,7 +25,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 
 from .phases import BUILTIN, PhaseRegistry
-from .recorder import RecordBase
+from .recorder import RecordBase, Scope
 from .semconv import (
     ATTR_INTERRUPTED,
     ATTR_PHASE,
@@ -51,6 +51,10 @@ _NO_PHASES: dict[str, list[Execution]] = {}  # read only, never stored into
 #: token counts of a phase execution (``gen_ai.usage.*``; AReaL's ``input_tokens`` /
 #: ``output_tokens`` payloads are recorded under these names)
 IN_TOKENS, OUT_TOKENS = "gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens"
+
+
+def _reraise(rec: Any, exc: Exception) -> None:
+    raise exc
 
 
 def build_record(attrs: Mapping[str, Any], start: int, end: int, trace_id: int,
@@ -206,7 +210,13 @@ class SessionMetricsProcessor(SpanProcessor):
 
     # -- rltrace records ---------------------------------------------------------------------
     def on_record(self, rec: Any) -> None:
-        """Fast path for rltrace's recorded scopes (no ``ReadableSpan`` needed).
+        """One finished rltrace scope (see :meth:`on_records`); what it raises is raised."""
+        self.on_records((rec,), _reraise)
+
+    def on_records(self, records: Sequence[Any],
+                   on_error: Callable[[Any, Exception], None]) -> None:
+        """A cycle's finished rltrace scopes, before any ``ReadableSpan`` is built; a record
+        that raises is handed to ``on_error`` and the rest go on.
 
         A session's record is made from the session itself: its phase executions are in its
         ``phase_log`` (each execution notes itself there as it ends, before its own record is
@@ -215,22 +225,25 @@ class SessionMetricsProcessor(SpanProcessor):
         scope of the user's) are reassembled by attribute, as the spans of other
         instrumentation are.
         """
-        cls = rec.__class__
-        if cls is SessionScope:
-            attrs = rec.record_attrs()
-            self._session_ended(attrs, rec.start_ns, rec.end_ns, rec, attrs)
-            return
-        if cls is PhaseScope or cls is SyncedPhaseScope:
-            self._logged_phase(rec)
-            return
-        if cls is TaskScope or (rec.extra is None and not rec.slot_attrs):
-            return  # a task, or a plain scope without attributes: the common case
-        attrs = rec.record_attrs()
-        if attrs and ATTR_SESSION in attrs:
-            if rec.name == SESSION_SPAN:
-                self._session_ended(attrs, rec.start_ns, rec.end_ns, rec, attrs)
-            else:
-                self._phase_ended(attrs, rec.start_ns, rec.end_ns)
+        for rec in records:
+            cls = rec.__class__
+            if cls is Scope and rec.extra is None:
+                continue  # a plain scope without attributes: the common case
+            try:
+                if cls is SessionScope:
+                    attrs = rec.record_attrs()
+                    self._session_ended(attrs, rec.start_ns, rec.end_ns, rec, attrs)
+                elif cls is PhaseScope or cls is SyncedPhaseScope:
+                    self._logged_phase(rec)
+                elif cls is not TaskScope and (rec.extra is not None or rec.slot_attrs):
+                    attrs = rec.record_attrs()
+                    if attrs and ATTR_SESSION in attrs:
+                        if rec.name == SESSION_SPAN:
+                            self._session_ended(attrs, rec.start_ns, rec.end_ns, rec, attrs)
+                        else:
+                            self._phase_ended(attrs, rec.start_ns, rec.end_ns)
+            except Exception as exc:
+                on_error(rec, exc)
 
     def reset_after_fork(self) -> None:
         """In a forked child: the parent's partial sessions are the parent's."""

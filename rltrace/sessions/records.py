@@ -21,7 +21,6 @@ from ..recorder import (
     _ctx_get,
     _ctx_reset,
     _ctx_set,
-    _dict_set,
 )
 from ..semconv import (
     ATTR_INTERRUPTED,
@@ -143,7 +142,7 @@ class RemoteTaskScope(TaskScope):
         self.thread = 0
         self.task = None
         self.lane = 0
-        self.owns_lane = False
+        self.lanes = None
         self.start_ns = 0
 
     def finish(self, end_ns: int, exc: BaseException | None = None, keep: bool = False,
@@ -383,8 +382,7 @@ class PhaseScope(Scope):
                 if self.device_sync:
                     _, self._sync_wait = device_sync(self.device_sync)
                 self._start(sess, True)
-                ctx = Context(_ctx_get())
-                _dict_set(ctx, _SPAN_KEY, self)
+                ctx = Context({**_ctx_get(), _SPAN_KEY: self})
                 self._token = _ctx_set(ctx)
         return self
 
