@@ -16,6 +16,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -437,11 +438,11 @@ class Pipeline:
         if device.pending_count():
             device.resolve_pending_events()
         buf = self.state.buffer
-        popleft = buf.popleft
         todo = len(buf) if batch is None else min(batch, len(buf))
         # one cycle at a time takes from the queue (under the pipeline's lock) and recording
-        # threads only append, so ``todo`` records are there
-        taken = [popleft() for _ in range(todo)]
+        # threads only append, so ``todo`` records are there; taken in C (``popleft`` until
+        # ``todo``: a record is never None)
+        taken = list(islice(iter(buf.popleft, None), todo))
         for rp in self.record_processors:
             taken = self._feed(rp, taken)
         if self._direct:

@@ -201,10 +201,11 @@ def push(item: Any, keep: bool = False) -> None:
     state = STATE
     buf = state.buffer
     n = len(buf)
-    if n < state.cap or (keep and n < 2 * state.cap):
+    if n < state.wake_at:  # the common case: below the mark that wakes the exporter
         buf.append(item)
-        if n >= state.wake_at:
-            _past_wake(state, n)
+    elif n < state.cap or (keep and n < 2 * state.cap):
+        buf.append(item)
+        _past_wake(state, n)
     elif keep and state.overflow is not None:
         state.overflow(item)
     else:
