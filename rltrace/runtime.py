@@ -366,8 +366,11 @@ class Runtime:
         processors).  A record has ``name``, ``category``, ``args``, ``start_ns``, ``end_ns``,
         ``thread``, ``lane`` and ``extra``; ``record_attrs()`` gives its attributes (the
         ``rl.*`` attributes of tasks, sessions and phases, and any set through
-        ``set_attribute``) and :func:`rltrace.steps.step_of` its training step.  Kept across
-        reconfiguration; an optional ``force_flush()`` runs on every explicit flush.
+        ``set_attribute``) and :func:`rltrace.steps.step_of` its training step.  A processor
+        with ``on_records(records, on_error)`` is given each export cycle's records at once
+        instead (in order; ``on_error(record, exc)`` for one it fails on, which is counted and
+        not exported, as when ``on_record`` raises).  Kept across reconfiguration; an optional
+        ``force_flush()`` runs on every explicit flush.
         """
         with self.lock:
             self.user_record_processors.append(processor)

@@ -95,31 +95,77 @@ class Failing(Collect):
         super().on_record(rec)
 
 
+def _record_through(tmp_path: Path, procs: tuple[Any, ...], names: list[str],
+                    **config: Any) -> dict[str, Any]:
+    """Record one empty scope per name with ``procs`` added, flush, and return the diagnostics."""
+    for proc in procs:
+        rltrace.add_record_processor(proc)
+    try:
+        rltrace.configure(fileroot=str(tmp_path), flush_at_exit=False, **config)
+        for name in names:
+            with rltrace.trace_scope(name):
+                pass
+        rltrace.flush()
+        return rltrace.diagnostics()
+    finally:
+        for proc in procs:
+            rltrace.remove_record_processor(proc)
+
+
+def _assert_only_exported(tmp_path: Path, names: list[str], good: list[str]) -> None:
+    (trace,) = tmp_path.rglob("traces-r0.jsonl")
+    text = trace.read_text()
+    assert all(f'"name":"{n}"' in text for n in good)
+    assert not any(f'"name":"{n}"' in text for n in names if n not in good)
+
+
 def test_a_record_a_processor_fails_on_is_counted_and_not_exported_and_the_rest_are(
         tmp_path: Path) -> None:
     """A processor raising for a record: the error is counted, that record is not exported (no
     processor or exporter sees half of it), every other record of the same cycle is; the loop
     that recorded them never sees the error."""
     first, failing, last = Collect(), Failing(), Collect()
-    for proc in (first, failing, last):
-        rltrace.add_record_processor(proc)
-    try:
-        rltrace.configure(fileroot=str(tmp_path), flush_at_exit=False)
-        names = [f"bad{i}" if i % 3 == 0 else f"good{i}" for i in range(30)]
-        for name in names:
-            with rltrace.trace_scope(name):
-                pass
-        rltrace.flush()
-        diag = rltrace.diagnostics()
-    finally:
-        for proc in (first, failing, last):
-            rltrace.remove_record_processor(proc)
+    names = [f"bad{i}" if i % 3 == 0 else f"good{i}" for i in range(30)]
+    diag = _record_through(tmp_path, (first, failing, last), names)
     good = [n for n in names if n.startswith("good")]
     assert diag["errors"] == len(names) - len(good) == 10
     assert [n for n, _, _ in first.seen] == names  # it ran before the failing one
     assert [n for n, _, _ in failing.seen] == good
     assert [n for n, _, _ in last.seen] == good  # the rest of the chain is skipped for bad ones
-    (trace,) = tmp_path.rglob("traces-r0.jsonl")
-    text = trace.read_text()
-    assert all(f'"name":"{n}"' in text for n in good)
-    assert not any(f'"name":"{n}"' in text for n in names if n not in good)
+    _assert_only_exported(tmp_path, names, good)
+
+
+class Batched(Collect):
+    """A record processor taking each export cycle whole (``on_records``); it fails on ``bad*``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[int] = []
+
+    def on_record(self, rec: Any) -> None:  # pragma: no cover - on_records is used instead
+        raise AssertionError("on_record called although on_records exists")
+
+    def on_records(self, records: list[Any], on_error: Any) -> None:
+        self.batches.append(len(records))
+        for rec in records:
+            if rec.name.startswith("bad"):
+                on_error(rec, RuntimeError(f"cannot take {rec.name}"))
+            else:
+                super().on_record(rec)
+
+
+def test_a_record_processor_with_on_records_takes_each_cycle_whole_and_reports_failures(
+        tmp_path: Path) -> None:
+    """``on_records(records, on_error)``: one call per export cycle with its records in order; a
+    record reported through ``on_error`` is counted and not exported, as one ``on_record``
+    raised for."""
+    batched, last = Batched(), Collect()
+    names = [f"bad{i}" if i % 4 == 0 else f"good{i}" for i in range(20)]
+    # no timed cycle in between: the explicit flush is the one cycle
+    diag = _record_through(tmp_path, (batched, last), names, flush_interval_s=3600)
+    good = [n for n in names if n.startswith("good")]
+    assert batched.batches == [len(names)]
+    assert [n for n, _, _ in batched.seen] == good
+    assert [n for n, _, _ in last.seen] == good
+    assert diag["errors"] == len(names) - len(good) == 5
+    _assert_only_exported(tmp_path, names, good)
