@@ -88,6 +88,8 @@ _NAMECAT = b',"name":%s,"cat":%s,"args":'
 _OWN = b'%b%d,"dur":%d%b%b%b%b}\n'
 #: a plain record's line: its track's head, the times, its name's tail
 _PLAIN = b'%b%d,"dur":%d%b%b'
+#: the same with the span's OTel ids (``with_ids``): its tail is left with its args open
+_PLAIN_IDS = b'%b%d,"dur":%d%b%b,"trace_id":"%032x","span_id":"%016x"}}\n'
 _plain_dumps = orjson.dumps
 _I = b'{"pid":%d,"tid":%d,"ph":"i","s":"t","ts":%d,"name":%s,"cat":%s,"args":%s}\n'
 _CACHE_MAX = 4096
@@ -120,8 +122,7 @@ class ChromeEncoder:
         with_ids: bool = False,
     ) -> None:
         self.rank = rank
-        #: write each record's OTel trace and span ids into its args (drawn if not yet)
-        self.with_ids = with_ids
+        self._ids = with_ids
         self.world_size = world_size
         self.role = role
         self.host = host or socket.gethostname()
@@ -150,6 +151,16 @@ class ChromeEncoder:
         self._plain: dict[tuple[Any, ...], tuple[bytes, bytes]] = {}
         #: thread ident -> its name when ``_tracks`` and ``_plain`` took it
         self._named: dict[int, str] = {}
+
+    @property
+    def with_ids(self) -> bool:
+        """Write each record's OTel trace and span ids into its args (drawn if not yet)."""
+        return self._ids
+
+    @with_ids.setter
+    def with_ids(self, on: bool) -> None:
+        self._ids = on
+        self._plain = {}  # its tails are made for one setting
 
     def process_label(self, pid: int | None = None) -> str:
         """The process name: AReaL's (as its trace converter writes it) plus the host."""
@@ -238,12 +249,13 @@ class ChromeEncoder:
         return head
 
     def _plain_pieces(self, item: Any, pid: int, out: list[bytes]) -> tuple[bytes, bytes]:
-        """The head and tail of a plain record's line (no args, attributes or ids), kept for
-        its track, name and category."""
+        """The head and tail of a plain record's line (no args or attributes of its own), kept
+        for its track, name and category; with ids, the tail stops where they go."""
         head = self._tracks.get((item.thread, item.lane))
         if head is None:
             head = self._track_head(pid, item.thread, item.lane, out)
-        pieces = (head, self._tail(item.name, item.category, self._args_only, None, None))
+        tail = self._tail(item.name, item.category, self._args_only, None, None)
+        pieces = (head, tail[:-3] if self._ids else tail)  # ids: ``}}\n`` comes after them
         plain = self._plain
         if len(plain) >= _CACHE_MAX:
             plain.clear()
@@ -281,14 +293,19 @@ class ChromeEncoder:
                 self._encode_isolated(item, pid, out)  # a ReadableSpan, or events or an error
                 continue
             args = item.args
-            if not own and args is None and not with_ids:  # a plain scope: the common case
+            if not own and args is None:  # a plain scope: the common case
                 try:
                     head, tail = plain[(item.thread, item.lane, item.name, item.category)]
                 except (KeyError, TypeError):
                     head, tail = self._plain_pieces(item, pid, out)
                 us = item.start_ns // 1000
                 d = item.end_ns - us * 1000
-                append(_PLAIN % (head, us, d // 1000, _FRACTION[d % 1000], tail))
+                if with_ids:
+                    sc = item.get_span_context()
+                    append(_PLAIN_IDS % (head, us, d // 1000, _FRACTION[d % 1000], tail, sc[0],
+                                         sc[1]))
+                else:
+                    append(_PLAIN % (head, us, d // 1000, _FRACTION[d % 1000], tail))
                 continue
             track = tracks.get((item.thread, item.lane))
             head = track if track is not None else \

@@ -220,7 +220,8 @@ class RecordEncoder:
             if len(self._prefixes) >= _CACHE_MAX:
                 self._prefixes.clear()
             self._prefixes[key] = prefix
-        step = step_of(rec)
+        parent = rec.parent  # a plain scope has no step of its own: its nearest ancestor's
+        step = None if parent is None else step_of(parent)
         if step is None:
             return prefix
         return prefix + self._attrs_bytes({ATTR_STEP: step})

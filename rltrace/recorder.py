@@ -310,7 +310,9 @@ class ScopeCore:
         self.args = args
         self.end_ns = 0
         self.extra = None
-        # ``_token`` and ``_sc`` stay unset until needed (two stores fewer on the hot path)
+        # set: reading an unset slot with a default raises and clears an AttributeError (its
+        # message formatted), which drawing the ids would pay twice; ``_token`` stays unset
+        self._sc = None
 
     # -- lifecycle (the hot path: lane acquisition kept inline on purpose) ---------------
     def __enter__(self: _S) -> _S:

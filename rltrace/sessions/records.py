@@ -169,6 +169,7 @@ class SessionScope(Scope):
         self.args = None
         self.end_ns = 0
         self.extra = None
+        self._sc = None  # set: drawing ids reads it without raising
         self._attrs: dict[str, Any] | None = None
         self.session_id = session_id
         self.task_rec = task
@@ -261,6 +262,7 @@ class PhaseScope(Scope):
         self.args = None
         self.end_ns = 0
         self.extra = None
+        self._sc = None  # set: drawing ids reads it without raising
         self._attrs: dict[str, Any] | None = None
         self.parent = None  # its session, once started
         self.spec = spec
