@@ -144,12 +144,14 @@ class ChromeEncoder:
         self.dropped = 0
         self._names: dict[str, bytes] = {}
         self._cats: dict[Any, bytes] = {}
-        self._namecats: dict[tuple[Any, Any], bytes] = {}
         #: (thread ident, lane) -> its track's head, while its thread keeps its name
         self._tracks: dict[tuple[int, int], bytes] = {}
         #: (thread ident, lane, name, category) -> (head, tail) of a plain record's line
         self._plain: dict[tuple[Any, ...], tuple[bytes, bytes]] = {}
-        #: thread ident -> its name when ``_tracks`` and ``_plain`` took it
+        #: (thread ident, lane, name, category) -> (head, name and category) of the line of a
+        #: record with attributes of its own (a task, session or phase)
+        self._owned: dict[tuple[Any, ...], tuple[bytes, bytes]] = {}
+        #: thread ident -> its name when ``_tracks``, ``_plain`` and ``_owned`` took it
         self._named: dict[int, str] = {}
 
     @property
@@ -236,6 +238,7 @@ class ChromeEncoder:
     def _forget_tracks(self) -> None:
         self._tracks = {}
         self._plain = {}
+        self._owned = {}
         self._named = {}
 
     def _track_head(self, pid: int, thread: int, lane: int, out: list[bytes]) -> bytes:
@@ -265,6 +268,22 @@ class ChromeEncoder:
             pass
         return pieces
 
+    def _own_pieces(self, item: Any, pid: int, out: list[bytes]) -> tuple[bytes, bytes]:
+        """The head and the name and category of the line of a record with attributes of its
+        own, kept for its track, name and category."""
+        head = self._tracks.get((item.thread, item.lane))
+        if head is None:
+            head = self._track_head(pid, item.thread, item.lane, out)
+        pieces = (head, self._namecat(item.name, item.category))
+        owned = self._owned
+        if len(owned) >= _CACHE_MAX:
+            owned.clear()
+        try:
+            owned[(item.thread, item.lane, item.name, item.category)] = pieces
+        except TypeError:  # an unhashable category object
+            pass
+        return pieces
+
     def encode(self, items: Sequence[Any], out: list[bytes]) -> None:
         """Append the JSON lines for ``items`` (records or ``ReadableSpan``s) to ``out``.
 
@@ -281,9 +300,8 @@ class ChromeEncoder:
             if names_now.get(thread, name) != name:
                 self._forget_tracks()
                 break
-        tracks, plain, append = self._tracks, self._plain, out.append
+        tracks, plain, owned, append = self._tracks, self._plain, self._owned, out.append
         args_json, with_ids, args_tail = self.args_json, self.with_ids, self._args_tail
-        namecats = self._namecats
         for item in items:
             try:
                 own = item.slot_attrs
@@ -307,14 +325,13 @@ class ChromeEncoder:
                 else:
                     append(_PLAIN % (head, us, d // 1000, _FRACTION[d % 1000], tail))
                 continue
-            track = tracks.get((item.thread, item.lane))
-            head = track if track is not None else \
-                self._track_head(pid, item.thread, item.lane, out)
-            us = item.start_ns // 1000
-            d = item.end_ns - us * 1000
             if own:  # a task, session or phase record: its attributes, built from its slots
-                namecat = namecats.get((item.name, item.category)) or \
-                    self._namecat(item.name, item.category)
+                try:
+                    head, namecat = owned[(item.thread, item.lane, item.name, item.category)]
+                except (KeyError, TypeError):
+                    head, namecat = self._own_pieces(item, pid, out)
+                us = item.start_ns // 1000
+                d = item.end_ns - us * 1000
                 try:  # the common case in one piece: orjson's plain call, AReaL's keys added
                     attrs = item.record_attrs()
                     if args:
@@ -329,6 +346,11 @@ class ChromeEncoder:
                     append(head + _TIMES % (us, d // 1000, _FRACTION[d % 1000]) + namecat
                            + self._own_args(item, args) + b"}\n")
                 continue
+            track = tracks.get((item.thread, item.lane))
+            head = track if track is not None else \
+                self._track_head(pid, item.thread, item.lane, out)
+            us = item.start_ns // 1000
+            d = item.end_ns - us * 1000
             if with_ids:
                 tail = self._tail_with_ids(item, args)
             else:
@@ -357,17 +379,8 @@ class ChromeEncoder:
         return _TAIL % (self._name(name), self._cat(category), encoded)
 
     def _namecat(self, name: Any, category: Any) -> bytes:
-        """``,"name":…,"cat":…,"args":`` of a record with attributes of its own (kept for
-        each name and category: a few per run)."""
-        piece = _NAMECAT % (self._name(name), self._cat(category))
-        namecats = self._namecats
-        if len(namecats) >= _CACHE_MAX:
-            namecats.clear()
-        try:
-            namecats[(name, category)] = piece
-        except TypeError:  # an unhashable category object
-            pass
-        return piece
+        """``,"name":…,"cat":…,"args":`` of a record with attributes of its own."""
+        return _NAMECAT % (self._name(name), self._cat(category))
 
     def _own_args(self, item: Any, args: dict[str, Any] | None) -> bytes:
         """The ``args`` of a record with attributes of its own (its slots' and the caller's;
