@@ -67,6 +67,7 @@ def main(argv: list[str]) -> int:
         rltrace.flush()
         wall = time.perf_counter() - t0
         diag = rltrace.diagnostics()
+        cap = STATE.cap
         p = rltrace.runtime.get_pipeline()
         assert p is not None and p.sessions_path is not None
         with open(p.sessions_path, "rb") as fh:
@@ -77,7 +78,7 @@ def main(argv: list[str]) -> int:
     print(json.dumps({
         "sessions": args.sessions, "records_on_disk": lines,
         "records_written": diag["sessions"]["written"], "spans_dropped": diag["dropped"],
-        "backpressure_cycles": diag["backpressure_cycles"], "max_queue_size": STATE.cap,
+        "backpressure_cycles": diag["backpressure_cycles"], "max_queue_size": cap,
         "wall_s": round(wall, 2), "us_per_session": round(wall / args.sessions * 1e6, 2),
         "rss_before_mb": round(rss_before, 1),
         "peak_rss_mb": round(peak, 1),

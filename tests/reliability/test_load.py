@@ -26,6 +26,7 @@ from opentelemetry.sdk.metrics.export import MetricReader
 
 import rltrace
 from rltrace import pipeline, runtime, sessions
+from rltrace.config import TracerConfig
 from rltrace.locks import FairRLock
 from rltrace.recorder import STATE, Scope
 from rltrace.sessions import PhaseScope
@@ -500,6 +501,7 @@ def test_a_burst_of_one_million_sessions_leaves_one_million_records_on_disk(tmp_
     result = json.loads(out.stdout)
     print(json.dumps(result))  # the figures, in the test log
     assert result["records_on_disk"] == result["records_written"] == 1_000_000, result
+    assert result["max_queue_size"] == TracerConfig().max_queue_size, result  # the default's
     # bounded: the queue holds at most twice its cap of records, whatever the burst
     held_bytes = 2 * result["max_queue_size"] * result["bytes_per_held_record"]
     assert result["peak_rss_mb"] - result["rss_before_mb"] < 2 * held_bytes / 2**20 + 200, result
