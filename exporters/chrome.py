@@ -254,33 +254,27 @@ class ChromeEncoder:
     def _plain_pieces(self, item: Any, pid: int, out: list[bytes]) -> tuple[bytes, bytes]:
         """The head and tail of a plain record's line (no args or attributes of its own), kept
         for its track, name and category; with ids, the tail stops where they go."""
-        head = self._tracks.get((item.thread, item.lane))
-        if head is None:
-            head = self._track_head(pid, item.thread, item.lane, out)
         tail = self._tail(item.name, item.category, self._args_only, None, None)
-        pieces = (head, tail[:-3] if self._ids else tail)  # ids: ``}}\n`` comes after them
-        plain = self._plain
-        if len(plain) >= _CACHE_MAX:
-            plain.clear()
-        try:
-            plain[(item.thread, item.lane, item.name, item.category)] = pieces
-        except TypeError:  # an unhashable category object
-            pass
-        return pieces
+        return self._kept(self._plain, item, tail[:-3] if self._ids else tail, pid, out)
 
     def _own_pieces(self, item: Any, pid: int, out: list[bytes]) -> tuple[bytes, bytes]:
         """The head and the name and category of the line of a record with attributes of its
         own, kept for its track, name and category."""
+        return self._kept(self._owned, item, self._namecat(item.name, item.category), pid, out)
+
+    def _kept(self, cache: dict[tuple[Any, ...], tuple[bytes, bytes]], item: Any, piece: bytes,
+              pid: int, out: list[bytes]) -> tuple[bytes, bytes]:
+        """``(head of item's track, piece)``, kept in ``cache`` under its track, name and
+        category (not kept for an unhashable category object)."""
         head = self._tracks.get((item.thread, item.lane))
         if head is None:
             head = self._track_head(pid, item.thread, item.lane, out)
-        pieces = (head, self._namecat(item.name, item.category))
-        owned = self._owned
-        if len(owned) >= _CACHE_MAX:
-            owned.clear()
+        pieces = (head, piece)
+        if len(cache) >= _CACHE_MAX:
+            cache.clear()
         try:
-            owned[(item.thread, item.lane, item.name, item.category)] = pieces
-        except TypeError:  # an unhashable category object
+            cache[(item.thread, item.lane, item.name, item.category)] = pieces
+        except TypeError:
             pass
         return pieces
 
@@ -311,28 +305,24 @@ class ChromeEncoder:
                 self._encode_isolated(item, pid, out)  # a ReadableSpan, or events or an error
                 continue
             args = item.args
-            if not own and args is None:  # a plain scope: the common case
-                try:
-                    head, tail = plain[(item.thread, item.lane, item.name, item.category)]
+            if own or args is None:  # a plain scope (the common case); a task, session or phase
+                try:  # its track's head, and its tail (plain) or name and category (own)
+                    head, piece = (owned if own else plain)[
+                        (item.thread, item.lane, item.name, item.category)]
                 except (KeyError, TypeError):
-                    head, tail = self._plain_pieces(item, pid, out)
+                    head, piece = self._own_pieces(item, pid, out) if own else \
+                        self._plain_pieces(item, pid, out)
                 us = item.start_ns // 1000
                 d = item.end_ns - us * 1000
-                if with_ids:
-                    sc = item.get_span_context()
-                    append(_PLAIN_IDS % (head, us, d // 1000, _FRACTION[d % 1000], tail, sc[0],
-                                         sc[1]))
-                else:
-                    append(_PLAIN % (head, us, d // 1000, _FRACTION[d % 1000], tail))
-                continue
-            if own:  # a task, session or phase record: its attributes, built from its slots
-                try:
-                    head, namecat = owned[(item.thread, item.lane, item.name, item.category)]
-                except (KeyError, TypeError):
-                    head, namecat = self._own_pieces(item, pid, out)
-                us = item.start_ns // 1000
-                d = item.end_ns - us * 1000
-                try:  # the common case in one piece: orjson's plain call, AReaL's keys added
+                if not own:
+                    if with_ids:
+                        sc = item.get_span_context()
+                        append(_PLAIN_IDS % (head, us, d // 1000, _FRACTION[d % 1000], piece,
+                                             sc[0], sc[1]))
+                    else:
+                        append(_PLAIN % (head, us, d // 1000, _FRACTION[d % 1000], piece))
+                    continue
+                try:  # attributes built from its slots, in one piece from orjson's plain call
                     attrs = item.record_attrs()
                     if args:
                         attrs = {**args, **attrs}
@@ -340,10 +330,11 @@ class ChromeEncoder:
                         else _plain_dumps(attrs)
                 except Exception:  # a value the careful path below encodes (or marks)
                     body = None
-                if body is not None and len(body) > 2:
-                    append(_OWN % (head, us, d // 1000, _FRACTION[d % 1000], namecat, body[:-1], args_tail))
+                if body is not None and len(body) > 2:  # AReaL's keys added
+                    append(_OWN % (head, us, d // 1000, _FRACTION[d % 1000], piece, body[:-1],
+                                   args_tail))
                 else:
-                    append(head + _TIMES % (us, d // 1000, _FRACTION[d % 1000]) + namecat
+                    append(head + _TIMES % (us, d // 1000, _FRACTION[d % 1000]) + piece
                            + self._own_args(item, args) + b"}\n")
                 continue
             track = tracks.get((item.thread, item.lane))
