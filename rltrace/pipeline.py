@@ -443,8 +443,9 @@ class Pipeline:
         # threads only append, so ``todo`` records are there; taken in C (``popleft`` until
         # ``todo``: a record is never None)
         taken = list(islice(iter(buf.popleft, None), todo))
-        for rp in self.record_processors:
-            taken = self._feed(rp, taken)
+        if taken:  # a timed cycle may find none: processors are never handed an empty cycle
+            for rp in self.record_processors:
+                taken = self._feed(rp, taken)
         if self._direct:
             for q in self._record_sinks:  # the whole cycle at once (queued exporters take it)
                 take = getattr(q, "on_end_batch", None)
