@@ -137,7 +137,6 @@ class ChromeEncoder:
         self._tids: dict[tuple[int, int], tuple[str, int]] = {}
         self._next_tid = 1
         self._heads: dict[int, bytes] = {}
-        self._tails: dict[tuple[Any, Any], bytes] = {}
         #: records written with a marker in place of attributes that could not be encoded
         self.unencodable = 0
         #: records not written at all (not even their marker could be)
@@ -251,10 +250,15 @@ class ChromeEncoder:
         self._tracks[(thread, lane)] = head
         return head
 
+    def _head(self, item: Any, pid: int, out: list[bytes]) -> bytes:
+        """The head of the lines of ``item``'s track (kept while its thread keeps its name)."""
+        head = self._tracks.get((item.thread, item.lane))
+        return head if head is not None else self._track_head(pid, item.thread, item.lane, out)
+
     def _plain_pieces(self, item: Any, pid: int, out: list[bytes]) -> tuple[bytes, bytes]:
         """The head and tail of a plain record's line (no args or attributes of its own), kept
         for its track, name and category; with ids, the tail stops where they go."""
-        tail = self._tail(item.name, item.category, self._args_only, None, None)
+        tail = _TAIL % (self._name(item.name), self._cat(item.category), self._args_only)
         return self._kept(self._plain, item, tail[:-3] if self._ids else tail, pid, out)
 
     def _own_pieces(self, item: Any, pid: int, out: list[bytes]) -> tuple[bytes, bytes]:
@@ -266,10 +270,7 @@ class ChromeEncoder:
               pid: int, out: list[bytes]) -> tuple[bytes, bytes]:
         """``(head of item's track, piece)``, kept in ``cache`` under its track, name and
         category (not kept for an unhashable category object)."""
-        head = self._tracks.get((item.thread, item.lane))
-        if head is None:
-            head = self._track_head(pid, item.thread, item.lane, out)
-        pieces = (head, piece)
+        pieces = (self._head(item, pid, out), piece)
         if len(cache) >= _CACHE_MAX:
             cache.clear()
         try:
@@ -294,8 +295,8 @@ class ChromeEncoder:
             if names_now.get(thread, name) != name:
                 self._forget_tracks()
                 break
-        tracks, plain, owned, append = self._tracks, self._plain, self._owned, out.append
-        args_json, with_ids, args_tail = self.args_json, self.with_ids, self._args_tail
+        plain, owned, append = self._plain, self._owned, out.append
+        with_ids, args_tail = self._ids, self._args_tail
         for item in items:
             try:
                 own = item.slot_attrs
@@ -337,37 +338,22 @@ class ChromeEncoder:
                     append(head + _TIMES % (us, d // 1000, _FRACTION[d % 1000]) + piece
                            + self._own_args(item, args) + b"}\n")
                 continue
-            track = tracks.get((item.thread, item.lane))
-            head = track if track is not None else \
-                self._track_head(pid, item.thread, item.lane, out)
+            head = self._head(item, pid, out)  # a scope with args: its tail made for it
             us = item.start_ns // 1000
             d = item.end_ns - us * 1000
-            if with_ids:
-                tail = self._tail_with_ids(item, args)
-            else:
-                tail = self._tail(item.name, item.category, None, args, args_json)
-            append(_PLAIN % (head, us, d // 1000, _FRACTION[d % 1000], tail))
+            append(_PLAIN % (head, us, d // 1000, _FRACTION[d % 1000], self._tail(item, args)))
 
-    def _tail(self, name: Any, category: Any, args_only: bytes | None, args: Any,
-              args_json: Any) -> bytes:
-        """``,"name":…,"cat":…,"args":…}`` and the newline: kept for records without args (most
-        scopes), made for each record with them (a value that cannot be encoded costs only its
-        own args: a marker)."""
-        if args_only is not None:
-            tail = _TAIL % (self._name(name), self._cat(category), args_only)
-            tails = self._tails
-            if len(tails) >= _CACHE_MAX:
-                tails.clear()
-            try:
-                tails[(name, category)] = tail
-            except TypeError:
-                pass
-            return tail
+    def _tail(self, item: Any, args: Any) -> bytes:
+        """``,"name":…,"cat":…,"args":…}`` and the newline of a record with args (its ids in
+        them with ``with_ids``): a value that cannot be encoded costs only its own args, a
+        marker."""
         try:
-            encoded = args_json(args)
+            encoded = self.args_json(args)
         except Exception as exc:  # one bad value costs its own args, never a neighbour
             encoded = self._unencodable(exc)
-        return _TAIL % (self._name(name), self._cat(category), encoded)
+        if self._ids:
+            encoded = self._with_ids(item, encoded)
+        return _TAIL % (self._name(item.name), self._cat(item.category), encoded)
 
     def _namecat(self, name: Any, category: Any) -> bytes:
         """``,"name":…,"cat":…,"args":`` of a record with attributes of its own."""
@@ -382,14 +368,6 @@ class ChromeEncoder:
         except Exception as exc:  # one bad value costs its own args, never a neighbour
             encoded = self._unencodable(exc)
         return self._with_ids(item, encoded) if self.with_ids else encoded
-
-    def _tail_with_ids(self, item: Any, args: Any) -> bytes:
-        """The tail of a plain record's line with its ids in its args."""
-        try:
-            encoded = self.args_json(args)
-        except Exception as exc:  # one bad value costs its own args, never a neighbour
-            encoded = self._unencodable(exc)
-        return _TAIL % (self._name(item.name), self._cat(item.category), self._with_ids(item, encoded))
 
     def _with_ids(self, item: Any, args: bytes) -> bytes:
         """``args`` (a JSON object) with the record's OTel ids added."""

@@ -7,21 +7,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from opentelemetry.context import Context
 from opentelemetry.trace import SpanContext
 
 from rltrace.exporters.values import recorded
 
 from .. import recorder
 from ..device import ATTR_SYNC, ATTR_SYNC_WAIT, device_sync
-from ..otel_compat import SPAN_KEY as _SPAN_KEY
 from ..phases import PhaseSpec
-from ..recorder import (
-    Scope,
-    _ctx_get,
-    _ctx_reset,
-    _ctx_set,
-)
+from ..recorder import Scope
 from ..semconv import (
     ATTR_INTERRUPTED,
     ATTR_PHASE,
@@ -384,8 +377,7 @@ class PhaseScope(Scope):
                 if self.device_sync:
                     _, self._sync_wait = device_sync(self.device_sync)
                 self._start(sess, True)
-                ctx = Context({**_ctx_get(), _SPAN_KEY: self})
-                self._token = _ctx_set(ctx)
+                self._token = recorder.attach(self)
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
@@ -399,10 +391,7 @@ class PhaseScope(Scope):
                 end = recorder.now_ns()
             token = self._token
             self._token = None  # a kept token would keep a context alive with the record
-            try:
-                _ctx_reset(token)
-            except (ValueError, RuntimeError, TypeError):
-                pass  # exited in another context (or never attached): nothing to undo here
+            recorder.detach(token)  # nothing to undo if exited in another context or never attached
             try:
                 sess.open_phases.remove(self)  # as in _close_if_open: one closer wins
             except (ValueError, AttributeError):
