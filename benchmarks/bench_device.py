@@ -1,8 +1,9 @@
 """Device-sync overhead benchmark (JSON): what ``device_sync=True`` costs where there is nothing
 to wait for (a CPU-only torch process: torch ops are synchronous, no accelerator in use), next
 to a plain ``trace_scope``; JAX's sync with 10, 1,000 and 10,000 live arrays beside the raw
-calls.  On a GPU host it also compares events mode with synchronize mode on
-a loop of small kernels (skipped, with the reason, when no CUDA device is present).
+calls.  On a GPU host it also times a loop of small kernels bare, in a plain scope, in
+synchronize and events modes, and the raw calls those modes wrap (skipped, with the reason, when
+no CUDA device is present).
 Run: ``python benchmarks/bench_device.py [--spans N]``.
 """
 
@@ -32,7 +33,11 @@ def _per_scope_ns(n: int, **kw: object) -> float:
     return total / (max(1, n // 2000) * 2000)
 
 
-def _gpu(n: int) -> dict[str, object]:
+def _gpu(n: int, rounds: int = 5) -> dict[str, object]:
+    """µs per small kernel (a 256² matmul) in a loop: bare, inside a plain scope, with each
+    device option, and the raw framework calls the options wrap.  The variants run in
+    interleaved rounds (median reported) and the exporter's cycle runs between loops,
+    untimed, so that no variant pays for another's backlog."""
     try:
         import torch
     except ImportError:
@@ -40,18 +45,20 @@ def _gpu(n: int) -> dict[str, object]:
     if not torch.cuda.is_available():
         return {"gpu": "skipped: no CUDA device on this machine"}
     x = torch.randn(256, 256, device="cuda")
-    out: dict[str, object] = {}
-    for mode, kw in (("synchronize", {"device_sync": True}), ("events", {"device_timing": "events"})):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            with rltrace.trace_scope("k", **kw):  # type: ignore[arg-type]
-                x @ x
-        torch.cuda.synchronize()
-        out[f"gpu_loop_{mode}_us_per_kernel"] = (time.perf_counter() - t0) / n * 1e6
-    # the raw framework calls the options wrap, and a plain scope around the same kernel
+
+    def bare() -> None:
+        x @ x
+
     def plain_scope() -> None:
         with rltrace.trace_scope("k"):
+            x @ x
+
+    def synchronize() -> None:
+        with rltrace.trace_scope("k", device_sync=True):
+            x @ x
+
+    def events() -> None:
+        with rltrace.trace_scope("k", device_timing="events"):
             x @ x
 
     def raw_synchronize() -> None:
@@ -65,14 +72,24 @@ def _gpu(n: int) -> dict[str, object]:
         x @ x
         end.record()
 
-    for label, fn in (("plain_scope", plain_scope), ("raw_synchronize", raw_synchronize),
-                      ("raw_event_pair", raw_event_pair)):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        torch.cuda.synchronize()
-        out[f"gpu_loop_{label}_us_per_kernel"] = (time.perf_counter() - t0) / n * 1e6
+    variants = {"bare": bare, "plain_scope": plain_scope, "synchronize": synchronize,
+                "events": events, "raw_synchronize": raw_synchronize, "raw_event_pair": raw_event_pair}
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    for _ in range(rounds):
+        for label, fn in variants.items():
+            torch.cuda.synchronize()
+            rltrace.flush()  # resolves the events of the loop before; untimed
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            torch.cuda.synchronize()
+            times[label].append((time.perf_counter() - t0) / n * 1e6)
+    out: dict[str, object] = {"gpu_name": torch.cuda.get_device_name(0)}
+    med = {k: statistics.median(v) for k, v in times.items()}
+    for label, us in med.items():
+        out[f"gpu_loop_{label}_us_per_kernel"] = round(us, 2)
+    for label in ("plain_scope", "synchronize", "events"):
+        out[f"gpu_loop_{label}_overhead_us"] = round(med[label] - med["bare"], 2)
     return out
 
 
@@ -116,7 +133,7 @@ def main() -> None:
             plain.append(_per_scope_ns(a.spans))
             synced.append(_per_scope_ns(a.spans, device_sync=True))
             annotated.append(_per_scope_ns(a.spans, annotate=True))
-        gpu = _gpu(2000)
+        gpu = _gpu(1000)
         jax_sync = _jax_sync_by_live_arrays()
         rltrace.shutdown()
     m = statistics.median

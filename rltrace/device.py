@@ -5,11 +5,12 @@ not compute.  Options on ``trace_scope`` / ``atrace_scope`` / ``trace_perf`` / s
 
 * ``device_sync=True`` (or ``"torch"`` / ``"jax"``) waits for the device at entry (before the
   span starts, so earlier queued work is not counted) and at exit (before it ends, so its own
-  work is): ``torch.cuda.synchronize()`` when CUDA is initialised; for JAX,
-  ``jax.block_until_ready`` on the decorated function's outputs, else on a trivial op queued on
-  every local device (JAX dispatches asynchronously on every backend, the CPU included; the
-  cost does not grow with the number of live arrays).  With neither framework
-  busy it is a no-op.  The span gets ``rl.device.sync`` (what was used) and
+  work is): ``torch.cuda.synchronize()`` when CUDA is initialised; for JAX, once it has
+  initialised a backend, ``jax.block_until_ready`` on the decorated function's outputs, else on
+  a trivial op queued on every local device (JAX dispatches asynchronously on every backend, the
+  CPU included; the cost does not grow with the number of live arrays).  With neither framework
+  busy it is a no-op, and it never initialises one (a jax imported but unused under a torch job
+  keeps its GPU memory unclaimed).  The span gets ``rl.device.sync`` (what was used) and
   ``rl.device.sync_wait_s`` (time spent waiting, entry + exit), so the cost of syncing shows.
 * ``device_timing="events"`` records CUDA events at start/end on the current stream without
   stalling the host; the exporter thread resolves them later and sets ``rl.device.time_s``
@@ -30,6 +31,7 @@ from collections import deque
 from typing import Any
 
 from . import recorder
+from .frameworks import jax_in_use, torch_cuda
 from .recorder import Scope, attach, detach, internal_error, push
 
 __all__ = ["DeviceDefaults", "DeviceScope", "device_sync", "require", "resolve_pending_events"]
@@ -65,23 +67,10 @@ _LOCK = threading.RLock()  # reentrant: a SIGTERM drain may interrupt a holder
 STATS = {"resolved": 0, "unresolved": 0}
 
 
-def _torch_cuda() -> Any:
-    """torch, when it has initialised CUDA in this process (else no CUDA work can be queued)."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return None
-    try:
-        if torch.cuda.is_initialized():
-            return torch
-    except Exception:
-        return None
-    return None
-
-
 def sync_needed(mode: Any) -> bool:
     """Whether ``device_sync(mode)`` could have anything to wait for (cheap check)."""
     if mode is True:
-        return "jax" in sys.modules or _torch_cuda() is not None
+        return jax_in_use() is not None or torch_cuda() is not None
     return bool(mode)
 
 
@@ -105,12 +94,12 @@ def device_sync(mode: Any = True, outputs: Any = None) -> tuple[str, int]:
     t0 = recorder.now_ns()
     used = []
     if mode in (True, "torch"):
-        torch = _torch_cuda() if mode is True else require("torch")
+        torch = torch_cuda() if mode is True else require("torch")
         if torch is not None and (mode is True or torch.cuda.is_available()):
             torch.cuda.synchronize()
             used.append("torch.cuda")
     if mode in (True, "jax"):
-        jax = sys.modules.get("jax") if mode is True else require("jax")
+        jax = jax_in_use() if mode is True else require("jax")
         if jax is not None:
             if outputs is not None:
                 jax.block_until_ready(outputs)
@@ -155,7 +144,7 @@ class _Annotation:
     def __init__(self, name: str) -> None:
         self.nvtx = None
         self.jax_ann = None
-        torch = _torch_cuda()
+        torch = torch_cuda()
         if torch is not None:
             try:
                 torch.cuda.nvtx.range_push(name)
@@ -213,7 +202,7 @@ class DeviceScope:
         if kind is not None:
             attrs[ATTR_SYNC] = kind
         if self.timing == "events":
-            torch = _torch_cuda()
+            torch = torch_cuda()
             if torch is not None:
                 ev = _event(torch)
                 ev.record()
@@ -227,7 +216,7 @@ class DeviceScope:
         end_ev = None
         try:
             if self._ev is not None:
-                end_ev = _event(_torch_cuda())
+                end_ev = _event(torch_cuda())
                 end_ev.record()
             if self.sync:
                 kind, wait = device_sync(self.sync, self.outputs)

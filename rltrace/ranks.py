@@ -1,13 +1,14 @@
 """Rank and world-size detection: explicit value, ``RANK``/``WORLD_SIZE``, torch.distributed, JAX.
 
-Frameworks are only consulted when the user's program has already imported them, so rltrace
-never imports torch or jax itself.
+Frameworks are only consulted once the user's program has put them in use
+(:mod:`rltrace.frameworks`): rltrace never imports or initialises torch or jax itself.
 """
 
 from __future__ import annotations
 
 import os
-import sys
+
+from .frameworks import jax_process, torch_dist
 
 
 def _env_int(name: str) -> int | None:
@@ -20,35 +21,12 @@ def _env_int(name: str) -> int | None:
         return None
 
 
-def _torch_dist() -> tuple[int, int] | None:
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return None
-    try:
-        dist = torch.distributed
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
-    except Exception:
-        return None
-    return None
-
-
-def _jax() -> tuple[int, int] | None:
-    jax = sys.modules.get("jax")
-    if jax is None:
-        return None
-    try:
-        return int(jax.process_index()), int(jax.process_count())
-    except Exception:
-        return None
-
-
 def detect_rank(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
     """Return ``(rank, world_size)``: explicit values win, then env, torch.distributed, JAX, 0/1."""
     env_rank, env_world = _env_int("RANK"), _env_int("WORLD_SIZE")
     fw = None
     if (rank is None and env_rank is None) or (world_size is None and env_world is None):
-        fw = _torch_dist() or _jax()
+        fw = torch_dist() or jax_process()
     if rank is None:
         rank = env_rank if env_rank is not None else (fw[0] if fw else 0)
     if world_size is None:

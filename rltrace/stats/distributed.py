@@ -8,19 +8,21 @@
   CPU, NCCL on CUDA tensors); every rank of the group must export (it is a collective);
 * ``"jax"``: all JAX processes (``jax.experimental.multihost_utils.process_allgather``);
 * ``"auto"``: the default torch.distributed group when one is initialised with more than one
-  rank, else all JAX processes when ``jax.process_count() > 1``, else no reduction;
+  rank, else all JAX processes when a JAX in use has more than one (its distributed client or
+  its backend says; a JAX only imported is not initialised to ask), else no reduction;
 * ``False``: no reduction (the same as ``None``);
 * any object with ``all_gather_object(obj) -> list`` and ``all_reduce(vec, op) -> vec``.
 
-torch and jax are only used when the program has already imported them.
+torch and jax are only used when the program has already put them in use
+(:mod:`rltrace.frameworks`).
 """
 
 from __future__ import annotations
 
 import pickle
-import sys
 from typing import TYPE_CHECKING, Any
 
+from ..frameworks import jax_process, torch_dist
 from .reduce import Reducer
 
 if TYPE_CHECKING:
@@ -98,29 +100,6 @@ class JaxReducer:
         return folded
 
 
-def _torch_world() -> int:
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return 1
-    try:
-        dist = torch.distributed
-        if dist.is_available() and dist.is_initialized():
-            return int(dist.get_world_size())
-    except Exception:
-        return 1
-    return 1
-
-
-def _jax_processes() -> int:
-    jax = sys.modules.get("jax")
-    if jax is None:
-        return 1
-    try:
-        return int(jax.process_count())
-    except Exception:
-        return 1
-
-
 def resolve_reducer(reduce_group: Any = None) -> Reducer | None:
     """The reducer for ``reduce_group`` (see the module docstring); None: no reduction."""
     if reduce_group is None or reduce_group is False:
@@ -129,9 +108,9 @@ def resolve_reducer(reduce_group: Any = None) -> Reducer | None:
         if reduce_group == "jax":
             return JaxReducer()
         if reduce_group == "auto":
-            if _torch_world() > 1:
+            if (torch_dist() or (0, 1))[1] > 1:
                 return TorchReducer(None)
-            if _jax_processes() > 1:
+            if (jax_process() or (0, 1))[1] > 1:
                 return JaxReducer()
             return None
         raise ValueError(

@@ -7,6 +7,7 @@ the CUDA section at the end, which skips with its reason when no CUDA device is 
 from __future__ import annotations
 
 import gzip
+import json
 import subprocess
 import sys
 import time
@@ -27,17 +28,34 @@ def _dur(span: object) -> float:
     return (span.end_time - span.start_time) / 1e9  # type: ignore[attr-defined]
 
 
-@pytest.fixture(scope="module")
-def matmul() -> tuple[object, float]:
-    """A matrix big enough that its product takes a while; and that product's compute time."""
-    a = jnp.ones((2500, 2500), dtype=jnp.float32)
-    (a @ a).block_until_ready()  # compile once
+#: how long the fixture's product must take, so that dispatching it (a fraction of a millisecond)
+#: is small beside its compute on any backend
+MIN_COMPUTE_S = 0.04
+
+
+def _product_time(a: object) -> float:
+    (a @ a).block_until_ready()  # type: ignore[operator]  # compile once for this shape
     times = []
     for _ in range(3):
         t0 = time.perf_counter()
-        (a @ a).block_until_ready()
+        (a @ a).block_until_ready()  # type: ignore[operator]
         times.append(time.perf_counter() - t0)
-    return a, sorted(times)[1]
+    return sorted(times)[1]
+
+
+@pytest.fixture(scope="module")
+def matmul() -> tuple[object, float]:
+    """A matrix big enough that its product takes a while on this backend; and that product's
+    compute time.  A 2,500² product takes about 0.3 s on two CPU cores but 0.4 ms on an H100,
+    less than dispatching it: the size grows until the product takes ``MIN_COMPUTE_S``."""
+    n = 2500
+    a = jnp.ones((n, n), dtype=jnp.float32)
+    compute = _product_time(a)
+    while compute < MIN_COMPUTE_S and n < 32_768:
+        n = min(32_768, int(n * min(4.0, (2 * MIN_COMPUTE_S / compute) ** (1 / 3))) // 256 * 256 + 256)
+        a = jnp.ones((n, n), dtype=jnp.float32)
+        compute = _product_time(a)
+    return a, compute
 
 
 def test_without_sync_a_jax_scope_measures_dispatch_and_with_sync_it_covers_the_compute(
@@ -120,7 +138,7 @@ def test_trace_perf_device_sync_waits_on_the_functions_outputs(
     with capture_spans(tmp_path) as cap:
         step_nosync(a).block_until_ready()  # type: ignore[attr-defined]
         out = step(a)
-        assert out.shape == (2500, 2500)  # type: ignore[attr-defined]
+        assert out.shape == a.shape  # type: ignore[attr-defined]
         synced, nosync = cap.one("jax.step"), cap.one("jax.step.nosync")
     assert _dur(synced) >= compute / 2 and _dur(nosync) < compute / 4
 
@@ -216,6 +234,43 @@ def test_without_an_accelerator_device_sync_is_a_no_op(tmp_path: Path) -> None:
     (ev,) = [e for e in read_jsonl(next(tmp_path.rglob("traces-r0.jsonl"))) if e.get("ph") == "X"]
     assert ev["name"] == "cpu.only"
     assert "rl.device.sync" not in ev["args"]  # nothing was waited for: a plain span
+
+
+IMPORTED_UNUSED = """
+import json, sys
+import jax  # imported, as a library may, but no JAX work yet: no backend initialised
+import torch
+from jax._src import xla_bridge
+import rltrace
+rltrace.configure(fileroot=sys.argv[1], flush_at_exit=False)
+if torch.cuda.is_available():
+    torch.ones(4, device="cuda").sum()  # a torch job on the GPU
+with rltrace.trace_scope("auto", device_sync=True):
+    pass
+untouched = not xla_bridge.backends_are_initialized()
+import jax.numpy as jnp
+(jnp.ones(3) + 1).block_until_ready()  # now JAX is in use
+with rltrace.trace_scope("after", device_sync=True):
+    pass
+rltrace.shutdown()
+print(json.dumps({"untouched": untouched, "cuda": torch.cuda.is_available()}))
+"""
+
+
+def test_auto_sync_never_initialises_a_jax_that_was_only_imported(tmp_path: Path) -> None:
+    """``device_sync=True`` in a torch process that imported jax listed JAX's devices, which
+    initialises its backend: on a GPU, JAX then preallocates most of the GPU's memory under the
+    torch job.  It waits for JAX only once JAX has a backend of its own."""
+    need("torch", "torch is not installed (pip install torch==2.13.0)")
+    proc = subprocess.run([sys.executable, "-c", IMPORTED_UNUSED, str(tmp_path)], capture_output=True,
+                          text=True, timeout=120, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.splitlines()[-1])
+    assert result["untouched"], "device_sync=True initialised JAX's backend"
+    spans = {e["name"]: e["args"] for e in read_jsonl(next(tmp_path.rglob("traces-r0.jsonl")))
+             if e.get("ph") == "X"}
+    assert spans["auto"].get("rl.device.sync") == ("torch.cuda" if result["cuda"] else None)
+    assert spans["after"]["rl.device.sync"] == ("torch.cuda+jax" if result["cuda"] else "jax")
 
 
 def test_missing_frameworks_are_handled_and_named(tmp_path: Path) -> None:

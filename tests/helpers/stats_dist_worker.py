@@ -6,8 +6,9 @@ exports with ``export_all(reduce_group=...)`` (a collective over the torch.distr
 or all JAX processes; ``reduce_group=None`` would export each rank's own values), commits
 through a ``StatsLogger`` whose log dir is ``FILEROOT/rank{RANK}`` (only rank 0 may write),
 and prints one JSON line per round:
-``{"round": i, "stats": {...}}``.  The test recomputes the expected values from the
-concatenated data with :func:`rank_data`.
+``{"round": i, "stats": {...}}`` (a JAX rank first prints the rank rltrace detected and whether
+JAX's backend was initialised by then: ``{"configured": {...}}``).  The test recomputes the
+expected values from the concatenated data with :func:`rank_data`.
 """
 
 from __future__ import annotations
@@ -80,6 +81,12 @@ def main(argv: list[str]) -> int:
 
     rltrace.configure(fileroot=fileroot, experiment_name="stats", trial_name=f"r{rank}",
                       flush_at_exit=False)
+    if backend == "jax":  # the rank came from jax.distributed's client, JAX's backend untouched
+        from jax._src import xla_bridge
+
+        print(json.dumps({"configured": {"rank": rltrace.runtime.RUNTIME.pipeline.rank,
+                                         "backend_initialised": xla_bridge.backends_are_initialized()}}),
+              flush=True)
     logger = stats.StatsLogger(log_dir=f"{fileroot}/rank{rank}", console=False, otel=False)
     for round_ in range(2):
         with rltrace.step(round_):

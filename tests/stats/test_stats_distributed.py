@@ -34,8 +34,11 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _run(backend: str, fileroot: Path, world: int) -> list[list[dict[str, Any]]]:
-    """Run ``world`` worker processes; return each rank's printed rounds."""
+def _run(backend: str, fileroot: Path, world: int,
+         configured: list[Any] | None = None) -> list[list[dict[str, Any]]]:
+    """Run ``world`` worker processes; return each rank's printed rounds (and, into
+    ``configured``, what each rank printed after ``configure``, or None)."""
+    configured = [] if configured is None else configured
     port = _free_port()
     procs = [
         subprocess.Popen([sys.executable, str(WORKER), backend, str(fileroot), str(port), str(r), str(world)],
@@ -48,6 +51,8 @@ def _run(backend: str, fileroot: Path, world: int) -> list[list[dict[str, Any]]]
             out, err = p.communicate(timeout=120)
             assert p.returncode == 0, f"rank {r} exited {p.returncode}:\n{err[-3000:]}"
             outs.append([json.loads(line) for line in out.splitlines() if line.startswith("{")])
+            configured.append(next((o["configured"] for o in outs[-1] if "configured" in o), None))
+            outs[-1] = [o for o in outs[-1] if "round" in o]
     finally:
         for p in procs:
             if p.poll() is None:
@@ -111,8 +116,12 @@ def test_torch_gloo_ranks_export_the_statistics_of_the_concatenated_data(tmp_pat
 def test_jax_cpu_processes_export_the_statistics_of_the_concatenated_data(tmp_path: Path) -> None:
     need("jax", "jax is needed for the multi-process JAX reduction")
     world = 2
-    outs = _run("jax", tmp_path, world)
+    configured: list[Any] = []
+    outs = _run("jax", tmp_path, world, configured)
     _check(outs, world, rel=1e-5)  # jax computes in float32 unless jax_enable_x64 is set
+    # each rank's rank came from jax.distributed's client; asking the backend would have
+    # initialised it in configure (on a GPU: preallocating most of its memory)
+    assert configured == [{"rank": r, "backend_initialised": False} for r in range(world)]
     assert (tmp_path / "rank0" / "metrics.jsonl").exists()
     assert not (tmp_path / "rank1").exists()
 
