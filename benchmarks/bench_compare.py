@@ -439,7 +439,11 @@ def _summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {k: round(med(r[k] for r in ok), 1) for k in
                            ("total_ns", "process_cpu_ns", "caller_cpu_ns", "loop_wall_ns",
                             "final_flush_ms", "peak_rss_mb")}
-    out["total_ns_runs"] = [round(r["total_ns"], 1) for r in ok]
+    # one entry per repeat, None where that repeat's worker failed: ratios pair repeats
+    out["total_ns_runs"] = [round(r["total_ns"], 1) if "total_ns" in r else None for r in runs]
+    failed = [r.get("error") for r in runs if "total_ns" not in r]
+    if failed:
+        out["failed_runs"] = failed
     for k in ("exported", "dropped", "otlp_lost", "otlp_exported", "records_on_disk", "logfire"):
         if k in ok[-1]:
             out[k] = ok[-1][k]
@@ -453,7 +457,10 @@ def _ratio(res: dict[str, Any], a: str, b: str) -> dict[str, Any] | None:
     ra, rb = res.get(a, {}), res.get(b, {})
     if "total_ns_runs" not in ra or "total_ns_runs" not in rb:
         return None
-    per_rep = [x / y for x, y in zip(ra["total_ns_runs"], rb["total_ns_runs"], strict=True)]
+    per_rep = [x / y for x, y in zip(ra["total_ns_runs"], rb["total_ns_runs"], strict=True)
+               if x is not None and y is not None]  # repeats where both workers ran
+    if not per_rep:
+        return None
     return {"median": round(statistics.median(per_rep), 3), "min": round(min(per_rep), 3),
             "max": round(max(per_rep), 3)}
 

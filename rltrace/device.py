@@ -32,9 +32,9 @@ from typing import Any
 
 from . import recorder
 from .frameworks import jax_in_use, torch_cuda
-from .recorder import Scope, attach, detach, internal_error, push
+from .recorder import STATE, Scope, attach, detach, internal_error, push
 
-__all__ = ["DeviceDefaults", "DeviceScope", "device_sync", "require", "resolve_pending_events"]
+__all__ = ["DeviceDefaults", "DeviceScope", "HeldEvents", "device_sync", "require"]
 
 ATTR_SYNC = "rl.device.sync"
 ATTR_SYNC_WAIT = "rl.device.sync_wait_s"
@@ -60,11 +60,10 @@ class DeviceDefaults:
         return d if d.sync or d.timing or d.annotate else None
 
 
-#: CUDA event pairs awaiting resolution: (scope, start_event, end_event)
-_PENDING: deque[tuple[Scope, Any, Any]] = deque()
+#: at most this many spans wait for their CUDA events at once (more are exported unresolved)
 MAX_PENDING = 4096
-_LOCK = threading.RLock()  # reentrant: a SIGTERM drain may interrupt a holder
-STATS = {"resolved": 0, "unresolved": 0}
+#: completed events kept per device for reuse
+EVENT_POOL_MAX = 2 * MAX_PENDING
 
 
 def sync_needed(mode: Any) -> bool:
@@ -204,7 +203,7 @@ class DeviceScope:
         if self.timing == "events":
             torch = torch_cuda()
             if torch is not None:
-                ev = _event(torch)
+                ev = STATE.held_events.event(torch)
                 ev.record()
                 self._ev = ev
             else:
@@ -216,7 +215,7 @@ class DeviceScope:
         end_ev = None
         try:
             if self._ev is not None:
-                end_ev = _event(torch_cuda())
+                end_ev = STATE.held_events.event(torch_cuda())
                 end_ev.record()
             if self.sync:
                 kind, wait = device_sync(self.sync, self.outputs)
@@ -230,7 +229,7 @@ class DeviceScope:
         if self._ann is not None:
             self._ann.close()
         if end_ev is not None:
-            _hold(scope, self._ev, end_ev, end, exc)
+            STATE.held_events.hold(scope, self._ev, end_ev, end, exc)
         else:
             scope.finish(end, exc)
 
@@ -241,75 +240,95 @@ class DeviceScope:
         self.__exit__(exc_type, exc, tb)
 
 
-#: completed CUDA events ready to be recorded again, per device (creating an event pair per
-#: scope cost ~60 µs on an H100 host; a recycled one costs a list pop)
-_EVENT_POOLS: dict[int, list[Any]] = {}
-EVENT_POOL_MAX = 2 * MAX_PENDING
+class HeldEvents:
+    """Spans held for their CUDA events (``device_timing="events"``), and the events to reuse.
 
-
-def _event(torch: Any) -> Any:
-    """A timing-enabled CUDA event for the current device, from the pool when one is free."""
-    pool = _EVENT_POOLS.get(torch.cuda.current_device())
-    if pool:
-        try:
-            return pool.pop()
-        except IndexError:  # emptied by another thread meanwhile
-            pass
-    return torch.cuda.Event(enable_timing=True)
-
-
-def _recycle(*events: Any) -> None:
-    """Return completed events to their device's pool (bounded; extras are let go)."""
-    for ev in events:
-        device = getattr(getattr(ev, "device", None), "index", None)
-        pool = _EVENT_POOLS.setdefault(device if device is not None else 0, [])
-        if len(pool) < EVENT_POOL_MAX:
-            pool.append(ev)
-
-
-def _hold(scope: Scope, start_ev: Any, end_ev: Any, end: int, exc: BaseException | None) -> None:
-    """Close the span now but export it once its CUDA events have completed."""
-    scope.finish(end, exc, hold=True)
-    with _LOCK:
-        if len(_PENDING) >= MAX_PENDING:
-            STATS["unresolved"] += 1
-            scope.extra["attrs"][ATTR_TIMING] = "dropped (too many outstanding events)"  # type: ignore[index]
-            push(scope)
-            return
-        _PENDING.append((scope, start_ev, end_ev))
-
-
-def resolve_pending_events(wait: bool = False) -> int:
-    """Export held spans whose CUDA events completed (all of them, synchronising, if ``wait``).
-
-    Called by the exporter thread every cycle and with ``wait=True`` at shutdown.
+    Owned by the runtime (its recorder state's ``held_events``): a scope in events mode is
+    closed at once but held here until its end event has completed; the exporter's cycle
+    resolves what completed (``rl.device.time_s``) and queues it, and a pipeline's close waits
+    for the rest.  Completed events go back to a pool per device (creating an event pair per
+    scope cost ~60 µs on an H100 host; a recycled one costs a list pop).
     """
-    done = 0
-    with _LOCK:
-        items = list(_PENDING)
-        _PENDING.clear()
-    keep = []
-    for scope, ev0, ev1 in items:
-        try:
-            if wait:
-                ev1.synchronize()
-            if wait or ev1.query():
-                scope.extra["attrs"][ATTR_DEVICE_TIME] = ev0.elapsed_time(ev1) / 1000.0  # type: ignore[index]
-                STATS["resolved"] += 1
+
+    __slots__ = ("lock", "pending", "pools", "resolved", "unresolved")
+
+    def __init__(self) -> None:
+        #: (scope, start event, end event) awaiting resolution, oldest first
+        self.pending: deque[tuple[Scope, Any, Any]] = deque()
+        self.lock = threading.RLock()  # reentrant: a SIGTERM drain may interrupt a holder
+        self.pools: dict[int, list[Any]] = {}
+        self.resolved = 0
+        self.unresolved = 0
+
+    def __len__(self) -> int:
+        return len(self.pending)
+
+    def stats(self) -> dict[str, int]:
+        return {"resolved": self.resolved, "unresolved": self.unresolved, "pending": len(self.pending)}
+
+    def event(self, torch: Any) -> Any:
+        """A timing-enabled CUDA event for the current device, from the pool when one is free."""
+        pool = self.pools.get(torch.cuda.current_device())
+        if pool:
+            try:
+                return pool.pop()
+            except IndexError:  # emptied by another thread meanwhile
+                pass
+        return torch.cuda.Event(enable_timing=True)
+
+    def _recycle(self, *events: Any) -> None:
+        """Return completed events to their device's pool (bounded; extras are let go)."""
+        for ev in events:
+            device = getattr(getattr(ev, "device", None), "index", None)
+            pool = self.pools.setdefault(device if device is not None else 0, [])
+            if len(pool) < EVENT_POOL_MAX:
+                pool.append(ev)
+
+    def hold(self, scope: Scope, start_ev: Any, end_ev: Any, end: int,
+             exc: BaseException | None) -> None:
+        """Close the span now but export it once its CUDA events have completed."""
+        scope.finish(end, exc, hold=True)
+        with self.lock:
+            if len(self.pending) >= MAX_PENDING:
+                self.unresolved += 1
+                scope.extra["attrs"][ATTR_TIMING] = "dropped (too many outstanding events)"  # type: ignore[index]
                 push(scope)
-                _recycle(ev0, ev1)  # both completed: safe to record again
-                done += 1
-            else:
-                keep.append((scope, ev0, ev1))
-        except Exception as exc:
-            STATS["unresolved"] += 1
-            scope.extra["attrs"][ATTR_TIMING] = f"unresolved: {exc!r}"  # type: ignore[index]
-            push(scope)
-    if keep:
-        with _LOCK:
-            _PENDING.extendleft(reversed(keep))
-    return done
+                return
+            self.pending.append((scope, start_ev, end_ev))
 
+    def resolve(self, wait: bool = False) -> int:
+        """Export held spans whose CUDA events completed (all of them, synchronising, if
+        ``wait``); returns how many.  Called by the exporter's cycle, and with ``wait=True``
+        when a pipeline closes."""
+        done = 0
+        with self.lock:
+            items = list(self.pending)
+            self.pending.clear()
+        keep = []
+        for scope, ev0, ev1 in items:
+            try:
+                if wait:
+                    ev1.synchronize()
+                if wait or ev1.query():
+                    scope.extra["attrs"][ATTR_DEVICE_TIME] = ev0.elapsed_time(ev1) / 1000.0  # type: ignore[index]
+                    self.resolved += 1
+                    push(scope)
+                    self._recycle(ev0, ev1)  # both completed: safe to record again
+                    done += 1
+                else:
+                    keep.append((scope, ev0, ev1))
+            except Exception as exc:
+                self.unresolved += 1
+                scope.extra["attrs"][ATTR_TIMING] = f"unresolved: {exc!r}"  # type: ignore[index]
+                push(scope)
+        if keep:
+            with self.lock:
+                self.pending.extendleft(reversed(keep))
+        return done
 
-def pending_count() -> int:
-    return len(_PENDING)
+    def after_fork_in_child(self) -> None:
+        """A forked child starts with none held: the events are the parent's CUDA context's
+        (unusable in the child) and the parent exports its own spans."""
+        self.pending = deque()
+        self.lock = threading.RLock()
+        self.pools = {}

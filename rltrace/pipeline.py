@@ -435,8 +435,9 @@ class Pipeline:
         if self._step_scopes is not None and self.state.stepped:
             self.record_processors.append(self._step_scopes)  # the first step's records on
             self._step_scopes = None
-        if device.pending_count():
-            device.resolve_pending_events()
+        held = self.state.held_events
+        if held:
+            held.resolve()
         buf = self.state.buffer
         todo = len(buf) if batch is None else min(batch, len(buf))
         # one cycle at a time takes from the queue (under the pipeline's lock) and recording
@@ -574,9 +575,10 @@ class Pipeline:
         t = self._thread
         if t is not None and t is not threading.current_thread():
             t.join(timeout=10 if timeout is None else timeout)
-        if device.pending_count():
+        held = self.state.held_events
+        if held:
             try:  # spans held for their CUDA events: wait for the events, then export them
-                device.resolve_pending_events(wait=True)
+                held.resolve(wait=True)
             except Exception as exc:
                 internal_error("device events at shutdown", exc)
         self.flush(timeout=timeout, final=True)
@@ -664,7 +666,9 @@ class Pipeline:
         if self.tail_sampler is not None:
             sampling.update(self.tail_sampler.stats())
         out["sampling"] = sampling
-        out["device_events"] = {**device.STATS, "pending": device.pending_count()}
+        held = self.state.held_events
+        if held is not None:
+            out["device_events"] = held.stats()
         sp = self.session_processor
         if sp is not None:
             out["sessions"] = {"finalized": sp.sessions, "written": sp.writer.written,

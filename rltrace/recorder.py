@@ -118,9 +118,9 @@ class SpanApiStats:
 class RecorderState:
     """Mutable state shared by the hot path and the exporter thread."""
 
-    __slots__ = ("buffer", "cap", "device", "dropped", "enabled", "help", "help_at", "on_start",
-                 "overflow", "pid", "policy_version", "policy_version_set", "sampling", "span_api",
-                 "stepped", "wake", "wake_at")
+    __slots__ = ("buffer", "cap", "device", "dropped", "enabled", "held_events", "help", "help_at",
+                 "on_start", "overflow", "pid", "policy_version", "policy_version_set", "sampling",
+                 "span_api", "stepped", "wake", "wake_at")
 
     def __init__(self) -> None:
         self.enabled = False
@@ -146,6 +146,9 @@ class RecorderState:
         #: the configured pipeline's config-wide device options
         #: (:class:`rltrace.device.DeviceDefaults`), or None when it has none
         self.device: Any = None
+        #: spans held for their CUDA events (:class:`rltrace.device.HeldEvents`), set by the
+        #: runtime that owns this state
+        self.held_events: Any = None
         #: what the OTel ``Span`` API of rltrace's records refused, and its event bound
         self.span_api = SpanApiStats()
         #: the policy (weights) version this process generates and trains with

@@ -28,6 +28,7 @@ from . import logdir as logdir_room
 from .checks import check_optional_int
 from .children import ChildConfig, parent_config
 from .config import ConfigError, TracerConfig, load_config
+from .device import HeldEvents
 from .locks import FairRLock
 from .materialize import bound
 from .phases import PhaseRegistry
@@ -66,6 +67,8 @@ class Runtime:
                  phases: PhaseRegistry | None = None) -> None:
         #: the hot path's switches and queue (the default runtime's is ``recorder.STATE``)
         self.state = state if state is not None else recorder.RecorderState()
+        if self.state.held_events is None:
+            self.state.held_events = HeldEvents()
         #: the phases sessions may run
         self.phases = phases if phases is not None else \
             sessions.phases if sessions is not None else PhaseRegistry()
@@ -431,14 +434,15 @@ class Runtime:
 
     def _after_fork_child(self) -> None:
         """The child side of the process's one fork hook, in order: the recorder (ids, lanes, an
-        empty queue), the counters, the registries, this runtime's own locks and lifecycle,
-        then the pipeline (re-armed on files of the child's own, or switched off by
-        ``fork_mode``) and the user's record processors."""
+        empty queue, no spans held for CUDA events), the counters, the registries, this
+        runtime's own locks and lifecycle, then the pipeline (re-armed on files of the child's
+        own, or switched off by ``fork_mode``) and the user's record processors."""
         state = self.state
         if state is recorder.STATE:  # the recorder's module-level pieces are the default's
             recorder.after_fork_in_child(state)
         else:
             state.buffer = deque()
+        state.held_events.after_fork_in_child()
         self.counters.after_fork()
         self.phases.after_fork()
         self.sessions.after_fork()
