@@ -311,10 +311,14 @@ class SessionMetricsProcessor(SpanProcessor):
         its session's record was built without it, else its token counts are taken."""
         log = rec.parent.phase_log
         if type(log) is tuple:  # its session's record is built
-            start, end, name = rec.start_ns, rec.end_ns, rec.spec.name
-            for entry in log:
-                if entry[1] == start and entry[2] == end and entry[0] == name:
-                    return  # in that record: it ended in time
+            entry = rec.logged
+            if entry is not None:
+                for e in log:
+                    if e is entry:
+                        return  # in that record: it ended in time
+            # late: noted after the record was built (or on the list the record was built
+            # from, as it was being built), or never noted; matched by identity, so another
+            # execution of the same phase with the same times does not stand in for it
             self.late_phases += 1
             return
         if rec.start_payload or rec.end_payload or rec.extra is not None:

@@ -245,7 +245,8 @@ class PhaseScope(Scope):
     kept = True
     #: device-synced phases are :class:`SyncedPhaseScope`s (two slots more)
     device_sync: Any = None
-    __slots__ = ("_attrs", "end_payload", "reg", "session_id", "spec", "start_payload", "turn")
+    __slots__ = ("_attrs", "end_payload", "logged", "reg", "session_id", "spec", "start_payload",
+                 "turn")
 
     def __init__(self, spec: PhaseSpec, start_payload: dict[str, Any] | None,
                  end_payload: dict[str, Any] | None, turn: int | None, session_id: Any,
@@ -264,6 +265,8 @@ class PhaseScope(Scope):
         self.turn = turn
         self.session_id = session_id
         self.reg = reg  # the registry that holds its session
+        #: its entry in its session's ``phase_log``, once it ended in time to be noted there
+        self.logged: Execution | None = None
 
     @property
     def phase(self) -> str:
@@ -354,7 +357,8 @@ class PhaseScope(Scope):
         processor, meeting the record, knows its session's log has it)."""
         log = sess.phase_log
         if type(log) is list:  # else the session's record is built: this one is late
-            log.append((self.spec.name, self.start_ns, end, self.turn, interrupted))
+            entry = self.logged = (self.spec.name, self.start_ns, end, self.turn, interrupted)
+            log.append(entry)
 
     def __enter__(self) -> PhaseScope:
         if self.parent is not None:  # started before: a handle used in ``with``, or reused

@@ -430,3 +430,28 @@ def test_a_new_pipeline_reports_only_its_own_drops(tmp_path: Path) -> None:
     finished_session()
     rltrace.flush()
     assert rltrace.diagnostics()["dropped"] == 0
+
+
+def test_a_late_execution_is_late_beside_an_identical_one_that_ended_in_time(tmp_path: Path) -> None:
+    """The session processor once matched an execution's record against its session's log by
+    (phase, start, end): a late execution with the times of one in the record counted as in
+    time.  It is matched by identity now.  The late record is handed to the processor directly
+    (a late execution arises from a race with the exporter's cycle, not from a program)."""
+    from rltrace.sessions.records import PhaseScope
+
+    with capture_spans(tmp_path, session_tracer={"enabled": True}, clock=lambda: 1_000):  # one time
+        reg = runtime.RUNTIME.sessions
+        sid = register_session()
+        sess = reg.sessions[sid]
+        with trace_session_phase("generate", session_id=sid):
+            pass
+        trace_session_event("mark_finalized", session_id=sid, status="accepted")
+        rltrace.flush()
+        proc = runtime.get_pipeline().session_processor  # type: ignore[union-attr]
+        assert proc is not None and proc.late_phases == 0
+        assert type(sess.phase_log) is tuple and len(sess.phase_log) == 1  # the record is built
+        late = PhaseScope(reg.phases.get("generate"), None, None, 0, sid, reg)
+        late.parent, late.start_ns, late.end_ns = sess, 1_000, 1_000  # the in-time one's times
+        errors: list[Any] = []
+        proc.on_records([late], lambda rec, exc: errors.append(exc))
+        assert errors == [] and proc.late_phases == 1
