@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 from conftest import need, perfetto_check
@@ -197,83 +195,6 @@ def test_device_timing_events_without_cuda_is_reported_not_silent(tmp_path: Path
         with pytest.raises(ValueError, match="device_timing"):
             rltrace.trace_scope("bad", device_timing="cupti")
     assert "unavailable" in span.attributes["rl.device.timing"]
-
-
-class _StandInEvent:
-    """Stands in for ``torch.cuda.Event`` where no CUDA device runs, to test how held spans are
-    resolved, dropped, waited for and forgotten on every machine; the CUDA section below times
-    real events on a GPU host."""
-
-    def __init__(self, t_ms: float, done: bool = True) -> None:
-        self.t_ms, self.done, self.synchronized = t_ms, done, False
-
-    def query(self) -> bool:
-        return self.done
-
-    def synchronize(self) -> None:
-        self.done = self.synchronized = True
-
-    def elapsed_time(self, end: _StandInEvent) -> float:
-        return end.t_ms - self.t_ms
-
-
-def _held_scope(name: str) -> Any:
-    from rltrace.recorder import Scope
-
-    scope = Scope(name)
-    scope.begin_detached()
-    scope.extras().setdefault("attrs", {})  # as DeviceScope's entry leaves it
-    return scope
-
-
-def test_held_spans_are_the_runtimes_resolved_when_done_dropped_past_the_bound_waited_for_at_close(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from rltrace import device
-    from rltrace.recorder import STATE, now_ns
-
-    held = rltrace.runtime.RUNTIME.state.held_events
-    assert held is STATE.held_events and isinstance(held, device.HeldEvents)
-    with capture_spans(tmp_path) as cap:
-        late0, late1 = _StandInEvent(0.0), _StandInEvent(7.5, done=False)
-        held.hold(_held_scope("late"), late0, late1, now_ns(), None)
-        held.hold(_held_scope("ready"), _StandInEvent(1.0), _StandInEvent(3.5), now_ns(), None)
-        assert [s.name for s in cap.spans()] == ["ready"]  # the cycle resolved what completed
-        assert cap.one("ready").attributes["rl.device.time_s"] == pytest.approx(0.0025)
-        assert rltrace.diagnostics()["device_events"] == {"resolved": 1, "unresolved": 0, "pending": 1}
-        assert len(held.pools[0]) == 2  # the completed pair went back to the pool
-        late1.done = True
-        assert cap.one("late").attributes["rl.device.time_s"] == pytest.approx(0.0075)
-        monkeypatch.setattr(device, "MAX_PENDING", 1)
-        waited = _StandInEvent(9.0, done=False)
-        held.hold(_held_scope("waited"), _StandInEvent(4.0), waited, now_ns(), None)
-        held.hold(_held_scope("over"), _StandInEvent(0.0), _StandInEvent(1.0), now_ns(), None)
-        over = cap.one("over")  # exported at once, unresolved, and counted
-        assert over.attributes["rl.device.timing"] == "dropped (too many outstanding events)"
-        assert "rl.device.time_s" not in over.attributes
-        assert rltrace.diagnostics()["device_events"] == {"resolved": 2, "unresolved": 1, "pending": 1}
-        rltrace.shutdown()  # the close waits for the events still outstanding
-        assert waited.synchronized and len(held) == 0
-        assert cap.exporter.get_finished_spans()[-1].attributes["rl.device.time_s"] == pytest.approx(0.005)
-
-
-def test_a_forked_child_holds_none_of_its_parents_spans(tmp_path: Path) -> None:
-    from rltrace.recorder import now_ns
-
-    held = rltrace.runtime.RUNTIME.state.held_events
-    with capture_spans(tmp_path):
-        held.hold(_held_scope("parent.only"), _StandInEvent(0.0), _StandInEvent(1.0, done=False), now_ns(),
-                  None)
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: report what it holds, then leave without running exit hooks
-            os.write(write, str(len(held)).encode())
-            os._exit(0)
-        os.close(write)
-        child_held = os.read(read, 16)
-        os.close(read)
-        assert os.waitpid(pid, 0)[1] == 0
-        assert child_held == b"0" and len(held) == 1  # the parent still holds its own
-        held.pending[0][2].done = True
 
 
 NO_ACCEL = """
