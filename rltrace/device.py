@@ -264,7 +264,12 @@ class HeldEvents:
         return len(self.pending)
 
     def stats(self) -> dict[str, int]:
+        """The counts since the pipeline was configured, and how many are held now."""
         return {"resolved": self.resolved, "unresolved": self.unresolved, "pending": len(self.pending)}
+
+    def reset_counts(self) -> None:
+        """Counts are per pipeline, as the others in ``diagnostics()`` are."""
+        self.resolved = self.unresolved = 0
 
     def event(self, torch: Any) -> Any:
         """A timing-enabled CUDA event for the current device, from the pool when one is free."""

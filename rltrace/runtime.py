@@ -173,6 +173,7 @@ class Runtime:
                 return cfg
             state.cap = cfg.max_queue_size
             state.dropped = 0  # counts are per pipeline; the old one reported its own at close
+            state.held_events.reset_counts()
             reg.misuse.clear()
             state.wake_at = max(1, min(WAKE_AT, cfg.max_queue_size // 4))
             state.help_at = max(state.wake_at + 1, HELP_AT)

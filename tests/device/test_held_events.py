@@ -51,6 +51,11 @@ def test_held_spans_are_the_runtimes_resolved_when_done_dropped_past_the_bound_w
 
     held = rltrace.runtime.RUNTIME.state.held_events
     assert held is STATE.held_events and isinstance(held, device.HeldEvents)
+    with capture_spans(tmp_path / "before"):  # an earlier pipeline's counts are its own
+        held.hold(_held_scope("earlier"), _StandInEvent(0.0), _StandInEvent(1.0), now_ns(), None)
+        rltrace.flush()
+        assert rltrace.diagnostics()["device_events"]["resolved"] == 1
+    pooled = len(held.pools.get(0, []))
     with capture_spans(tmp_path) as cap:
         late0, late1 = _StandInEvent(0.0), _StandInEvent(7.5, done=False)
         held.hold(_held_scope("late"), late0, late1, now_ns(), None)
@@ -58,7 +63,7 @@ def test_held_spans_are_the_runtimes_resolved_when_done_dropped_past_the_bound_w
         assert [s.name for s in cap.spans()] == ["ready"]  # the cycle resolved what completed
         assert cap.one("ready").attributes["rl.device.time_s"] == pytest.approx(0.0025)
         assert rltrace.diagnostics()["device_events"] == {"resolved": 1, "unresolved": 0, "pending": 1}
-        assert len(held.pools[0]) == 2  # the completed pair went back to the pool
+        assert len(held.pools[0]) == pooled + 2  # the completed pair went back to the pool
         late1.done = True
         assert cap.one("late").attributes["rl.device.time_s"] == pytest.approx(0.0075)
         monkeypatch.setattr(device, "MAX_PENDING", 1)
