@@ -11,6 +11,14 @@ them, so an upgrade that changes them is caught in CI, not in a user's training 
 - ``ctx_get``/``ctx_set``/``ctx_reset``: the contextvar behind the default runtime context
   (``ContextVarsRuntimeContext._current_context``), or the public ``get_current``/``attach``/
   ``detach`` when another runtime context was chosen with ``OTEL_PYTHON_CONTEXT``.
+- ``frame_get``/``frame_set``/``frame_reset`` and :class:`FrameAwareContext`: an rltrace record
+  is made current without building an OTel ``Context`` for it.  A contextvar of rltrace's own
+  holds the innermost current record and the OTel context it was made current over (its
+  *frame*); OTel's runtime context (``opentelemetry.context._RUNTIME_CONTEXT``) is wrapped, for
+  the whole process, so that ``get_current()`` returns that context with the record as its
+  span while the OTel context is still the frame's, and the OTel context itself once other
+  code made another one current.  ``attach`` of the frame's own context object (code hiding
+  the record on purpose) makes a copy current, so that it is not taken for the frame.
 - ``SUPPRESS_INSTRUMENTATION_KEY``: the key OTel instrumentations check to stay silent
   (``opentelemetry.context._SUPPRESS_INSTRUMENTATION_KEY``); rltrace's exporters run with it set
   so an instrumented HTTP client inside an exporter does not trace itself.
@@ -38,29 +46,115 @@ them, so an upgrade that changes them is caught in CI, not in a user's training 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator
+from contextvars import ContextVar, Token
 from typing import Any
 
 from opentelemetry import context as otel_context
+from opentelemetry.context.context import Context, _RuntimeContext
 from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
 from opentelemetry.trace import DEFAULT_TRACE_STATE, SpanContext, TraceFlags
 from opentelemetry.trace.propagation import _SPAN_KEY
 
+logger = logging.getLogger("rltrace")
+
 SPAN_KEY = _SPAN_KEY
 SUPPRESS_INSTRUMENTATION_KEY: str = otel_context._SUPPRESS_INSTRUMENTATION_KEY
 
-#: the current OTel context (a ``dict``: its values typed ``Any`` here, read on the hot path)
+#: the current OTel context (a ``dict``: its values typed ``Any`` here, read on the hot path),
+#: read from the runtime context rltrace follows (:func:`follow_runtime_context`)
 ctx_get: Callable[[], Any]
 ctx_set: Callable[[Any], Any]
 ctx_reset: Callable[[Any], Any]
-_runtime = getattr(otel_context, "_RUNTIME_CONTEXT", None)
-if isinstance(_runtime, ContextVarsRuntimeContext):
-    _cv = _runtime._current_context
-    ctx_get, ctx_set, ctx_reset = _cv.get, _cv.set, _cv.reset
-    FAST_CONTEXT = True
-else:  # another runtime context (OTEL_PYTHON_CONTEXT): the public API
-    ctx_get, ctx_set, ctx_reset = otel_context.get_current, otel_context.attach, otel_context.detach
-    FAST_CONTEXT = False
+FAST_CONTEXT = False
+_followed: Any = None
+
+
+def _follow(runtime: Any) -> None:
+    global ctx_get, ctx_set, ctx_reset, FAST_CONTEXT, _followed
+    if isinstance(runtime, ContextVarsRuntimeContext):
+        cv = runtime._current_context
+        ctx_get, ctx_set, ctx_reset, FAST_CONTEXT = cv.get, cv.set, cv.reset, True
+    elif runtime is not None:  # another runtime context (OTEL_PYTHON_CONTEXT): its own methods
+        ctx_get, ctx_set, ctx_reset = runtime.get_current, runtime.attach, runtime.detach
+        FAST_CONTEXT = False
+    else:  # pragma: no cover - an API without a runtime context object: the public functions
+        ctx_get, ctx_set, ctx_reset = otel_context.get_current, otel_context.attach, otel_context.detach
+        FAST_CONTEXT = False
+    _followed = runtime
+
+
+_follow(getattr(otel_context, "_RUNTIME_CONTEXT", None))
+
+#: the innermost rltrace record made current: ``[record, the OTel context it was made current
+#: over, the Context get_current() answers for it (built on first ask)]``; None: the OTel
+#: context alone says what is current
+FRAME: ContextVar[list[Any] | None] = ContextVar("rltrace_frame", default=None)
+frame_get, frame_set, frame_reset = FRAME.get, FRAME.set, FRAME.reset
+
+
+class FrameAwareContext(_RuntimeContext):
+    """OTel's runtime context, wrapped so that it sees the rltrace record made current.
+
+    ``get_current()`` is the OTel context with the frame's record as its span while the OTel
+    context is the one the record was made current over, else the OTel context as it is (code
+    made another one current inside the record, built from this method's answer: the record is
+    in it as a parent).  Everything else is the wrapped runtime context's.
+    """
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def attach(self, context: Any) -> Token[Any]:
+        frame = frame_get()
+        if frame is not None and context is frame[1]:
+            context = Context(context)  # a copy: the same object would be taken for the frame
+        token: Token[Any] = self.inner.attach(context)
+        return token
+
+    def get_current(self) -> Any:
+        return effective_context(frame_get(), self.inner.get_current())
+
+    def detach(self, token: Token[Any]) -> None:
+        self.inner.detach(token)
+
+
+def effective_context(frame: list[Any] | None, ctx: Any) -> Any:
+    """What ``get_current()`` answers for this frame over this OTel context: for a frame over
+    it, one Context with the frame's record as its span (the same object each time)."""
+    if frame is not None and frame[1] is ctx:
+        made = frame[2]
+        if made is None:
+            made = frame[2] = Context({**ctx, SPAN_KEY: frame[0]})
+        return made
+    return ctx
+
+
+def follow_runtime_context() -> str | None:
+    """Wrap OTel's runtime context and read the current context from it, again if other code
+    replaced it since (Sentry's OpenTelemetry integration installs its own; vLLM puts a new
+    default one in place of Sentry's).  Returns the replacing runtime context's type name when
+    it followed a replacement, else None; the caller rebinds what it took of ``ctx_get``."""
+    current = getattr(otel_context, "_RUNTIME_CONTEXT", None)
+    if current is None:  # pragma: no cover - an API without a runtime context object
+        return None
+    inner = current.inner if isinstance(current, FrameAwareContext) else current
+    if inner is _followed and current is not inner:
+        return None  # wrapped, and the one read from: the common case
+    replaced = inner is not _followed
+    _follow(inner)
+    if current is inner:
+        otel_context._RUNTIME_CONTEXT = FrameAwareContext(inner)
+    if not replaced:
+        return None
+    name = type(inner).__qualname__
+    logger.info("rltrace: OpenTelemetry's runtime context was replaced (now a %s) after rltrace "
+                "was imported; rltrace follows the new one from now on", name)
+    return name
+
+
+follow_runtime_context()
 
 
 def _probe_span_context_layout() -> Any:

@@ -44,7 +44,7 @@ from .metrics_agg import make_aggregates
 from .otlp import SDK_LOGS, make_metric_exporter, make_span_exporter, otlp_endpoint
 from .otlp_encode import RecordEncoder
 from .processors import BoundedBatchProcessor, QueuedExportProcessor
-from .recorder import RecordBase, RecorderState, internal_error
+from .recorder import RecordBase, RecorderState, follow_runtime_context, internal_error
 from .sampling import HeadSampling, TaskTailSampler, head_sampler
 from .session_metrics import SessionMetricsProcessor
 from .sessions import SessionRegistry
@@ -432,6 +432,7 @@ class Pipeline:
 
     def _cycle(self, batch: int | None = None) -> None:
         refresh_thread_names()
+        follow_runtime_context()  # OTel's runtime context replaced since the last cycle: followed
         if self._step_scopes is not None and self.state.stepped:
             self.record_processors.append(self._step_scopes)  # the first step's records on
             self._step_scopes = None

@@ -18,11 +18,11 @@ import threading
 import time
 import traceback
 from collections import deque
+from contextvars import Token
 from heapq import heappop, heappush
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from opentelemetry.context import Context
 from opentelemetry.trace import (
     INVALID_SPAN_CONTEXT,
     NonRecordingSpan,
@@ -34,11 +34,14 @@ from opentelemetry.trace.status import Status, StatusCode
 
 from rltrace.exporters.values import recorded, recorded_value
 
+from . import otel_compat
 from .otel_compat import SPAN_KEY as _SPAN_KEY
 from .otel_compat import (
     ctx_get,
-    ctx_reset,
-    ctx_set,
+    effective_context,
+    frame_get,
+    frame_reset,
+    frame_set,
     new_span_context,
 )
 from .semconv import ATTR_STEP
@@ -80,10 +83,29 @@ def id_source_of(generator: Any) -> Any:
     return bits
 
 
-# ---- OTel context access: the fast path uses the contextvar behind OTel's runtime context ---
+# ---- OTel context access: the fast path reads the contextvar behind OTel's runtime context,
+# and makes a record current in a contextvar of rltrace's own (its frame: the record and the
+# OTel context it was made current over), which OTel's runtime context is wrapped to see
 # (taken in rltrace.otel_compat, the one module that reaches past OTel's public API)
 
-_ctx_get, _ctx_set, _ctx_reset = ctx_get, ctx_set, ctx_reset
+_ctx_get = ctx_get
+_frame_get, _frame_set, _frame_reset = frame_get, frame_set, frame_reset
+
+
+def follow_runtime_context() -> str | None:
+    """:func:`rltrace.otel_compat.follow_runtime_context`, with the hot path's reader of the
+    OTel context rebound to the runtime context followed (``configure`` and every export
+    cycle call it: code that replaced OTel's runtime context after rltrace was imported is
+    followed from then on)."""
+    global _ctx_get
+    replaced = otel_compat.follow_runtime_context()
+    _ctx_get = otel_compat.ctx_get
+    return replaced
+
+
+def context_value(key: str) -> Any:
+    """A value of the current OTel context (a frame adds only its record, as the span)."""
+    return _ctx_get().get(key)
 
 _get_ident = threading.get_ident
 _get_running_loop = asyncio._get_running_loop
@@ -303,7 +325,7 @@ class ScopeCore:
 
         def _set_error(self, exc: BaseException) -> None: ...
 
-        def _restore_parent(self) -> None: ...
+        def _restore_parent(self, token: Token[Any]) -> None: ...
 
     def __init__(
         self, name: str, category: Any = None, args: dict[str, Any] | None = None
@@ -320,8 +342,9 @@ class ScopeCore:
     # -- lifecycle (the hot path: lane acquisition kept inline on purpose) ---------------
     def __enter__(self: _S) -> _S:
         try:
+            frame = _frame_get()
             ctx = _ctx_get()
-            parent = ctx.get(_SPAN_KEY)
+            parent = frame[0] if frame is not None and frame[1] is ctx else ctx.get(_SPAN_KEY)
             thread = _get_ident()
             loop = _get_running_loop()
             task = None if loop is None else _current_task(loop)
@@ -345,11 +368,11 @@ class ScopeCore:
                 _take_lane(self, thread)
             self.thread = thread
             self.task = task
-            # a new Context from an exact dict (copying the Context itself costs more)
-            self._token = _ctx_set(Context({**ctx, _SPAN_KEY: self}))
+            # current as a frame over the OTel context: no OTel Context is built for it
+            self._token = _frame_set([self, ctx, None])
             self.start_ns = now_ns()
             if STATE.on_start is not None:
-                _call_on_start(self, ctx)
+                _call_on_start(self, effective_context(frame, ctx))
         except Exception as exc:  # pragma: no cover - defensive
             internal_error("trace_scope enter", exc)
         return self
@@ -361,10 +384,10 @@ class ScopeCore:
             if token is not None:
                 self._token = None
                 try:
-                    _ctx_reset(token)
+                    _frame_reset(token)
                 except (ValueError, RuntimeError):
                     # exited in another context (e.g. an async generator closed elsewhere)
-                    self._restore_parent()
+                    self._restore_parent(token)
                 if self.end_ns == 0:
                     self.end_ns = end
                     if exc is not None:
@@ -394,7 +417,7 @@ class ScopeCore:
             _take_lane(self, thread)
         self.start_ns = now_ns()
         if STATE.on_start is not None:
-            _call_on_start(self, _ctx_get())
+            _call_on_start(self, effective_context(_frame_get(), _ctx_get()))
 
     def finish(self, end_ns: int, exc: BaseException | None = None, keep: bool = False,
                hold: bool = False) -> None:
@@ -479,17 +502,20 @@ class Scope(ScopeCore, Span):
         this same thread and asyncio task (then it nests inside the parent's lane).
         """
         if from_context:
-            parent = _ctx_get().get(_SPAN_KEY)
+            parent = current_span()
         if parent is not None and not isinstance(parent, RecordBase):
             if not parent.get_span_context().is_valid:
                 parent = None
             share_lane = False
         self._start_under(parent, share_lane)
 
-    def _restore_parent(self) -> None:
-        cur = _ctx_get()
-        if cur.get(_SPAN_KEY) is self:
-            _ctx_set(Context({**cur, _SPAN_KEY: self.parent}))
+    def _restore_parent(self, token: Token[Any]) -> None:
+        """Exited in another context than it was entered in: where it is still the current
+        record, the frame it was made current over becomes current again."""
+        frame = _frame_get()
+        if frame is not None and frame[0] is self:
+            old = token.old_value
+            _frame_set(None if old is Token.MISSING else old)
 
     def _set_error(self, exc: BaseException) -> None:
         etype = type(exc)
@@ -649,9 +675,10 @@ NOOP = NoopScope(INVALID_SPAN_CONTEXT)
 
 
 def attach(span: Any) -> Any:
-    """Make ``span`` the current span in the OTel context; returns the token for :func:`detach`."""
-    ctx = Context({**_ctx_get(), _SPAN_KEY: span})
-    return _ctx_set(ctx)
+    """Make ``span`` (an rltrace record) the current span, as a frame over the OTel context
+    (what ``opentelemetry.context.get_current()`` then answers has it as its span); returns
+    the token for :func:`detach`."""
+    return _frame_set([span, _ctx_get(), None])
 
 
 def detach(token: Any) -> None:
@@ -659,26 +686,31 @@ def detach(token: Any) -> None:
     if token is None:
         return
     try:
-        _ctx_reset(token)
+        _frame_reset(token)
     except (ValueError, RuntimeError):
         pass
 
 
 def current_scope() -> Scope | None:
     """The innermost open rltrace scope in this context, if any."""
-    span = _ctx_get().get(_SPAN_KEY)
+    span = current_span()
     return span if isinstance(span, RecordBase) else None
 
 
 def current_span() -> Any:
-    """The innermost span in the OTel context (rltrace's or another instrumentation's)."""
-    return _ctx_get().get(_SPAN_KEY)
+    """The current span (rltrace's or another instrumentation's): the frame's record while
+    the OTel context is the one it was made current over, else the OTel context's span."""
+    frame = _frame_get()
+    ctx = _ctx_get()
+    if frame is not None and frame[1] is ctx:
+        return frame[0]
+    return ctx.get(_SPAN_KEY)
 
 
 def record_instant(name: str, category: Any, args: dict[str, Any] | None) -> None:
     """Attach an instant to the current span, or queue it as a zero-length span if none."""
     ts = now_ns()
-    span = _ctx_get().get(_SPAN_KEY)
+    span = current_span()
     if isinstance(span, RecordBase) and span.end_ns == 0:
         span._event(name, ts, args, category)
         return

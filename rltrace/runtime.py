@@ -35,7 +35,7 @@ from .phases import PhaseRegistry
 from .pipeline import HELP_AT, WAKE_AT, Pipeline
 from .provider import DelegatingTracerProvider
 from .ranks import detect_rank
-from .recorder import _noop, internal_error
+from .recorder import _noop, follow_runtime_context, internal_error
 from .sessions import SessionRegistry
 from .signals import TerminationHandler
 from .summary import Counters
@@ -140,6 +140,7 @@ class Runtime:
         reg, state = self.sessions, self.state
         with self.lock:
             _check_injected(clock, id_generator)
+            follow_runtime_context()
             cfg = load_config(config, rank=rank, role=role, **overrides)
             rk, world = detect_rank(cfg.rank, cfg.world_size)
             new: Pipeline | None = None

@@ -15,8 +15,7 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry.trace import Span
 
-from .otel_compat import SPAN_KEY
-from .recorder import NOOP, STATE, RecordBase, Scope, TracedScope, _ctx_get
+from .recorder import NOOP, STATE, RecordBase, Scope, TracedScope, context_value, current_span
 from .semconv import ATTR_POLICY_VERSION, ATTR_STEP
 
 __all__ = ["current_step", "policy_version", "scope_arg_step", "set_policy_version", "step", "step_of"]
@@ -118,7 +117,7 @@ def step_of(rec: Scope) -> int | None:
 
 def enclosing_scope_args() -> Iterator[dict[str, Any]]:
     """The ``args`` of the open rltrace scopes in this context, innermost first."""
-    node: Any = _ctx_get().get(SPAN_KEY)
+    node: Any = current_span()
     for _ in range(_MAX_DEPTH):
         if not isinstance(node, RecordBase):
             return
@@ -137,10 +136,9 @@ def scope_arg_step() -> int | None:
     no scope is open (e.g. a rollout executor thread, where the report assigns the step from the
     trace instead).
     """
-    ctx = _ctx_get()
-    node: Any = ctx.get(SPAN_KEY)
+    node: Any = current_span()
     if node is None:  # no scope open (a rollout thread): only a remote caller's step
-        v = ctx.get(CALLER_STEP_KEY)
+        v = context_value(CALLER_STEP_KEY)
         return v if type(v) is int else None
     epoch = None
     for _ in range(_MAX_DEPTH):  # enclosing_scope_args(), inline: tasks and sessions ask
@@ -156,7 +154,7 @@ def scope_arg_step() -> int | None:
                 epoch = v
         node = getattr(node, "parent", None)
     if epoch is None:  # in a remote call (rltrace.ray): the caller's step
-        v = ctx.get(CALLER_STEP_KEY)
+        v = context_value(CALLER_STEP_KEY)
         if type(v) is int:
             return v
     return epoch

@@ -9,7 +9,7 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry.trace import SpanContext
 
-from ..recorder import _ctx_get
+from ..recorder import context_value
 
 TASK_CV: ContextVar[Any] = ContextVar("rltrace_task_id", default=None)
 SESSION_CV: ContextVar[Any] = ContextVar("rltrace_session_id", default=None)
@@ -20,7 +20,7 @@ CALLER_TASK_KEY = otel_context.create_key("rltrace-caller-task")
 
 def caller_task() -> tuple[Any, SpanContext] | None:
     """The caller's task in another process, from the OTel context (see ``CALLER_TASK_KEY``)."""
-    found = _ctx_get().get(CALLER_TASK_KEY)  # otel_context.get_value, without its layers
+    found = context_value(CALLER_TASK_KEY)  # otel_context.get_value, without its layers
     return found if type(found) is tuple else None
 
 
