@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -59,13 +60,26 @@ SESSIONS_DIR = "session_tracer"
 
 #: queued records at which the exporter thread is woken (at most a quarter of the queue's cap)
 WAKE_AT = 8192
-#: queued records past which a recording thread runs export cycles itself (:meth:`Pipeline.help`)
-HELP_AT = 16384
+#: queued records from which a recording thread offers to run export cycles itself, every
+#: ``recorder.HELP_EVERY`` records (:meth:`Pipeline.help`): it does when they came at
+#: ``HELP_RATE`` or faster, or once ``HELP_BACKLOG`` are queued
+HELP_AT = 512
+#: records per second from which the recording thread exports them itself, in cycles of a few
+#: hundred, instead of waking the exporter thread: past this rate the recording thread holds
+#: the GIL most of the time, so the exporter thread's cycle would stall it just as long, and
+#: its records, handed to another core and collected by the GC as survivors first, would cost
+#: it more (``bench_compare``'s session loop: 0.85x the total time)
+HELP_RATE = 10_000  # (0: at any rate)
+#: queued records past which a recording thread helps whatever the rate (the exporter thread,
+#: sharing its GIL, is not keeping up)
+HELP_BACKLOG = 16384
 #: records per export cycle of the exporter thread and of :meth:`Pipeline.help` (the lock is
 #: free between cycles); an explicit flush takes everything
 CYCLE_MAX = 2048
 #: how long :meth:`Pipeline.help` waits for a running cycle before backing off
 HELP_WAIT_S = 0.1
+#: whether threads share one GIL (False on a free-threaded build that runs without it)
+_GIL: bool = getattr(sys, "_is_gil_enabled", lambda: True)()
 
 
 class Pipeline:
@@ -185,6 +199,8 @@ class Pipeline:
         #: offers to help that found a cycle running past ``HELP_WAIT_S`` (then backed off)
         self.help_timeouts = 0
         self._help_after = 0
+        #: when the last export cycle ended (monotonic): the queue is what came since
+        self._cycled_at = time.monotonic()
         self._dropped_reported = 0
         self._lost_reported = 0
         self._lost_warned_at = 0.0
@@ -339,23 +355,36 @@ class Pipeline:
 
     def help(self) -> None:
         """The queue passed ``help_at`` on a recording thread: export a cycle of ``CYCLE_MAX``
-        records here, after the exporter's running cycle if there is one.
+        records here, after the exporter's running cycle if there is one, when the records
+        came at ``HELP_RATE`` or faster, or ``HELP_BACKLOG`` of them are queued.
 
-        In a busy Python loop the exporter thread gets the GIL only between the loop's
-        switch-interval slices, so a burst queues most of itself (71k of 80k records in
-        ``bench_compare``'s 20k-session run); the records outlive the GC's young generations
-        and each full collection walks all of them (a sixth of a session's cost there).
-        Waiting for the lock gives the exporter the GIL to finish its cycle; then this thread
-        runs one: the queue, and those collections, stay small, for the CPU the exporter
-        thread would have spent on the same records, on the same GIL.  The wait is bounded
+        With the GIL, a recording thread that records that fast holds the GIL most of the
+        time: the exporter thread would take it for its cycle all the same (the loop waits as
+        long), and the records it is handed were made on another core and survived the GC's
+        young collections by then (each collection walked them, a full one every queued
+        record).  Exported here, a few hundred at a time, they are still in this core's cache
+        and die young: ``bench_compare``'s session loop took 0.85x the time this way.  Records
+        that trickle in are left to the exporter thread (woken at ``wake_at``, or its timed
+        cycle), which can then run while the recording thread waits on something else; so is
+        everything when threads run in parallel (a free-threaded build), or when span or
+        record processors of the user's are in the cycle (their code, which may block, stays
+        off the training loop).
+
+        Waiting for the lock gives a running cycle the GIL to finish.  The wait is bounded
         (``HELP_WAIT_S``): a cycle that does not end in that time (a stalled disk) is left
-        alone until the queue has grown by another ``HELP_AT`` records, so the training loop
-        waits that long at most once per ``HELP_AT`` records (and fully only at twice the
-        queue's cap, as before).
+        alone until the queue has grown by another ``HELP_BACKLOG`` records, so the training
+        loop waits that long at most once per ``HELP_BACKLOG`` records (and fully only at
+        twice the queue's cap, as before).
         """
         lock = self._lock
-        if len(self.state.buffer) < self._help_after or lock.held_by_me():
+        n = len(self.state.buffer)
+        if n < self._help_after or lock.held_by_me():
             return
+        if n < HELP_BACKLOG and (not _GIL or not self._direct or self.user_record_processors
+                                 or (time.monotonic() - self._cycled_at) * HELP_RATE > n):
+            return  # records trickling in, threads that run in parallel, or processors of the
+        # user's in the cycle (their code stays off the recording thread): the exporter's
+        # wake at ``wake_at`` or its timed cycle takes them
         if lock.acquire(timeout=HELP_WAIT_S):
             try:
                 self.helped += 1
@@ -365,7 +394,7 @@ class Pipeline:
                 lock.release()
         else:
             self.help_timeouts += 1
-            self._help_after = len(self.state.buffer) + HELP_AT
+            self._help_after = len(self.state.buffer) + HELP_BACKLOG
         if self._on_unlock is not None:  # a SIGTERM deferred while this thread waited or held
             self._on_unlock()
 
@@ -471,6 +500,7 @@ class Pipeline:
                 except Exception as exc:
                     self._sink_error(exc)
         self._drain()
+        self._cycled_at = time.monotonic()
 
     def _feed(self, rp: Any, records: list[Any]) -> list[Any]:
         """Give a cycle's records to record processor ``rp`` (``on_records`` when it takes a

@@ -141,8 +141,8 @@ class RecorderState:
     """Mutable state shared by the hot path and the exporter thread."""
 
     __slots__ = ("buffer", "cap", "device", "dropped", "enabled", "held_events", "help", "help_at",
-                 "on_start", "overflow", "pid", "policy_version", "policy_version_set", "sampling",
-                 "span_api", "stepped", "wake", "wake_at")
+                 "mark", "on_start", "overflow", "pid", "policy_version", "policy_version_set",
+                 "sampling", "span_api", "stepped", "wake", "wake_at")
 
     def __init__(self) -> None:
         self.enabled = False
@@ -155,6 +155,8 @@ class RecorderState:
         #: (:meth:`rltrace.pipeline.Pipeline.help`)
         self.help_at = 1 << 62
         self.help: Any = _noop
+        #: the queue length from which a push does more than append: ``min(wake_at, help_at)``
+        self.mark = 8_192
         #: called with a kept record (task, session, phase) that meets a queue at twice its
         #: cap: the pipeline makes room by exporting on the caller's thread (backpressure)
         self.overflow: Any = None
@@ -207,11 +209,11 @@ HELP_EVERY = 512
 
 
 def _past_wake(state: RecorderState, n: int) -> None:
-    """A record was queued at position ``n`` >= ``wake_at``: wake the exporter at the mark, and
-    past ``help_at`` offer a cycle on this thread every ``HELP_EVERY`` records."""
+    """A record was queued at position ``n`` >= ``mark``: wake the exporter at ``wake_at``, and
+    from ``help_at`` on offer a cycle on this thread every ``HELP_EVERY`` records."""
     if n == state.wake_at:
         state.wake()
-    elif n >= state.help_at and not n % HELP_EVERY:
+    if n >= state.help_at and not n % HELP_EVERY:
         state.help()
 
 
@@ -226,7 +228,7 @@ def push(item: Any, keep: bool = False) -> None:
     state = STATE
     buf = state.buffer
     n = len(buf)
-    if n < state.wake_at:  # the common case: below the mark that wakes the exporter
+    if n < state.mark:  # the common case: below the marks that wake or help the exporter
         buf.append(item)
     elif n < state.cap or (keep and n < 2 * state.cap):
         buf.append(item)
@@ -397,7 +399,7 @@ class ScopeCore:
                         heappush(lanes, self.lane)
                     state = STATE
                     buf = state.buffer
-                    if len(buf) < state.wake_at:  # inlined push: the common case
+                    if len(buf) < state.mark:  # inlined push: the common case
                         buf.append(self)
                     else:
                         push(self)

@@ -177,7 +177,8 @@ class Runtime:
             state.held_events.reset_counts()
             reg.misuse.clear()
             state.wake_at = max(1, min(WAKE_AT, cfg.max_queue_size // 4))
-            state.help_at = max(state.wake_at + 1, HELP_AT)
+            state.help_at = HELP_AT
+            state.mark = min(state.wake_at, HELP_AT)
             state.wake = new.wake
             state.help = new.help
             state.overflow = new.overflow

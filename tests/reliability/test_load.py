@@ -28,7 +28,7 @@ import rltrace
 from rltrace import pipeline, runtime, sessions
 from rltrace.config import TracerConfig
 from rltrace.locks import FairRLock
-from rltrace.recorder import STATE, Scope
+from rltrace.recorder import HELP_EVERY, STATE, Scope
 from rltrace.sessions import PhaseScope
 
 THREADS = 32
@@ -461,8 +461,10 @@ def test_a_burst_beyond_the_queue_keeps_one_record_per_session_with_the_queue_bo
     """Before: past twice ``max_queue_size`` session spans were dropped like any span, so a
     burst lost session records (51,151 of 400,000 in the issue).  Now plain spans are dropped
     and counted, and a recording thread meeting a full queue of session data exports a batch
-    itself (backpressure) instead of losing it."""
-    cap, n = 500, 30_000
+    itself (backpressure) instead of losing it.  (Twice the cap stays below ``HELP_AT``, where
+    the recording thread would export cycles itself before the queue fills.)"""
+    cap, n = 200, 30_000
+    assert 2 * cap < pipeline.HELP_AT
     rltrace.configure(fileroot=str(tmp_path), flush_at_exit=False, max_queue_size=cap,
                       flush_interval_s=3600, session_tracer={"enabled": True, "flush_threshold": 1000})
     peak = 0
@@ -526,15 +528,96 @@ def test_a_burst_on_the_default_queue_is_exported_by_the_recording_thread_past_h
     rltrace.shutdown()
     assert diag["helped_cycles"] > 0 and diag["dropped"] == 0 and diag["backpressure_cycles"] == 0
     assert written == n
-    # near HELP_AT: a cycle of CYCLE_MAX every HELP_EVERY records past it (one back-off of
-    # HELP_AT allowed for a cycle that outlasted HELP_WAIT_S on a loaded machine)
-    assert peak <= 3 * pipeline.HELP_AT, peak
+    # bounded: past HELP_AT a cycle every HELP_EVERY records while they come fast, and past
+    # HELP_BACKLOG whatever the rate (one back-off of HELP_BACKLOG allowed for a cycle that
+    # outlasted HELP_WAIT_S on a loaded machine)
+    assert peak <= 3 * pipeline.HELP_BACKLOG, peak
 
 
-def test_help_waits_a_bounded_time_for_a_stalled_cycle_then_backs_off(tmp_path: Path) -> None:
+def _scopes(n: int) -> None:
+    for _ in range(n):
+        with rltrace.trace_scope("queued"):
+            pass
+
+
+def test_records_that_come_fast_are_exported_by_the_recording_thread_a_few_hundred_at_a_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At ``HELP_RATE`` or faster (here: any rate) the recording thread exports the queue
+    itself once ``HELP_AT`` records wait, and the exporter thread is not needed for it."""
+    monkeypatch.setattr(pipeline, "HELP_RATE", 0)
+    rltrace.configure(fileroot=str(tmp_path), flush_at_exit=False, flush_interval_s=3600)
+    p = runtime.get_pipeline()
+    assert p is not None and STATE.help_at == pipeline.HELP_AT < STATE.wake_at
+    _scopes(pipeline.HELP_AT)
+    assert (p.helped, len(STATE.buffer)) == (0, pipeline.HELP_AT)
+    _scopes(1)  # queued at HELP_AT: this thread runs a cycle, which takes the queue
+    assert (p.helped, len(STATE.buffer)) == (1, 0)
+    assert p.chrome is not None and p.chrome.lines_written >= pipeline.HELP_AT + 1
+    rltrace.shutdown()
+
+
+def test_records_that_trickle_in_are_left_to_the_exporter_thread(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slower than ``HELP_RATE`` the recording thread leaves the queue to the exporter thread
+    (which can run while the loop waits on something else); so it does on a build without the
+    GIL, where the exporter thread runs beside it.  Past ``HELP_BACKLOG`` it helps whatever the
+    rate (the exporter is not keeping up)."""
+    monkeypatch.setattr(runtime, "WAKE_AT", 1 << 40)  # the exporter thread is never woken here
+    rltrace.configure(fileroot=str(tmp_path), flush_at_exit=False, flush_interval_s=3600)
+    p = runtime.get_pipeline()
+    assert p is not None and STATE.wake_at > pipeline.HELP_BACKLOG
+    _scopes(pipeline.HELP_AT)
+    time.sleep(2 * pipeline.HELP_AT / pipeline.HELP_RATE)  # what makes them slow, not a wait
+    _scopes(1)
+    assert (p.helped, len(STATE.buffer)) == (0, pipeline.HELP_AT + 1)
+    monkeypatch.setattr(pipeline, "HELP_RATE", 0)
+    monkeypatch.setattr(pipeline, "_GIL", False)  # as on a free-threaded build
+    _scopes(2 * HELP_EVERY)
+    assert p.helped == 0
+    monkeypatch.setattr(pipeline, "HELP_RATE", 1e18)  # no rate is fast enough now
+    _scopes(pipeline.HELP_BACKLOG - len(STATE.buffer) + 1)  # queued at HELP_BACKLOG: helps
+    assert p.helped == 1 and len(STATE.buffer) < pipeline.HELP_BACKLOG
+    rltrace.shutdown()
+
+
+class _RecordProcessor:
+    """A record processor of the user's (it does nothing)."""
+
+    def on_record(self, rec: Any) -> None:
+        return None
+
+
+def test_processors_of_the_users_keep_the_cycles_off_the_recording_thread(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a span or record processor of the user's in the cycle (code that may block), records
+    that come fast are left to the exporter thread all the same (below ``HELP_BACKLOG``)."""
+    from opentelemetry.sdk.trace import SpanProcessor
+
+    monkeypatch.setattr(pipeline, "HELP_RATE", 0)
+    monkeypatch.setattr(runtime, "WAKE_AT", 1 << 40)  # the exporter thread is never woken here
+    rltrace.configure(fileroot=str(tmp_path), flush_at_exit=False, flush_interval_s=3600)
+    p = runtime.get_pipeline()
+    assert p is not None
+    rt = runtime.RUNTIME
+    for add, remove, proc in ((rt.add_record_processor, rt.remove_record_processor,
+                               _RecordProcessor()),
+                              (rt.add_span_processor, rt.remove_span_processor, SpanProcessor())):
+        add(proc)
+        _scopes(2 * pipeline.HELP_AT + 1)
+        assert p.helped == 0 and len(STATE.buffer) == 2 * pipeline.HELP_AT + 1
+        remove(proc)
+        rltrace.flush()
+    _scopes(pipeline.HELP_AT + 1)  # none of the user's left: this thread helps again
+    assert p.helped == 1 and len(STATE.buffer) == 0
+    rltrace.shutdown()
+
+
+def test_help_waits_a_bounded_time_for_a_stalled_cycle_then_backs_off(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A cycle that does not end (a stalled disk, here a thread holding the pipeline's lock):
     the recording thread waits at most ``HELP_WAIT_S`` once, then leaves the exporter alone
-    until the queue has grown by another ``HELP_AT`` records."""
+    until the queue has grown by another ``HELP_BACKLOG`` records."""
+    monkeypatch.setattr(pipeline, "HELP_RATE", 0)  # it helps at any rate: the wait is tested
     rltrace.configure(fileroot=str(tmp_path), flush_at_exit=False, flush_interval_s=3600)
     p = runtime.get_pipeline()
     assert p is not None
@@ -554,7 +637,7 @@ def test_help_waits_a_bounded_time_for_a_stalled_cycle_then_backs_off(tmp_path: 
         assert held.wait(10)
         p.help()  # waits HELP_WAIT_S for the lock, then gives up
         assert (p.help_timeouts, p.helped) == (1, 0)
-        p.help()  # backed off: the queue has not grown by HELP_AT since
+        p.help()  # backed off: the queue has not grown by HELP_BACKLOG since
         assert (p.help_timeouts, p.helped) == (1, 0)
         assert len(STATE.buffer) == 100
     finally:
