@@ -223,6 +223,10 @@ class LivePublisher:
         self.base_sessions = self.sp.sessions if self.sp is not None else 0
 
     # -- called from the pipeline -----------------------------------------------------------
+    def due(self) -> bool:
+        """Whether a publish is due."""
+        return time.monotonic() >= self._next
+
     def maybe_publish(self) -> None:
         """Publish when due (one clock read and one length check otherwise)."""
         if time.monotonic() >= self._next:

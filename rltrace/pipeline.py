@@ -201,6 +201,9 @@ class Pipeline:
         self._help_after = 0
         #: when the last export cycle ended (monotonic): the queue is what came since
         self._cycled_at = time.monotonic()
+        #: a recording thread runs the cycle (:meth:`help`): the live publish is left to the
+        #: exporter thread
+        self._helping = False
         self._dropped_reported = 0
         self._lost_reported = 0
         self._lost_warned_at = 0.0
@@ -368,7 +371,9 @@ class Pipeline:
         cycle), which can then run while the recording thread waits on something else; so is
         everything when threads run in parallel (a free-threaded build), or when span or
         record processors of the user's are in the cycle (their code, which may block, stays
-        off the training loop).
+        off the training loop).  The live state's publish (a snapshot of every open session:
+        1-45 ms) stays the exporter thread's too, where the loop interleaves with it: a
+        helping cycle that finds it due wakes that thread for it.
 
         Waiting for the lock gives a running cycle the GIL to finish.  The wait is bounded
         (``HELP_WAIT_S``): a cycle that does not end in that time (a stalled disk) is left
@@ -389,8 +394,10 @@ class Pipeline:
             try:
                 self.helped += 1
                 self._help_after = 0
+                self._helping = True
                 self.flush(everything=False, batch=CYCLE_MAX)
             finally:
+                self._helping = False
                 lock.release()
         else:
             self.help_timeouts += 1
@@ -554,7 +561,10 @@ class Pipeline:
         self._report_otlp_loss(final=False)
         live = self.live
         if live is not None:
-            live.maybe_publish()  # rate-limited: one clock read when not due
+            if self._helping and live.due():  # a snapshot of every open session: 1-45 ms that
+                self._wake.set()  # the exporter thread spends, in slices the loop interleaves
+            else:
+                live.maybe_publish()  # rate-limited: one clock read when not due
 
     #: seconds the OTLP endpoint must have been failing before a warning during the run (a
     #: short run gets the one at shutdown only)

@@ -54,15 +54,23 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, otel_prefix: str = "OTEL_EXPORTER
 
 @pytest.fixture(autouse=True)
 def _rltrace_reset() -> Any:
-    """Every test starts and ends with rltrace shut down, and with no counters or policy version
-    of another test's."""
-    rltrace.shutdown()
-    rltrace.runtime.RUNTIME.counters.clear()
-    rltrace.set_policy_version(None)
+    """Every test starts and ends with rltrace shut down, and with no counters, policy version
+    or span and record processors of another test's (the runtime keeps processors across
+    reconfiguration)."""
+    _reset()
     yield
+    _reset()
+
+
+def _reset() -> None:
+    rt = rltrace.runtime.RUNTIME
     rltrace.shutdown()
-    rltrace.runtime.RUNTIME.counters.clear()
+    rt.counters.clear()
     rltrace.set_policy_version(None)
+    for proc in list(rt.user_processors):
+        rt.remove_span_processor(proc)
+    for rproc in list(rt.user_record_processors):
+        rt.remove_record_processor(rproc)
 
 
 def one_session(phase: str = "generate", status: str = "accepted") -> Any:

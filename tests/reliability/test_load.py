@@ -556,6 +556,32 @@ def test_records_that_come_fast_are_exported_by_the_recording_thread_a_few_hundr
     rltrace.shutdown()
 
 
+def test_a_helping_cycle_leaves_the_live_publish_to_the_exporter_thread(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The live state's publish (a snapshot of every open session, up to tens of ms) is not
+    run by a recording thread's cycle: finding it due, that cycle wakes the exporter thread."""
+    monkeypatch.setattr(pipeline, "HELP_RATE", 0)
+    rltrace.configure(fileroot=str(tmp_path), flush_at_exit=False, flush_interval_s=3600,
+                      session_tracer={"enabled": True})
+    p = runtime.get_pipeline()
+    assert p is not None and p.live is not None
+    live, publish, threads = p.live, p.live.publish, []
+
+    def recorded_publish(closed: bool = False) -> bool:
+        threads.append(threading.get_ident())
+        return publish(closed)
+
+    monkeypatch.setattr(live, "publish", recorded_publish)
+    live._next = 0.0  # due
+    _scopes(pipeline.HELP_AT + 1)
+    assert p.helped == 1
+    deadline = time.monotonic() + 30
+    while not threads and time.monotonic() < deadline:  # the exporter thread's cycle publishes
+        time.sleep(0.01)
+    assert threads and threading.get_ident() not in threads, threads
+    rltrace.shutdown()
+
+
 def test_records_that_trickle_in_are_left_to_the_exporter_thread(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Slower than ``HELP_RATE`` the recording thread leaves the queue to the exporter thread
