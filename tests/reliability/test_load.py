@@ -647,9 +647,7 @@ def test_help_waits_a_bounded_time_for_a_stalled_cycle_then_backs_off(
     rltrace.configure(fileroot=str(tmp_path), flush_at_exit=False, flush_interval_s=3600)
     p = runtime.get_pipeline()
     assert p is not None
-    for _ in range(100):
-        with rltrace.trace_scope("queued"):
-            pass
+    _scopes(100)
     held, release = threading.Event(), threading.Event()
 
     def stalled_cycle() -> None:
