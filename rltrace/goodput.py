@@ -31,10 +31,15 @@ from typing import Any, Protocol
 
 from .sessions import THROWN_AWAY
 
-__all__ = ["BUCKETS", "OVERHEAD_WORDS", "RankStepWork", "ScopeStep", "StepScopeCollector",
+__all__ = ["BUCKETS", "OVERHEAD_WORDS", "TRUNCATED", "ZERO_ADVANTAGE", "RankStepWork", "ScopeStep", "StepScopeCollector",
            "StepScopes", "split_rank_step", "union_s"]
 
 BUCKETS = ("productive", "overhead", "idle", "wasted")
+#: the finalize reason of a sample whose group's rewards have zero spread (no GRPO gradient):
+#: wasted work whether the framework trains on it (``accepted``) or filters it (``dropped``)
+ZERO_ADVANTAGE = "zero_advantage"
+#: the session counter marking a completion cut at the length limit
+TRUNCATED = "truncated"
 #: ``train.*`` scopes whose name holds one of these words are overhead, not train compute
 OVERHEAD_WORDS = ("sync", "weight", "broadcast", "checkpoint", "ckpt", "save", "load", "data",
                   "offload", "flush")
