@@ -33,8 +33,9 @@ PROMETHEUS_FILE = CONFIG_DIR / "prometheus.yml"
 DATASOURCES_FILE = CONFIG_DIR / "grafana" / "provisioning" / "datasources" / "datasources.yaml"
 DASH_PROVIDERS_FILE = CONFIG_DIR / "grafana" / "provisioning" / "dashboards" / "dashboards.yaml"
 DASHBOARD_FILE = CONFIG_DIR / "grafana" / "dashboards" / "rltrace.json"
-README = REPO / "README.md"
-README_SECTION = "## Collector, Jaeger, Tempo, Grafana (docker compose)"
+#: the documentation page of the stack (docs/guide/collector-stack.md), from its heading on
+README = REPO / "docs" / "guide" / "collector-stack.md"
+README_SECTION = "# Collector, Jaeger, Tempo, Grafana (docker compose)"
 
 Cfg = dict[str, Any]
 
@@ -102,7 +103,7 @@ def dashboard() -> Cfg:
 @pytest.fixture(scope="module")
 def readme_section() -> str:
     text = README.read_text(encoding="utf-8")
-    assert README_SECTION in text, f"README.md lacks the section {README_SECTION!r}"
+    assert README_SECTION in text, f"{README} lacks the section {README_SECTION!r}"
     body = text.split(README_SECTION, 1)[1]
     return body.split("\n## ", 1)[0]
 
