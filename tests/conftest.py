@@ -14,6 +14,9 @@ import pytest
 
 import rltrace
 
+#: rltrace's pytest plugin is opt-in (no entry point): this suite opts in, as a user's would
+pytest_plugins = ["rltrace.testing.pytest_plugin"]
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 #: child-process workloads and helpers the tests run (``tests/helpers/``)

@@ -4,7 +4,9 @@
   with an in-memory OTel exporter attached, and read back finished ``ReadableSpan``s.
 * :class:`IncrementingClock` and :class:`SequentialIds` with :func:`deterministic` - fixed
   timestamps and ids so output can be compared exactly.
-* the pytest fixture ``rltrace_capture`` (registered as a pytest plugin).
+* the pytest fixture ``rltrace_capture``, in the opt-in plugin :mod:`rltrace.testing.pytest_plugin`
+  (``pytest -p rltrace.testing.pytest_plugin``, or ``pytest_plugins = ["rltrace.testing.pytest_plugin"]``
+  in a ``conftest.py``): installing rltrace changes no other project's test sessions.
 """
 
 from __future__ import annotations
@@ -171,15 +173,3 @@ def read_jsonl(path: str | Path, *, strict: bool = False) -> list[dict[str, Any]
             raise AssertionError(f"{path}:{n} is not valid JSON: {raw[:200]!r}") from exc
     return out
 
-
-try:
-    import pytest
-except ImportError:  # pragma: no cover - pytest is optional for users
-    pass
-else:
-
-    @pytest.fixture
-    def rltrace_capture(tmp_path: Path) -> Iterator[CapturedSpans]:
-        """pytest fixture: rltrace configured into ``tmp_path`` with spans captured in memory."""
-        with capture_spans(tmp_path) as cap:
-            yield cap
