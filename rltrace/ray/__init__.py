@@ -88,7 +88,7 @@ from . import links
 
 __all__ = [
     "actor_options", "announced_actors", "flush_actors", "init", "labelled_options", "losses",
-    "shutdown",
+    "on_worker_setup", "shutdown",
 ]
 
 ROLE_ENV, RANK_ENV = "RLTRACE_ROLE", "RLTRACE_RANK"
@@ -140,8 +140,10 @@ def init(*args: Any, runtime_env: Mapping[str, Any] | None = None,
     env = dict(runtime_env or {})
     user_hook = env.get("worker_process_setup_hook")
 
+    setups = tuple(_WORKER_SETUPS)  # integrations' worker-side setup (on_worker_setup)
+
     def rltrace_worker_setup() -> None:  # pickled by Ray with the payload into its GCS
-        _setup_worker(payload, user_hook, label_actors, flush_tasks)
+        _setup_worker(payload, user_hook, label_actors, flush_tasks, setups)
 
     env["worker_process_setup_hook"] = rltrace_worker_setup
     kwargs.setdefault("_tracing_startup_hook", f"{__name__}:_tracing_hook")
@@ -589,8 +591,37 @@ def _flush_here(_actor: Any) -> int:
     return os.getpid()
 
 
+#: ``"package.module:function"`` names each worker process of a job started by :func:`init`
+#: calls at start, once rltrace is configured there (:func:`on_worker_setup`)
+_WORKER_SETUPS: list[str] = []
+
+
+def on_worker_setup(target: str) -> None:
+    """Have every worker process of the Ray jobs :func:`init` starts from now on call ``target``
+    (``"package.module:function"``, no arguments) at start, right after rltrace is configured
+    there: how an integration (``rltrace.integrations.verl``) instruments framework code that
+    runs in Ray actors.  Idempotent; a failing target is logged in the worker, never raised."""
+    if not isinstance(target, str) or target.count(":") != 1:
+        raise ValueError(f"rltrace.ray.on_worker_setup: target must be 'package.module:function', "
+                         f"got {target!r}")
+    if target not in _WORKER_SETUPS:
+        _WORKER_SETUPS.append(target)
+
+
+def _run_worker_setups(setups: tuple[str, ...]) -> None:
+    import importlib
+
+    for target in setups:
+        module, _, attr = target.partition(":")
+        try:
+            getattr(importlib.import_module(module), attr)()
+        except Exception as exc:  # an integration's setup must not stop the worker
+            runtime.logger.warning("rltrace.ray: worker setup %s failed: %s", target, exc)
+
+
 def _setup_worker(payload: dict[str, Any], user_hook: Any = None,
-                  label_actors: bool = False, flush_tasks: str = "all") -> None:
+                  label_actors: bool = False, flush_tasks: str = "all",
+                  setups: tuple[str, ...] = ()) -> None:
     """Runs in every worker process at start (Ray's ``worker_process_setup_hook``)."""
     install_propagator()
     _JOB.in_worker = True  # ranks of actors created here come from the job's registry
@@ -622,6 +653,7 @@ def _setup_worker(payload: dict[str, Any], user_hook: Any = None,
         p.processor.add_span_processor(_StepFromCaller(info, flush_tasks))
         p.processor.add_span_processor(_JOB.submissions)
         links.install(_JOB.submissions)
+    _run_worker_setups(setups)
     if user_hook is not None:
         if isinstance(user_hook, str):
             module, _, attr = user_hook.rpartition(".")

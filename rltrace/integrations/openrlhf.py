@@ -1,0 +1,304 @@
+"""OpenRLHF's agent executors as rltrace sessions: ``rltrace.integrations.openrlhf.instrument()``.
+
+OpenRLHF 0.11.2 runs every sample of a rollout in its vLLM engine actors (``LLMRayActor``):
+``generate_responses`` awaits, for each of a prompt's ``n_samples_per_prompt`` samples, the
+configured agent executor's ``execute`` (``SingleTurnAgentExecutor``, ``MultiTurnAgentExecutor``,
+or the ``AgentExecutor`` of the user's ``--agent_func_path`` file), all in
+:mod:`openrlhf.utils.agent`.  That module imports with OpenRLHF's ordinary dependencies
+(``aiohttp``); its trainer, samples generator, experience maker and engine modules need
+``flash_attn``, ``deepspeed`` and ``vllm`` (CUDA builds), so this integration traces the
+executors, where each sample's work happens, and leaves the trainer's sections to
+``docs/guide/integrations/openrlhf.md`` (the hook points, not instrumented: they cannot be tested here).
+
+Patched, in the process that calls :func:`instrument` (put the call in your agent or reward
+function file: OpenRLHF imports it inside each engine actor):
+
+* every executor class's ``execute``: a session per call, in a task per prompt group (the
+  concurrent calls with the same ``prompt`` object: ``generate_responses`` passes one object to
+  all of a prompt's samples); when the group's last sample ends, each of its sessions is
+  finalized ``accepted``, with reason :data:`~rltrace.goodput.ZERO_ADVANTAGE` when the group's
+  rewards (the executor's ``reward`` output) have zero spread, or ``failed`` when ``execute``
+  raised; a sample whose output says ``truncated`` gets the session counter ``truncated``;
+* the engine's ``generate`` as the executor calls it: a ``generate`` phase per call (one turn
+  each) with ``input_tokens``, ``output_tokens``, ``model`` (the tokenizer's name) and
+  ``finish_reason``;
+* every agent instance's ``step`` (``AgentInstanceBase`` subclasses: the environment's turn):
+  a ``toolcall`` phase with ``tool_name`` = the instance's class name;
+* ``SingleTurnAgentExecutor._fetch_rewards_via_func`` / ``_fetch_rewards_via_http``: a
+  ``reward`` phase with ``reward_fn`` (the function's name, or ``remote_rm``).
+
+Executor classes defined after :func:`instrument` are patched as they are defined.  A hook
+that fails logs once and counts in :data:`ERRORS`; OpenRLHF goes on untraced there.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import threading
+from collections import Counter
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import runtime
+from ..goodput import TRUNCATED, ZERO_ADVANTAGE
+from ..perf_tracer import increment_counter
+
+__all__ = ["ERRORS", "TESTED_VERSION", "instrument", "is_instrumented"]
+
+#: the OpenRLHF release this integration was written against and tested on
+TESTED_VERSION = "0.11.2"
+#: hook -> how many times it failed (OpenRLHF went on untraced there)
+ERRORS: Counter[str] = Counter()
+_LOCK = threading.Lock()
+_STATE = {"instrumented": False}
+
+
+@dataclass
+class _Group:
+    """One prompt's samples while they run (keyed by the prompt object)."""
+
+    task: Any
+    open: int = 0
+    samples: list[_Sample] = field(default_factory=list)
+
+
+@dataclass
+class _Sample:
+    sid: Any
+    group: _Group
+    model: str | None = None
+    reward: float | None = None
+    truncated: bool = False
+    failed: BaseException | None = None
+
+
+_SAMPLE: ContextVar[_Sample | None] = ContextVar("rltrace_openrlhf_sample", default=None)
+#: id(prompt) -> its open group (the prompt objects are held by the running calls)
+_GROUPS: dict[int, _Group] = {}
+
+
+def failed(hook: str, exc: BaseException) -> None:
+    """Note that ``hook`` failed (logged the first time, counted every time)."""
+    ERRORS[hook] += 1
+    if ERRORS[hook] == 1:
+        runtime.logger.warning("rltrace.integrations.openrlhf: %s failed, OpenRLHF goes on untraced "
+                               "there (further failures counted in "
+                               "rltrace.integrations.openrlhf.ERRORS): %s: %s",
+                               hook, type(exc).__name__, exc)
+
+
+def is_instrumented() -> bool:
+    """Whether :func:`instrument` ran in this process."""
+    return bool(_STATE["instrumented"])
+
+
+def instrument() -> None:
+    """Trace OpenRLHF's agent executors in this process (see the module docstring).  Idempotent.
+    Raises ImportError, naming the fix, when OpenRLHF is not importable."""
+    try:
+        agent: Any = importlib.import_module("openrlhf.utils.agent")
+    except ImportError as exc:
+        raise ImportError(f"rltrace.integrations.openrlhf: cannot import openrlhf.utils.agent ({exc}); "
+                          f"install OpenRLHF (tested: openrlhf=={TESTED_VERSION}) in this "
+                          f"environment") from exc
+    with _LOCK:
+        if _STATE["instrumented"]:
+            return
+        _STATE["instrumented"] = True
+    _patch_tree(agent.AgentExecutorBase, "execute", _execute)
+    _patch_tree(agent.AgentInstanceBase, "step", _step)
+    for name in ("_fetch_rewards_via_func", "_fetch_rewards_via_http"):
+        _patched(agent.SingleTurnAgentExecutor, name, functools.partial(_reward, name))
+
+
+# ---- patching -----------------------------------------------------------------------------------
+
+
+def _patched(cls: Any, name: str, make: Any) -> None:
+    """Replace ``cls.name`` (defined on ``cls`` itself) by ``make(original)``, once."""
+    original = cls.__dict__.get(name)
+    if original is None or getattr(original, "_rltrace_original", None) is not None:
+        return
+    wrapper: Any = functools.wraps(original)(make(original))
+    wrapper._rltrace_original = original
+    setattr(cls, name, wrapper)
+
+
+def _patch_tree(base: Any, name: str, make: Any) -> None:
+    """Patch ``name`` on ``base`` and every subclass that defines it, now and as they are
+    defined (``__init_subclass__`` of ``base``)."""
+    todo = [base]
+    while todo:
+        cls = todo.pop()
+        _patched(cls, name, make)
+        todo.extend(cls.__subclasses__())
+    previous = base.__dict__.get("__init_subclass__")
+
+    def init_subclass(cls: Any, /, **kwargs: Any) -> None:
+        if previous is not None:
+            previous.__func__(cls, **kwargs)
+        else:
+            super(base, cls).__init_subclass__(**kwargs)
+        try:
+            _patched(cls, name, make)
+        except Exception as exc:
+            failed(f"{cls.__name__}.{name}", exc)
+
+    base.__init_subclass__ = classmethod(init_subclass)
+
+
+def _sessions_on() -> bool:
+    return bool(runtime.RUNTIME.sessions.enabled)
+
+
+# ---- a sample's session -------------------------------------------------------------------------
+
+
+def _begin(prompt: Any, tokenizer: Any) -> _Sample:
+    reg = runtime.RUNTIME.sessions
+    group = _GROUPS.get(id(prompt))
+    if group is None:
+        group = _GROUPS[id(prompt)] = _Group(reg.register_task())
+    group.open += 1
+    name = getattr(tokenizer, "name_or_path", None)
+    sample = _Sample(reg.register_session(group.task), group, str(name) if name else None)
+    group.samples.append(sample)
+    return sample
+
+
+def _end(prompt: Any, sample: _Sample, out: Any) -> None:
+    if isinstance(out, dict):
+        sample.truncated = bool(out.get("truncated"))
+        sample.reward = _number(out.get("reward"))
+    group = sample.group
+    group.open -= 1
+    if group.open > 0:
+        return
+    if _GROUPS.get(id(prompt)) is group:
+        del _GROUPS[id(prompt)]
+    done = [s for s in group.samples if s.failed is None]
+    rewards = [s.reward for s in done]
+    flat = (len(done) > 1 and len(done) == len(group.samples) and None not in rewards
+            and max(rewards) == min(rewards))  # type: ignore[type-var]
+    reg = runtime.RUNTIME.sessions
+    for s in group.samples:
+        if s.truncated:
+            increment_counter(TRUNCATED, 1, session_id=s.sid)
+        if s.failed is not None:
+            reg.finalize_session(s.sid, "failed", f"{type(s.failed).__name__}: {s.failed}"[:200])
+        else:
+            reg.finalize_session(s.sid, "accepted", ZERO_ADVANTAGE if flat else None)
+
+
+def _number(v: Any) -> float | None:
+    """A reward as a float (a number, a one-element tensor or list), else None."""
+    if isinstance(v, (list, tuple)) and len(v) == 1:
+        v = v[0]
+    if hasattr(v, "item"):
+        try:
+            v = v.item()
+        except Exception:
+            return None
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _execute(original: Any) -> Any:
+    async def execute(self: Any, prompt: Any, label: Any, sampling_params: Any, max_length: int,
+                      hf_tokenizer: Any, llm_engine: Any, *args: Any, **kwargs: Any) -> Any:
+        sample = None
+        if _SAMPLE.get() is None:  # an override calling super().execute(): one session
+            try:
+                if _sessions_on():
+                    sample = _begin(prompt, hf_tokenizer)
+            except Exception as exc:
+                failed("execute", exc)
+        if sample is None:
+            return await original(self, prompt, label, sampling_params, max_length, hf_tokenizer,
+                                  llm_engine, *args, **kwargs)
+        token = _SAMPLE.set(sample)
+        out = None
+        try:
+            out = await original(self, prompt, label, sampling_params, max_length, hf_tokenizer,
+                                 _Engine(llm_engine, sample), *args, **kwargs)
+            return out
+        except BaseException as exc:
+            sample.failed = exc
+            raise
+        finally:
+            _SAMPLE.reset(token)
+            try:
+                _end(prompt, sample, out)
+            except Exception as exc:
+                failed("execute", exc)
+
+    return execute
+
+
+class _Engine:
+    """The engine as the executor sees it: ``generate`` timed as a ``generate`` phase of the
+    sample's session; everything else passed through."""
+
+    def __init__(self, engine: Any, sample: _Sample) -> None:
+        self._rltrace_engine = engine
+        self._rltrace_sample = sample
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._rltrace_engine, name)
+
+    async def generate(self, prompt_token_ids: Any, sampling_params: Any, *args: Any, **kwargs: Any) -> Any:
+        engine, sample = self._rltrace_engine, self._rltrace_sample
+        try:
+            start: dict[str, Any] = {"input_tokens": len(prompt_token_ids)}
+            if sample.model:
+                start["model"] = sample.model
+            scope = runtime.RUNTIME.sessions.atrace_session_phase("generate", start, session_id=sample.sid)
+        except Exception as exc:
+            failed("generate", exc)
+            return await engine.generate(prompt_token_ids, sampling_params, *args, **kwargs)
+        async with scope as ph:
+            out = await engine.generate(prompt_token_ids, sampling_params, *args, **kwargs)
+            try:
+                first = out.outputs[0]
+                ph.set_end_payload(output_tokens=len(first.token_ids),
+                                   finish_reason=str(first.finish_reason))
+            except Exception as exc:
+                failed("generate", exc)
+        return out
+
+
+def _phase(hook: str, phase: str, payload: dict[str, Any]) -> Any:
+    """A phase scope of the current sample's session, or None (no sample, or it failed)."""
+    sample = _SAMPLE.get()
+    if sample is None:
+        return None
+    try:
+        return runtime.RUNTIME.sessions.atrace_session_phase(phase, payload, session_id=sample.sid)
+    except Exception as exc:
+        failed(hook, exc)
+        return None
+
+
+def _step(original: Any) -> Any:
+    async def step(self: Any, *args: Any, **kwargs: Any) -> Any:
+        scope = _phase("step", "toolcall", {"tool_name": type(self).__name__})
+        if scope is None:
+            return await original(self, *args, **kwargs)
+        async with scope:
+            return await original(self, *args, **kwargs)
+
+    return step
+
+
+def _reward(name: str, original: Any) -> Any:
+    async def fetch(self: Any, *args: Any, **kwargs: Any) -> Any:
+        fn = getattr(getattr(self, "reward_func", None), "__name__", None)
+        reward_fn = fn if name.endswith("func") and fn else "remote_rm"
+        scope = _phase(name, "reward", {"reward_fn": reward_fn})
+        if scope is None:
+            return await original(self, *args, **kwargs)
+        async with scope:
+            return await original(self, *args, **kwargs)
+
+    return fetch
