@@ -43,8 +43,17 @@ import orjson
 
 from rltrace.exporters.files import write_atomically
 
-from .goodput import BUCKETS, RankStepWork, ScopeStep, StepScopeCollector, split_rank_step
-from .sessions import THROWN_AWAY, SessionRegistry
+from .goodput import (
+    BUCKETS,
+    ZERO_ADVANTAGE,
+    RankStepWork,
+    ScopeStep,
+    StepScopeCollector,
+    session_fate,
+    split_rank_step,
+    truncated_of,
+)
+from .sessions import SessionRegistry
 
 __all__ = ["EDGES", "FORMAT", "LIST_CAP", "STEPS_KEPT", "LivePublisher", "bucket_upper"]
 
@@ -77,16 +86,19 @@ _OPEN_PHASES = attrgetter("open_phases")
 _NAME = attrgetter("name")
 _STEP = attrgetter("step")
 _START = attrgetter("start_ns")
-_FATES = ("generated", "accepted", "wasted")
+#: phase time and tokens by fate: accepted means trained on with a gradient; zero_advantage (trained
+#: on or dropped with no gradient) is also counted in wasted
+_FATES = ("generated", "accepted", "wasted", "zero_advantage")
 
 
 def _finished(rec: dict[str, Any]) -> tuple[Any, ...]:
     """What the live state keeps of a finished session record: (step, status, total_s, output
     tokens, phase seconds, version lag at finalize (None: no version), its phase executions as
     flat (start, end, start, end, ...) seconds, submit, finalize, the version that generated
-    it).  One pass over its phases: this runs for every session, on the exporter thread.  Only
-    numbers and tuples of numbers, which the garbage collector stops tracking after one look,
-    so the held entries cost the user's collections nothing."""
+    it, its finalize reason, whether it was truncated).  One pass over its phases: this runs
+    for every session, on the exporter thread.  Only numbers and tuples of numbers, which the
+    garbage collector stops tracking after one look, so the held entries cost the user's
+    collections nothing."""
     iv: list[float] = []
     phase_s = 0.0
     for execs in rec["phases"].values():
@@ -100,7 +112,7 @@ def _finished(rec: dict[str, Any]) -> tuple[Any, ...]:
         at = rec.get("policy_version_at_finalize", v)
         lag = at - v if type(at) is int else None
     return (rec["step"], rec["status"], rec["total_s"], rec.get("output_tokens", 0), phase_s, lag,
-            tuple(iv), rec.get("submit_ts"), rec["finalized_ts"], v)
+            tuple(iv), rec.get("submit_ts"), rec["finalized_ts"], v, rec.get("reason"), truncated_of(rec))
 
 
 _R_STEP = itemgetter(0)
@@ -211,7 +223,8 @@ class LivePublisher:
         #: what finished sessions generated and what was thrown away (``rltrace top``'s goodput
         #: line): output tokens and phase seconds by fate, and policy version lag at finalize
         self.goodput: dict[str, Any] = {"tokens": dict.fromkeys(_FATES, 0.0),
-                                        "phase_s": dict.fromkeys(_FATES, 0.0), "lag": Counter()}
+                                        "phase_s": dict.fromkeys(_FATES, 0.0), "lag": Counter(),
+                                        "truncated": 0}
         self.aggregated = 0
         self.max_step: int | None = None
         #: the goodput split's inputs of the ``STEPS_KEPT`` highest steps: the sessions' work and
@@ -294,7 +307,7 @@ class LivePublisher:
         doc["finished"] = {"total": total, "by_status": dict(self.by_status),
                            "missed": max(0, total - self.aggregated),
                            "tokens": dict(gp["tokens"]), "phase_s": dict(gp["phase_s"]),
-                           "lag": sorted(gp["lag"].items())}
+                           "lag": sorted(gp["lag"].items()), "truncated": gp["truncated"]}
         doc["steps"] = [
             {"step": s, "done": st.done, "by_status": dict(st.by_status),
              "hist": sorted(st.hist.items()), "max_s": round(st.max_s, 6)}
@@ -365,26 +378,34 @@ class LivePublisher:
                 self.max_step = step
 
     def _aggregate_goodput(self, recs: list[tuple[Any, ...]]) -> None:
-        """Tokens and phase time by fate, version lag at finalize (the rank's policy version
-        then minus the one that generated the session) of accepted sessions, and each kept
-        step's work for its goodput split."""
+        """Tokens and phase time by fate (:func:`rltrace.goodput.session_fate`), version lag at
+        finalize (the rank's policy version then minus the one that generated the session) of
+        accepted sessions, truncated completions, and each kept step's work for its goodput
+        split."""
         tokens, phase_s, lag = self.goodput["tokens"], self.goodput["phase_s"], self.goodput["lag"]
         work = self.work
-        for step, status, _total, tok, ph, moved, phases, submit, final, version in recs:
+        for step, status, _total, tok, ph, moved, phases, submit, final, version, reason, cut in recs:
             if type(step) is int:
                 w = work.get(step)
                 if w is None:
                     w = _keep(work, step, RankStepWork())
                 if w is not None:
-                    w.add(zip(phases[::2], phases[1::2], strict=True), status, tok, version, submit, final)
-            fate = "accepted" if status == "accepted" else "wasted" if status in THROWN_AWAY else None
+                    w.add(zip(phases[::2], phases[1::2], strict=True), status, tok, version, submit, final,
+                          reason, cut)
+            fate = session_fate(status, reason)
             tokens["generated"] += tok
             phase_s["generated"] += ph
+            if cut:
+                self.goodput["truncated"] += 1
             if fate is not None:
-                tokens[fate] += tok
-                phase_s[fate] += ph
-                if fate == "accepted" and moved is not None:
-                    lag[moved] += 1
+                key = "accepted" if fate == "useful" else "wasted"
+                tokens[key] += tok
+                phase_s[key] += ph
+                if reason == ZERO_ADVANTAGE and fate == "wasted":
+                    tokens["zero_advantage"] += tok
+                    phase_s["zero_advantage"] += ph
+            if status == "accepted" and moved is not None:
+                lag[moved] += 1
 
     def _step_stats(self, step: Any) -> _StepStats | None:
         st = self.steps.get(step)
@@ -454,11 +475,7 @@ class LivePublisher:
         return doc, ordered
 
     def _write(self, data: bytes) -> None:
-        path = self.path
-        if not self._dir_made:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._dir_made = True
-        write_atomically(path, data)
+        write_atomically(self.path, data)  # makes the folder, never another user's
 
 
 def live_path(log_dir: Path, file_name: str) -> Path:

@@ -1,13 +1,15 @@
 """Goodput in the report: each rank's step split into productive, overhead, idle and wasted
-time (the split itself is :mod:`rltrace.goodput`'s, shared with ``rltrace top``), and every
-generated token.
+time (the split and the waste taxonomy are :mod:`rltrace.goodput`'s, shared with ``rltrace top``
+and ``rltrace diff``), every generated token, the sections seen with their class, the groups
+whose rewards had zero spread and the truncated completions.
 
 Tokens are the ``output_tokens`` of the session records (``gen_ai.usage.output_tokens`` of their
-phases): generated (all), accepted (trained on) and wasted, per rank and step, and per second
-of the step's wall time.  Staleness is each trained sample's version lag: the policy version of
-the train step that used it (``rl.policy.version`` of its ``rltrace.step`` scope) minus the
-version that generated it (``policy_version`` of its record; ``rltrace.set_policy_version``), and
-what staleness cost: the rejected sessions by reason, with their time and tokens.
+phases): generated (all), accepted (trained on with a gradient) and wasted, per rank and step,
+and per second of the step's wall time.  Staleness is each trained sample's version lag: the
+policy version of the train step that used it (``rl.policy.version`` of its ``rltrace.step``
+scope) minus the version that generated it (``policy_version`` of its record;
+``rltrace.set_policy_version``), and what staleness cost: the wasted sessions by reason, with
+their time and tokens.
 """
 
 from __future__ import annotations
@@ -15,21 +17,34 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from ..goodput import BUCKETS, RankStepWork, split_rank_step
+from ..goodput import (
+    BUCKETS,
+    ZERO_ADVANTAGE,
+    RankStepWork,
+    section_times,
+    session_fate,
+    split_rank_step,
+    truncated_of,
+)
 from ..readers import timeline
-from ..sessions import THROWN_AWAY
 
-__all__ = ["GoodputReader", "build", "staleness"]
+__all__ = ["GoodputReader", "build", "sections", "staleness"]
 
 
 class GoodputReader:
     """Takes each session record as the report reads it (kept per rank and step: phase
     intervals, 16 bytes per phase execution, and a few sums)."""
 
+    #: groups (tasks) remembered for the zero-advantage count; beyond it only sessions count
+    GROUPS_CAP = 1_000_000
+
     def __init__(self) -> None:
         self.work: dict[tuple[int, int], RankStepWork] = {}
-        #: (status, reason) of thrown-away sessions -> [sessions, phase seconds, tokens]
+        #: (status, reason) of wasted sessions -> [sessions, phase seconds, tokens]
         self.thrown: dict[tuple[str, str], list[float]] = {}
+        #: the groups (tasks) seen, and those with a zero-advantage session
+        self.groups: set[Any] = set()
+        self.zero_groups: set[Any] = set()
 
     def add(self, rec: dict[str, Any], rank: int, step: int, status: str,
             d: timeline.Decomposition, submit: float | None, final: float) -> None:
@@ -37,10 +52,17 @@ class GoodputReader:
         if w is None:
             w = self.work[(rank, step)] = RankStepWork()
         tokens = rec.get("output_tokens") or 0.0
+        reason = rec.get("reason")
         phase_s = w.add(((s, e) for _, kind, s, e, _ in d.raw if kind == timeline.KIND_PHASE),
-                        status, tokens, rec.get("policy_version"), submit, final)
-        if status in THROWN_AWAY:
-            key = (status, str(rec.get("reason") or "–"))
+                        status, tokens, rec.get("policy_version"), submit, final, reason,
+                        truncated_of(rec))
+        task = rec.get("task_id")
+        if task is not None and type(task) in (int, str) and len(self.groups) < self.GROUPS_CAP:
+            self.groups.add(task)
+            if reason == ZERO_ADVANTAGE:
+                self.zero_groups.add(task)
+        if session_fate(status, reason) == "wasted":
+            key = (status, str(reason or "–"))
             t = self.thrown.get(key)
             if t is None:
                 t = self.thrown[key] = [0, 0.0, 0.0]
@@ -102,6 +124,9 @@ def build(run: Any) -> dict[str, Any]:
         tokens["accepted"] += w.tokens_accepted
         tokens["wasted"] += w.tokens_wasted
     step_wall = sum(s["wall_s"] for s in steps.values())
+    works = reader.work.values()
+    sessions = sum(w.sessions for w in works)
+    truncated = sum(w.truncated for w in works)
     return {
         "buckets": list(BUCKETS),
         "seconds": overall, "share": _shares(overall),
@@ -112,7 +137,30 @@ def build(run: Any) -> dict[str, Any]:
                    "wasted_share": tokens["wasted"] / tokens["generated"] if tokens["generated"] else None,
                    "per_s": {k: (v / step_wall if step_wall > 0 else None) for k, v in tokens.items()}},
         "staleness": staleness(run, reader),
+        "sections": sections(run),
+        "zero_advantage": {"groups": len(reader.zero_groups), "groups_total": len(reader.groups),
+                           "sessions": sum(w.zero_adv for w in works),
+                           "seconds": sum(w.zero_adv_s for w in works),
+                           "tokens": sum(w.zero_adv_tokens for w in works)},
+        "truncated": {"sessions": truncated, "of_sessions": sessions,
+                      "share": truncated / sessions if sessions else None,
+                      "tokens": sum(w.truncated_tokens for w in works)},
     }
+
+
+def sections(run: Any) -> list[dict[str, Any]]:
+    """Each ``train.*`` section under the steps with its class in the waste taxonomy and its own
+    time (less its nested sections') summed over ranks and steps, longest first."""
+    total: dict[str, list[Any]] = {}
+    for info in run.steps_info.values():
+        for name, (cls, sec) in section_times(info, run.options.rollout_scope)[0].items():
+            t = total.get(name)
+            if t is None:
+                total[name] = [cls, sec]
+            else:
+                t[1] += sec
+    return [{"section": name, "class": cls, "seconds": sec}
+            for name, (cls, sec) in sorted(total.items(), key=lambda kv: -kv[1][1])]
 
 
 def staleness(run: Any, reader: GoodputReader) -> dict[str, Any]:

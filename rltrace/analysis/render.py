@@ -19,7 +19,17 @@ from ..quantiles import DEFINITION
 from . import units
 from .load import ReportError
 from .plots import MANY_RANKS, Plot, write_plots
-from .report import fmt_pct, fmt_s, link_name, public, session_name, skipped_text, why_slow
+from .report import (
+    fmt_pct,
+    fmt_s,
+    link_name,
+    public,
+    session_name,
+    skipped_text,
+    truncated_line,
+    why_slow,
+    zero_advantage_line,
+)
 from .template import HTML
 from .units import unit_of
 
@@ -63,10 +73,17 @@ def _x(v: Any) -> str:
 
 
 def _num(v: Any) -> str:
-    if v is None:
+    """A number as the CLI shows it: four significant digits, ``109.9k``/``4.56M``/``1.20G`` from
+    ten thousand up (never scientific notation); integers as they are."""
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return "–"
     if isinstance(v, float):
-        return f"{v:.4g}" if abs(v) < 1e6 else f"{v:.3e}"
+        a = abs(v)
+        if a < 1e4:
+            return f"{v:.4g}" if a >= 1e-3 or a == 0 else f"{v:.2g}"
+        for scale, suffix, digits in ((1e9, "G", 2), (1e6, "M", 2), (1e3, "k", 1)):
+            if a >= scale:
+                return f"{v / scale:.{digits}f}{suffix}"
     return str(v)
 
 
@@ -131,7 +148,8 @@ def render_html(rep: dict[str, Any], plots: list[Plot]) -> str:
 
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=False)
     env.filters.update(s=fmt_s, t=units.number, pct=fmt_pct, x=_x, num=_num, step=_step, session=session_name,
-                       why=why_slow, shares=_shares, skipped=skipped_text, chain=chain_text, link=link_name)
+                       why=why_slow, shares=_shares, skipped=skipped_text, chain=chain_text, link=link_name,
+                       waste=waste_lines)
     uris = {p.key: {"title": p.title, "caption": p.caption,
                     "uri": "data:image/png;base64," + base64.b64encode(p.path.read_bytes()).decode("ascii")}
             for p in plots}
@@ -327,13 +345,28 @@ def _md_turns(rep: dict[str, Any], img: dict[str, str]) -> list[str]:
     return L
 
 
+#: what each goodput bucket holds (the Markdown and HTML reports say it the same way)
+BUCKETS_EXPLAINED = (
+    "Each rank's step time in buckets that add up to 100%, each framework section classified by the waste "
+    "taxonomy (rltrace.goodput; the sections table below shows each one's class): productive (train compute; "
+    "generation, tool and reward time of samples trained on with a gradient), overhead (weight sync, "
+    "validation, checkpoints, data loading, mode switches, untraced step time), idle (waiting on the batch "
+    "or on weights; rollout time with no session phase running), wasted (phase time of rejected, failed and "
+    "dropped samples, and of zero-advantage samples: their group's rewards had zero spread).")
+
+
+def waste_lines(gp: dict[str, Any]) -> list[str]:
+    """The zero-advantage and truncation sentences of the goodput section (none when nothing)."""
+    out = []
+    for text in (zero_advantage_line(gp), truncated_line(gp)):
+        if text is not None:
+            out.append(text[0].upper() + text[1:] + ".")
+    return out
+
+
 def _md_goodput(rep: dict[str, Any], img: dict[str, str]) -> list[str]:
     gp = rep["goodput"]
-    L = ["## Goodput: where the step time and the tokens went", "",
-         "Each rank's step time in buckets that add up to 100%: productive (train compute; generation, "
-         "tool and reward time of accepted samples), overhead (weight sync, checkpoints, data loading, "
-         "flushing, untraced step time), idle (rollout time with no session phase running), wasted "
-         "(phase time of rejected and failed samples).", ""]
+    L = ["## Goodput: where the step time and the tokens went", "", BUCKETS_EXPLAINED, ""]
     if not gp["by_step"]:
         return [*L, "No step time to account: no rltrace.step scopes and no session records.", ""]
     u = unit_of(rep, "goodput")
@@ -349,15 +382,21 @@ def _md_goodput(rep: dict[str, Any], img: dict[str, str]) -> list[str]:
         L += _md_table(["role", *gp["buckets"]],
                        [[role, *(fmt_pct(v["share"][b]) for b in gp["buckets"])]
                         for role, v in gp["by_role"].items()])
+    if gp.get("sections"):
+        L += _md_table(["section", "class", f"own time ({u})"],
+                       [[r["section"], r["class"], units.number(r["seconds"], u)]
+                        for r in gp["sections"][:30]])
     tok = gp["tokens"]
-    L += [f"Tokens: {_num(tok['generated'])} generated, {_num(tok['accepted'])} accepted (trained on), "
-          f"{_num(tok['wasted'])} thrown away ({fmt_pct(tok['wasted_share'])}).", ""]
+    L += [f"Tokens: {_num(tok['generated'])} generated, {_num(tok['accepted'])} trained on with a gradient, "
+          f"{_num(tok['wasted'])} wasted ({fmt_pct(tok['wasted_share'])}).", ""]
+    for line in waste_lines(gp):
+        L += [line, ""]
     st = gp["staleness"]
     if st["trained"]:
         L += ["Policy version lag of trained samples: " + ", ".join(f"{k}: {n}" for k, n in st["lag"].items())
               + f" (mean {_num(st['mean_lag'])}, max {st['max_lag']}).", ""]
     if st["thrown_away"]:
-        L += _md_table(["thrown away", "reason", "sessions", f"phase time ({u})", "tokens"],
+        L += _md_table(["wasted", "reason", "sessions", f"phase time ({u})", "tokens"],
                        [[r["status"], r["reason"], r["sessions"], units.number(r["seconds"], u),
                          _num(r["tokens"])]
                         for r in st["thrown_away"][:30]])
@@ -378,13 +417,14 @@ def chain_text(st: dict[str, Any], unit: str | None = None) -> str:
 def _md_critical(rep: dict[str, Any], img: dict[str, str]) -> list[str]:
     cp = rep["critical_path"]
     L = ["## Critical path", "",
-         "Per step, the chain that set its length on the rank that ended it (a rollout's link is the "
+         "Per step, its length (measured within each rank: ranks started apart are no step time) and the "
+         "chain that set it on its longest rank (a rollout's link is the "
          "session that finished last, on another rank when the rank only trains); (+x): how much "
          "shorter the step would have been with that link at its median.", ""]
     if not cp["steps"]:
         return [*L, "No rltrace.step scopes: no step to follow.", ""]
     u = unit_of(rep, "critical")
-    L += _md_table(["step", f"length ({u})", "ended by", "chain", f"what if ({u})"],
+    L += _md_table(["step", f"length ({u})", "set by", "chain", f"what if ({u})"],
                    [[_step(s["step"]), units.number(s["length_s"], u), f"rank {s['ended_by_rank']}",
                      chain_text(s, u), units.number(s["what_if_s"], u)] for s in cp["steps"][:50]])
     if cp["top_links"]:

@@ -267,7 +267,29 @@ def tokens_line(gp: dict[str, Any]) -> str | None:
     per = tok["per_s"]
     return (f"generated {fmt_count(per['generated'])} tokens/s, accepted (trained) "
             f"{fmt_count(per['accepted'])}/s; {fmt_pct(tok['wasted_share'])} of generated tokens "
-            f"thrown away with rejected and failed samples")
+            f"thrown away (rejected, failed, dropped and zero-advantage samples)")
+
+
+def zero_advantage_line(gp: dict[str, Any]) -> str | None:
+    """``3 of 8 groups had zero reward spread: 4.20 s of generation and reward wasted (12
+    samples, 1.5k tokens)`` (None: no zero-advantage sample)."""
+    za = gp.get("zero_advantage") or {}
+    if not za.get("sessions"):
+        return None
+    groups = (f"{za['groups']} of {za['groups_total']} groups" if za.get("groups_total")
+              else "some groups")
+    return (f"{groups} had zero reward spread (no GRPO gradient): {fmt_s(za['seconds'])} of "
+            f"generation and reward wasted ({za['sessions']} samples, {fmt_count(za['tokens'])} "
+            f"tokens)")
+
+
+def truncated_line(gp: dict[str, Any]) -> str | None:
+    """``5 of 40 completions (12.5%) were truncated at the length limit (2.0k tokens)``."""
+    tr = gp.get("truncated") or {}
+    if not tr.get("sessions"):
+        return None
+    return (f"{tr['sessions']} of {tr['of_sessions']} completions ({fmt_pct(tr['share'])}) were "
+            f"truncated at the length limit ({fmt_count(tr['tokens'])} tokens)")
 
 
 def staleness_line(gp: dict[str, Any]) -> str | None:
@@ -295,7 +317,7 @@ def _goodput_findings(rep: dict[str, Any], add: Add) -> None:
     line = goodput_line(gp)
     if line is not None:
         add("goodput", f"Where the ranks' step time went: {line}.")
-    for text in (tokens_line(gp), staleness_line(gp)):
+    for text in (tokens_line(gp), zero_advantage_line(gp), truncated_line(gp), staleness_line(gp)):
         if text is not None:
             add("goodput", text[0].upper() + text[1:] + ".")
 

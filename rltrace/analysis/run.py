@@ -248,6 +248,12 @@ def _rank_steps(s: SessionArrays, reader: SessionReader,
                 start, src = info.start_us / 1e6, START_STEP
             else:
                 start, src = reader.first_submit.get((rank, step), math.nan), START_SUBMIT
+            # sessions generated before their step began (trained in a later step than the
+            # rollout that made them: TRL's steps_per_generation, an off-policy buffer) are timed
+            # from their first submit, never from a start after them
+            first = reader.first_submit.get((rank, step))
+            if first is not None and first < start:
+                start, src = first, START_SUBMIT
             starts[i] = start
             out[(rank, step_or_none(step))] = RankStep(
                 rank=rank, step=step_or_none(step), start_s=start, start_source=src,

@@ -249,12 +249,14 @@ last phase's end). Time by turn index: mean per execution of each phase at that 
 <section id="goodput">
 <h2>Goodput: where the step time and the tokens went</h2>
 {% set gp = rep.goodput %}
-<p class="explain">Each rank's step time split into buckets that add up to 100%: <b>productive</b> (train compute,
-and the generation, tool and reward time of accepted samples), <b>overhead</b> (weight sync, checkpoints, data
-loading, flushing, and step time outside any train.* scope), <b>idle</b> (rollout time with no session phase
-running: a trainer waiting for rollouts, a worker waiting for work) and <b>wasted</b> (generation, tool and
-reward time of rejected and failed samples). Busy rollout time is shared between productive and wasted in
-proportion to their sessions' phase time.</p>
+<p class="explain">Each rank's step time split into buckets that add up to 100%, each framework section
+classified by the waste taxonomy (the sections table shows each one's class): <b>productive</b> (train compute,
+and the generation, tool and reward time of samples trained on with a gradient), <b>overhead</b> (weight sync,
+validation, checkpoints, data loading, mode switches, and step time outside any train.* scope), <b>idle</b>
+(waiting on the batch or on weights; rollout time with no session phase running) and <b>wasted</b> (generation,
+tool and reward time of rejected, failed and dropped samples, and of zero-advantage samples: their group's
+rewards had zero spread). Busy rollout time is shared between productive and wasted in proportion to their
+sessions' phase time.</p>
 {% if gp.by_step %}
 <div class="scroll"><table><tr><th class="l">step</th><th>wall ({{ U }})</th>{% for b in gp.buckets %}<th>{{ b }}</th>{% endfor %}<th>generated tokens/s</th><th>accepted tokens/s</th></tr>
 <tr class="flag"><td class="l">all</td><td>–</td>{% for b in gp.buckets %}<td>{{ gp.share[b]|pct }}</td>{% endfor %}<td>{{ gp.tokens.per_s.generated|num }}</td><td>{{ gp.tokens.per_s.accepted|num }}</td></tr>
@@ -264,10 +266,15 @@ proportion to their sessions' phase time.</p>
 <div class="scroll"><table><tr><th class="l">role</th>{% for b in gp.buckets %}<th>{{ b }}</th>{% endfor %}</tr>
 {% for role, v in gp.by_role.items() %}<tr><td class="l">{{ role }}</td>{% for b in gp.buckets %}<td>{{ v.share[b]|pct }}</td>{% endfor %}</tr>
 {% endfor %}</table></div>{% endif %}
-<p>Tokens: {{ gp.tokens.generated|num }} generated, {{ gp.tokens.accepted|num }} accepted (trained on), {{ gp.tokens.wasted|num }} thrown away ({{ gp.tokens.wasted_share|pct }}).</p>
-{% set st = gp.staleness %}
+{% if gp.sections %}<h3>Sections and their class</h3>
+<div class="scroll"><table><tr><th class="l">section</th><th class="l">class</th><th>own time ({{ U }})</th></tr>
+{% for r in gp.sections[:max_rows] %}<tr><td class="l">{{ r.section }}</td><td class="l">{{ r["class"] }}</td><td>{{ r.seconds|t(U) }}</td></tr>
+{% endfor %}</table></div>{{ capped(gp.sections) }}{% endif %}
+<p>Tokens: {{ gp.tokens.generated|num }} generated, {{ gp.tokens.accepted|num }} trained on with a gradient, {{ gp.tokens.wasted|num }} wasted ({{ gp.tokens.wasted_share|pct }}).</p>
+{% for line in gp|waste %}<p>{{ line }}</p>
+{% endfor %}{% set st = gp.staleness %}
 {% if st.trained %}<p>Policy version lag of trained samples (train step's version minus the generating version): {% for lag, n in st.lag.items() %}{{ lag }}: {{ n }}{% if not loop.last %}, {% endif %}{% endfor %} (mean {{ st.mean_lag|num }}, max {{ st.max_lag }}).</p>{% else %}<p class="note">No policy versions recorded (rltrace.set_policy_version): staleness is shown by the rejection reasons only.</p>{% endif %}
-{% if st.thrown_away %}<div class="scroll"><table><tr><th class="l">thrown away</th><th class="l">reason</th><th>sessions</th><th>phase time ({{ U }})</th><th>tokens</th></tr>
+{% if st.thrown_away %}<div class="scroll"><table><tr><th class="l">wasted</th><th class="l">reason</th><th>sessions</th><th>phase time ({{ U }})</th><th>tokens</th></tr>
 {% for r in st.thrown_away[:max_rows] %}<tr><td class="l">{{ r.status }}</td><td class="l">{{ r.reason }}</td><td>{{ r.sessions }}</td><td>{{ r.seconds|t(U) }}</td><td>{{ r.tokens|num }}</td></tr>
 {% endfor %}</table></div>{% endif %}
 {% else %}<p class="note">No step time to account: the run has no rltrace.step scopes and no session records.</p>{% endif %}
@@ -277,11 +284,11 @@ proportion to their sessions' phase time.</p>
 <section id="critical">
 <h2>Critical path</h2>
 {% set cp = rep.critical_path %}
-<p class="explain">Per step, the chain that set its length on the rank that ended it: its top-level train scopes in
+<p class="explain">Per step, its length (measured within each rank: ranks started apart are no step time) and the chain that set it on its longest rank: its top-level train scopes in
 order, its rollout's link being the session that finished last (on another rank when the rank only trains), named by
 its slow segment. (+x): how much shorter the step would have been with that link at its median.</p>
 {% if cp.steps %}
-<div class="scroll"><table><tr><th class="l">step</th><th>length ({{ U }})</th><th>ended by</th><th class="l">chain</th><th>what if ({{ U }})</th></tr>
+<div class="scroll"><table><tr><th class="l">step</th><th>length ({{ U }})</th><th>set by</th><th class="l">chain</th><th>what if ({{ U }})</th></tr>
 {% for s in cp.steps[:max_rows] %}<tr><td class="l">{{ s.step|step }}</td><td>{{ s.length_s|t(U) }}</td><td>rank {{ s.ended_by_rank }}</td><td class="l wrap">{{ s|chain(U) }}</td><td>{{ s.what_if_s|t(U) }}</td></tr>
 {% endfor %}</table></div>{{ capped(cp.steps) }}
 {% if cp.top_links %}<p>Links that cost most over the run:</p><ul>{% for t in cp.top_links %}<li>{{ t|link }}: {{ t.what_if_s|s(U) }} over {{ t.steps }} step(s)</li>{% endfor %}</ul>{% endif %}

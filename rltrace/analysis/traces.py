@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 
+from ..goodput import classify
 from ..readers import MAX_TEXT, cap_text, check_trace_event
 from ..readers.session_record import STEP_MAX, STEP_MIN
 from ..semconv import ATTR_POLICY_VERSION
@@ -54,6 +55,9 @@ class StepInfo:
     breakdown: dict[str, float] = field(default_factory=dict)
     #: the same scopes one by one: (name, start µs, duration µs)
     scopes: list[tuple[str, float, float]] = field(default_factory=list)
+    #: every train.* scope under the step, nested ones too, parents first: (name, start µs,
+    #: duration µs, index of its nearest train.* ancestor here or -1) (the waste taxonomy's input)
+    tree: list[tuple[str, float, float, int]] = field(default_factory=list)
 
     @property
     def rollout_us(self) -> float | None:
@@ -83,6 +87,7 @@ class TraceReader:
         self.step_scope = step_scope
         self.rollout_scope = rollout_scope
         self.train_prefix = train_prefix
+        self._rollout: dict[str, bool] = {}
         self.events = 0
         self.scopes: dict[str, BoundedQuantiles] = {}
         #: (file index, pid) -> [first ts, last end] in µs
@@ -301,20 +306,39 @@ class TraceReader:
             spans[r] = [lo, hi] if s is None else [min(s[0], lo), max(s[1], hi)]
         return {r: (hi - lo) / 1e6 for r, (lo, hi) in sorted(spans.items())}
 
+    def is_rollout(self, name: str) -> bool:
+        """Whether a step's top-level scope ``name`` is its rollout: the ``--rollout-scope``, or a
+        section the waste taxonomy classes as a rollout (verl's ``gen``, TRL's generation)."""
+        known = self._rollout.get(name)
+        if known is None:
+            known = self._rollout[name] = classify(name, rollout_scope=self.rollout_scope,
+                                                   train_prefix=self.train_prefix) == "rollout"
+        return known
+
     def step_infos(self) -> dict[tuple[int, int], StepInfo]:
         """(rank, step) -> :class:`StepInfo` for every selected step scope in the traces."""
         by_proc = step_windows(self._train, self.step_scope, self._last_end)
         infos = self._selected_steps(by_proc)
         starts = {proc: [s for s, _, _ in lst] for proc, lst in by_proc.items()}
+        lanes: dict[int, list[int]] = {}  # id of a StepInfo -> tree indices of the open ancestors
         for fi, pid, ts, dur, name, depth in self._train_scopes_with_depth():
             info = self._enclosing_step(infos, by_proc, starts, fi, pid, ts, dur)
             if info is None:
                 continue
-            if name == self.rollout_scope:
+            if depth == 0 and self.is_rollout(name):
                 _add_rollout(info, ts, dur)
             if depth == 0:
                 info.breakdown[name] = info.breakdown.get(name, 0.0) + dur
                 info.scopes.append((name, ts, dur))
+            # lane order: a scope's parent is the last one seen one level up (of its step); one
+            # whose ancestor is not in the step is left out of the tree, with its descendants
+            chain = lanes.setdefault(id(info), [])
+            del chain[depth:]
+            parent = -1 if depth == 0 else chain[depth - 1] if depth <= len(chain) else -2
+            chain.extend([-2] * (depth - len(chain)))
+            chain.append(len(info.tree) if parent != -2 else -2)
+            if parent != -2:
+                info.tree.append((name, ts, dur, parent))
         return infos
 
     def _last_end(self, proc: tuple[int, Any]) -> float:

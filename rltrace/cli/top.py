@@ -283,18 +283,22 @@ def render(states: list[RankState], logdir: Path | str, *, interval_s: float = 1
 
 def goodput_line(states: list[RankState]) -> str | None:
     """What finished sessions generated and what was thrown away, over all ranks since they
-    started: ``goodput: thrown away 8.1% of phase time, 9.2% of tokens; generated 12.3k tokens/s,
-    accepted 10.9k/s; policy version lag at finalize: 0 for 95.0%, 1 for 5.0%`` (None: no
-    finished session)."""
+    started, wasted as the waste taxonomy says (:func:`rltrace.goodput.session_fate`):
+    ``goodput: thrown away 8.1% of phase time, 9.2% of tokens (zero-advantage 3.0% of phase
+    time); truncated 4 of 120 completions; generated 12.3k tokens/s, accepted 10.9k/s; policy
+    version lag at finalize: 0 for 95.0%, 1 for 5.0%`` (None: no finished session)."""
     tokens: Counter[str] = Counter()
     phase_s: Counter[str] = Counter()
     lag: Counter[int] = Counter()
     elapsed = 0.0
+    truncated = finished = 0
     for s in states:
         fin = s.doc.get("finished") or {}
         tokens.update(fin.get("tokens") or {})
         phase_s.update(fin.get("phase_s") or {})
         lag.update(dict(fin.get("lag") or ()))
+        truncated += fin.get("truncated") or 0
+        finished += fin.get("total") or 0
         ts, started = s.doc.get("ts"), s.doc.get("started_ts")
         if isinstance(ts, (int, float)) and isinstance(started, (int, float)):
             elapsed = max(elapsed, ts - started)
@@ -303,9 +307,13 @@ def goodput_line(states: list[RankState]) -> str | None:
     parts = [f"goodput: thrown away {_pct(phase_s['wasted'], phase_s['generated'])} of phase time"]
     if tokens.get("generated"):
         parts[0] += f", {_pct(tokens['wasted'], tokens['generated'])} of tokens"
-        if elapsed > 0:
-            parts.append(f"generated {_count(tokens['generated'] / elapsed)} tokens/s, accepted "
-                         f"{_count(tokens['accepted'] / elapsed)}/s since start")
+    if phase_s.get("zero_advantage"):
+        parts[0] += f" (zero-advantage {_pct(phase_s['zero_advantage'], phase_s['generated'])} of phase time)"
+    if truncated:
+        parts.append(f"truncated {truncated} of {finished} completions")
+    if tokens.get("generated") and elapsed > 0:
+        parts.append(f"generated {_count(tokens['generated'] / elapsed)} tokens/s, accepted "
+                     f"{_count(tokens['accepted'] / elapsed)}/s since start")
     if lag:
         n = lag.total()
         parts.append("policy version lag at finalize: "
@@ -591,6 +599,9 @@ def watch(logdir: Path | str, *, interval_s: float = 1.0, until: Callable[[], bo
 
     view = TopView(logdir, interval_s=interval_s)
     console = console or _console()
+    if not console.is_terminal:  # a pipe or a file: rich's Live would print nothing until the end
+        _print_frames(view, console, interval_s, until)
+        return
     with Live(view.frame(), console=console, auto_refresh=False, screen=screen) as live:
         while until is None or not until():
             deadline = time.monotonic() + interval_s
@@ -599,6 +610,21 @@ def watch(logdir: Path | str, *, interval_s: float = 1.0, until: Callable[[], bo
             live.update(view.frame(), refresh=True)
     if not console.is_terminal:
         console.line()  # the last frame ends without a newline off a terminal
+
+
+def _print_frames(view: TopView, console: Any, interval_s: float, until: Callable[[], bool] | None) -> None:
+    """Off a terminal: every ``interval_s`` one frame as plain text, then a blank line, flushed
+    (a pipe or a log file sees each as it comes), until ``until()`` is true or Ctrl-C."""
+    while True:
+        console.print(view.frame())
+        console.line()
+        console.file.flush()
+        deadline = time.monotonic() + interval_s
+        while time.monotonic() < deadline:
+            if until is not None and until():
+                console.print(view.frame())  # the run's last state
+                return
+            time.sleep(min(0.1, interval_s))  # the refresh cadence, not a synchronisation
 
 
 def run_top(logdir: Path | str, *, interval_s: float = 1.0, once: bool = False,
