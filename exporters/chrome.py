@@ -540,7 +540,9 @@ class ChromeTraceExporter(SpanExporter):
             self.lines_written += len(out)
             if self.tap is not None and out:
                 self.tap(out)
-        return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
+        # a refused file (a link, another user's) holds nothing to retry: its lines are counted
+        # as lost (``stats``), not as held
+        return SpanExportResult.SUCCESS if ok or self.file.refused else SpanExportResult.FAILURE
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         with self._lock:
@@ -550,10 +552,13 @@ class ChromeTraceExporter(SpanExporter):
     holds_on_failure = True
 
     def stats(self) -> dict[str, int]:
-        """Bytes held back by a disk fault, lines dropped past the in-memory cap, records written
-        with a marker for attributes that could not be encoded, and records not written."""
+        """Bytes held back by a disk fault, lines dropped past the in-memory cap (or because the
+        file was refused), records written with a marker for attributes that could not be
+        encoded, records not written, and whether the file was refused (1: a link, not a file,
+        or another user's file or folder; the output is off)."""
         return {"held_bytes": self.file.pending_bytes, "lost": self.file.lost_lines,
-                "unencodable": self.encoder.unencodable, "unwritable": self.encoder.dropped}
+                "unencodable": self.encoder.unencodable, "unwritable": self.encoder.dropped,
+                "refused": int(self.file.refused is not None)}
 
     def reset_after_fork(self, path: str | os.PathLike[str] | None = None) -> None:
         """In a forked child: fresh lock, names written again, optionally a per-process file."""

@@ -6,6 +6,14 @@ its target untouched) and must be regular files (a FIFO or device planted there 
 whole-file writes (:func:`write_atomically`) go to a fresh temporary name (``O_EXCL``, random)
 renamed over the target, which replaces a planted link instead of writing through it.
 
+Folders are input from a stranger too: in a log dir that others can write to, another user could
+plant ``perf_tracer/`` as a link to her folder, or make it a real folder of her own, and read or
+swap what rltrace writes there.  Below a base declared with :func:`guard_folders_below` (the
+run's ``{fileroot}/logs``), every file is opened relative to its folder's descriptor, and each
+folder on the way down is opened with ``O_DIRECTORY | O_NOFOLLOW`` (made when missing) and
+refused when it is a link or a folder owned by another user (or, for the file itself, a file
+owned by another user).  A link the user made herself (``exp -> /scratch/exp``) is followed.
+
 :class:`LineFile` appends whole lines and flushes per batch (a crash leaves every complete
 line valid).  When a write fails (unwritable directory, full disk, file-size limit) it warns
 once, keeps the unwritten lines in memory up to a cap and retries them with the next batch, so
@@ -16,6 +24,7 @@ the file is deleted while open it is recreated (``on_reopen`` lets the caller re
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import os
 import secrets
@@ -47,18 +56,130 @@ def _refuse(path: Path, what: str) -> UnsafeFileError:
                            f"it (remove it, or choose another fileroot)")
 
 
+#: bases below which folders are checked (absolute, links not resolved), newest last
+_GUARDED: list[str] = []
+_GUARDED_MAX = 64
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC
+
+
+def guard_folders_below(base: str | os.PathLike[str]) -> None:
+    """From now on, check every folder below ``base`` on the way to a file this module opens
+    (see module doc).  ``configure`` declares ``{fileroot}/logs``: above it the fileroot may be a
+    team's volume, below it every folder must be this user's."""
+    b = os.path.abspath(base)
+    if b in _GUARDED:
+        _GUARDED.remove(b)
+    _GUARDED.append(b)
+    del _GUARDED[:-_GUARDED_MAX]
+
+
+def _guard_base(folder: str) -> str | None:
+    """The longest declared base that ``folder`` is inside (None: not guarded)."""
+    best = None
+    for b in tuple(_GUARDED):
+        if (folder == b or folder.startswith(b.rstrip(os.sep) + os.sep)) \
+                and (best is None or len(b) > len(best)):
+            best = b
+    return best
+
+
+def _trusted_uids() -> tuple[int, int]:
+    return (os.geteuid(), 0)
+
+
+def _other_user(path: str | Path, what: str, uid: int) -> UnsafeFileError:
+    return UnsafeFileError(errno.EPERM,
+                           f"{path} is {what} owned by another user (uid {uid}), who could read or "
+                           f"replace what rltrace writes there: rltrace will not use it (remove it, "
+                           f"or choose a fileroot of your own)")
+
+
+def _child_folder(dfd: int, name: str, shown: str, create: bool) -> int:
+    """Open the folder ``name`` inside the folder ``dfd`` without following a link another user
+    made, making it when missing; refused when another user owns it."""
+    flags = _DIR_FLAGS | _NOFOLLOW
+    try:
+        fd = os.open(name, flags, dir_fd=dfd)
+    except FileNotFoundError:
+        if not create:
+            raise
+        try:
+            os.mkdir(name, 0o777, dir_fd=dfd)
+        except FileExistsError:
+            pass
+        return _child_folder(dfd, name, shown, False)
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
+            raise
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        if st.st_uid not in _trusted_uids():
+            raise _other_user(shown, "a symbolic link" if stat.S_ISLNK(st.st_mode) else "a file",
+                              st.st_uid) from None
+        if not stat.S_ISLNK(st.st_mode):  # the user's own file: a fault to retry, not an attack
+            raise NotADirectoryError(errno.ENOTDIR, "Not a directory", shown) from None
+        fd = os.open(name, _DIR_FLAGS, dir_fd=dfd)  # the user's own link: followed
+    uid = os.fstat(fd).st_uid
+    if uid not in _trusted_uids():
+        os.close(fd)
+        raise _other_user(shown, "a folder", uid)
+    return fd
+
+
+def _folder_fd(folder: Path, create: bool) -> int:
+    """A descriptor of ``folder`` (made when ``create``), every folder below a guarded base
+    checked on the way down (see module doc)."""
+    absolute = os.path.abspath(folder)
+    base = _guard_base(absolute)
+    if base is None:
+        if create:
+            folder.mkdir(parents=True, exist_ok=True)
+        return os.open(folder, _DIR_FLAGS)
+    if create:
+        os.makedirs(base, exist_ok=True)
+    fd = os.open(base, _DIR_FLAGS)
+    shown = base
+    try:
+        for part in Path(absolute).relative_to(base).parts:
+            shown = os.path.join(shown, part)
+            inner = _child_folder(fd, part, shown, create)
+            os.close(fd)
+            fd = inner
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def make_folders(folder: str | os.PathLike[str]) -> None:
+    """``folder.mkdir(parents=True, exist_ok=True)``, refusing (:class:`UnsafeFileError`) a link
+    or a folder of another user below a guarded base: for outputs written by a library by name
+    (the torch profiler), checked right before use."""
+    os.close(_folder_fd(Path(folder), True))
+
+
 def open_no_follow(path: Path, flags: int, mode: int = 0o666) -> int:
     """``os.open(path, flags)`` that refuses a symbolic link and anything but a regular file
-    (a planted FIFO does not block the open); returns the descriptor."""
+    (a planted FIFO does not block the open); returns the descriptor.  Below a guarded base the
+    folders on the way are checked (and made, with ``O_CREAT``) and the file must be this
+    user's."""
+    path = Path(path)
+    dfd = _folder_fd(path.parent, bool(flags & os.O_CREAT))
+    guarded = _guard_base(os.path.abspath(path.parent)) is not None
     try:
-        fd = os.open(path, flags | _NOFOLLOW | _CLOEXEC | _NONBLOCK, mode)
+        fd = os.open(path.name, flags | _NOFOLLOW | _CLOEXEC | _NONBLOCK, mode, dir_fd=dfd)
     except OSError as exc:
         if exc.errno == errno.ELOOP or (exc.errno == errno.EMLINK and path.is_symlink()):
             raise _refuse(path, "a symbolic link") from None
         raise
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    finally:
+        os.close(dfd)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
         os.close(fd)
         raise _refuse(path, "not a regular file")
+    if guarded and st.st_uid not in _trusted_uids():
+        os.close(fd)
+        raise _other_user(path, "a file", st.st_uid)
     if _NONBLOCK:
         os.set_blocking(fd, True)
     return fd
@@ -70,7 +191,6 @@ def open_for_append(path: Path) -> BinaryIO:
     If a previous writer crashed mid-line, the cut-off fragment is ended with a newline first,
     so the first new line stays valid JSON (readers skip the fragment and say so).
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
     fd = open_no_follow(path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
     fh = open(fd, "ab", buffering=0)  # noqa: SIM115 - the caller keeps it open
     try:
@@ -83,30 +203,56 @@ def open_for_append(path: Path) -> BinaryIO:
     return fh
 
 
+class FileBusyError(OSError):
+    """Another process holds the file (:func:`open_fresh`): two writers would interleave it."""
+
+
 def open_fresh(path: Path) -> BinaryIO:
     """Open ``path`` to write it from its start (created, or emptied), creating its directory;
-    never through a link.  Unbuffered: each write is the caller's whole unit."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = open_no_follow(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    never through a link.  Unbuffered: each write is the caller's whole unit.
+
+    The file is locked (``flock``, exclusive) for as long as it is open, and emptied only once
+    the lock is held: a second process given the same path (two processes of one rank) gets
+    :class:`FileBusyError` and leaves the first one's file whole, where both writing from
+    offset 0 would interleave their bytes into a file no reader can parse."""
+    fd = open_no_follow(path, os.O_WRONLY | os.O_CREAT)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise FileBusyError(errno.EBUSY, f"{path} is being written by another process (two "
+                                             f"processes of the same rank?); this one leaves it "
+                                             f"to that process") from None
+        os.ftruncate(fd, 0)
+    except BaseException:
+        os.close(fd)
+        raise
     return open(fd, "wb", buffering=0)
 
 
 def write_atomically(path: Path, data: bytes) -> None:
     """Replace ``path`` with ``data``: written to a fresh, unpredictable name beside it
     (``O_EXCL``; the umask applies), then renamed over it, so a reader sees the old file or the
-    new one, and a link planted at ``path`` is replaced, never written through."""
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o666)
+    new one, and a link planted at ``path`` is replaced, never written through.  The folder is
+    made when missing and checked like :func:`open_no_follow`'s."""
+    path = Path(path)
+    tmp = f".{path.name}.{secrets.token_hex(8)}.tmp"
+    dfd = _folder_fd(path.parent, True)
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o666,
+                     dir_fd=dfd)
         try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+            os.replace(tmp, path.name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            try:
+                os.unlink(tmp, dir_fd=dfd)
+            except OSError:
+                pass
+            raise
+    finally:
+        os.close(dfd)
 
 
 class LineFile:
@@ -129,6 +275,8 @@ class LineFile:
         self.lost_bytes = 0
         self.lost_lines = 0
         self.reopened = 0
+        #: why the path was refused (a link, not a file, another user's): the output is off
+        self.refused: str | None = None
 
     def _deleted(self) -> bool:
         fh = self._fh
@@ -146,6 +294,11 @@ class LineFile:
         Writes are unbuffered and resumed exactly where a failed write stopped, so a line split
         by a fault is completed by the retry, never duplicated.
         """
+        if self.refused is not None:
+            if data:
+                self.lost_bytes += len(data)
+                self.lost_lines += lines if lines is not None else data.count(b"\n")
+            return False
         if data:
             self._pending.append(data)
             self._pending_bytes += len(data)
@@ -170,10 +323,13 @@ class LineFile:
                 self._pending.popleft()
                 self._partial = False
             return True
+        except UnsafeFileError as exc:
+            self._refused(exc)
+            return False
         except OSError as exc:
             if not self._warned:
                 self._warned = True
-                why = str(exc) if isinstance(exc, UnsafeFileError) else exc.strerror or exc
+                why = exc.strerror or exc
                 logger.warning("rltrace: cannot write %s: %s. Keeping up to %d MiB in memory and "
                                "retrying; training continues.", self.path, why,
                                self.pending_cap >> 20)
@@ -186,6 +342,19 @@ class LineFile:
                                    "dropping the oldest lines (counted in rltrace.diagnostics())",
                                    self.path, self.pending_cap >> 20)
             return False
+
+    def _refused(self, exc: UnsafeFileError) -> None:
+        """The path is a link, not a file, or another user's (file or folder): this output is off
+        for the run, one warning says why, and every line from now on is dropped and counted."""
+        self.refused = str(exc)
+        self._close_quietly()
+        logger.warning("rltrace: %s; this output is off for the rest of the run (its lines are "
+                       "counted as lost in rltrace.diagnostics()), training continues.", exc)
+        self.lost_bytes += self._pending_bytes
+        self.lost_lines += sum(chunk.count(b"\n") for chunk in self._pending)
+        self._pending.clear()
+        self._pending_bytes = 0
+        self._partial = False
 
     def _drop_oldest(self) -> bool:
         """Drop the oldest pending lines to stay under the cap, but never the rest of a line a

@@ -94,6 +94,12 @@ class SessionRecordWriter:
         """Records a disk fault is holding back (in memory, retried with the next write)."""
         return self.file.pending_lines
 
+    @property
+    def lost(self) -> int:
+        """Records dropped: past the in-memory cap while the disk refused writes, or because the
+        file was refused (a link, or another user's file or folder)."""
+        return self.file.lost_lines
+
     def reset_after_fork(self, path: str | os.PathLike[str] | None = None) -> None:
         self._lock = threading.RLock()
         self._buf = bytearray()

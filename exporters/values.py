@@ -1,15 +1,34 @@
 """Conversion of user values into OTel attribute values and JSON-safe values.
 
-Shared by rltrace's span builder and the exporters: tensors, arrays, numpy scalars and
-arbitrary objects are converted or stringified so that neither OTLP nor the Chrome encoder can
-fail on them (a huge value is truncated with a note of how much was cut, never fatal).
+Two stages, so that the exporter's thread never runs the user's code:
+
+* **Record time, on the caller's thread** (:func:`recorded`, :func:`recorded_value`): what the
+  caller passed (span ``args``, ``set_attribute``, ``add_event``, ``instant``, phase payloads)
+  becomes a value built only of ``str``/``int``/``float``/``bool``/``None``, fresh
+  ``list``/``tuple``/``dict`` copies of those (bounded in depth and size), and, for a small
+  tensor on an accelerator or a JAX array, a :class:`DeviceValue` whose read-back is library code
+  with a bounded wait.  Types are recognised by exact identity (``type(x)``, ``issubclass`` on
+  that type, the framework's class looked up in ``sys.modules``), never by ``hasattr`` or
+  ``isinstance`` (both can run the object's own code: ``__getattr__``, a ``__class__``
+  property, a dead ``weakref.proxy``).  An object of a type not on the documented list is
+  recorded as ``<module.Class object at 0x...>``: its ``__str__``/``__repr__`` is never
+  called, so one that raises, blocks or never returns can neither break nor stall the loop.
+  Nothing here raises.
+* **Export time** (:func:`attr_value`, :func:`json_default`, :func:`dumps_line`): recorded
+  values become OTel attribute values or JSON; a huge value is truncated with a note of how much
+  was cut, never fatal.  These accept any value (a value that was not recorded is made safe
+  first), so they are total too.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
-from collections.abc import Mapping
+import time
+import types
+from collections.abc import Callable, Mapping
 from enum import Enum
+from itertools import islice
 from typing import Any
 
 import orjson
@@ -18,34 +37,21 @@ MAX_STRING = 65_536
 MAX_SEQUENCE = 256
 MAX_DEPTH = 4
 SMALL_ARRAY = 16
+#: containers nested deeper than this are recorded as ``<list of N items>``
+COPY_DEPTH = 8
+#: items copied from one list/tuple/dict/set; the rest is noted as ``...<N more items>``
+MAX_ITEMS = 1024
+#: items copied from one recorded value in all (its nested containers together)
+MAX_NODES = 4096
+#: longest the exporter waits for one accelerator value to be computed before it writes the
+#: value's summary instead
+DEVICE_WAIT_S = 0.02
 _I64 = 1 << 63
 
-
-def text(value: Any) -> str:
-    """``str(value)``, never raising, valid UTF-8 (lone surrogates escaped), size-capped."""
-    try:
-        s = value if type(value) is str else str(value)
-    except Exception:
-        s = f"<unprintable {type(value).__name__}>"
-    if type(s) is not str:
-        s = f"<unprintable {type(value).__name__}>"
-    s = utf8(s)
-    return s if len(s) <= MAX_STRING else s[:MAX_STRING] + f"...<{len(s) - MAX_STRING} more chars>"
-
-
-def _array_like(value: Any) -> Any:
-    """Tensors / ndarrays / jax arrays: small ones become numbers or lists, big ones a summary."""
-    try:
-        shape = tuple(int(d) for d in value.shape)
-        size = 1
-        for d in shape:
-            size *= d
-        if size <= SMALL_ARRAY:
-            v = value.detach() if hasattr(value, "detach") else value
-            return attr_value(v.tolist())
-        return f"{type(value).__name__}(shape={shape}, dtype={getattr(value, 'dtype', '?')})"
-    except Exception:
-        return text(value)
+_PLAIN = frozenset((str, int, float, bool, type(None)))
+_type_module = type.__dict__["__module__"].__get__
+_type_qualname = type.__dict__["__qualname__"].__get__
+_type_name = type.__dict__["__name__"].__get__
 
 
 def utf8(s: str) -> str:
@@ -56,6 +62,406 @@ def utf8(s: str) -> str:
     except UnicodeEncodeError:
         return s.encode("utf-8", "backslashreplace").decode("utf-8")
 
+
+def _cap(s: str) -> str:
+    s = utf8(s)
+    return s if len(s) <= MAX_STRING else s[:MAX_STRING] + f"...<{len(s) - MAX_STRING} more chars>"
+
+
+def text(value: Any) -> str:
+    """The text of ``value``, never raising, valid UTF-8 (lone surrogates escaped), size-capped.
+
+    Runs none of the value's own code: plain values, library types on the documented list
+    (paths, dates, decimals, ...) and containers of them are written as Python writes them; an
+    object of any other type as ``<module.Class object at 0x...>`` (see :func:`recorded`).
+    """
+    return _cap(value if type(value) is str else _as_text(value))
+
+
+def _as_text(value: Any) -> str:
+    try:
+        t = type(value)
+        if t in _PLAIN:
+            return str(value)  # an int past 4,300 digits raises ValueError: caught below
+        r = value.resolve() if t is DeviceValue else _top(value)
+        return r if type(r) is str else repr(r)
+    except Exception:
+        return f"<unprintable {_name_of(type(value))}>"
+
+
+def _name_of(t: type) -> str:
+    """``module.Qualname`` of a type, read from the type itself (no metaclass code runs)."""
+    try:
+        mod = _type_module(t)
+        name = _type_qualname(t)
+    except Exception:
+        return "?"
+    if type(name) is not str:
+        name = "?"
+    return name if type(mod) is not str or mod == "builtins" else f"{mod}.{name}"
+
+
+def _marker(value: Any) -> str:
+    """What an object of a type rltrace does not know is recorded as: its type and identity,
+    as ``object.__repr__`` writes them, with none of its own code run."""
+    return f"<{_name_of(type(value))} object at {id(value):#x}>"
+
+
+# ---- record time: the caller's thread ------------------------------------------------------
+
+class DeviceValue:
+    """A small tensor on an accelerator (its copy to host memory, started asynchronously where
+    it was recorded) or a small JAX array (immutable), read at export.
+
+    The caller's thread never waits for the device: it only queues the copy.  The exporter
+    reads the value once the device says it is ready, waiting at most ``DEVICE_WAIT_S``; a value
+    still not computed by then is written as its summary (``Tensor(shape=(), dtype=...,
+    device='cuda:0')``).  The read is the framework's own code (``tolist``), never the user's.
+    """
+
+    __slots__ = ("_done", "_ready", "_src", "_value", "summary")
+
+    def __init__(self, src: Any, ready: Callable[[], Any] | None, summary: str) -> None:
+        self._src = src
+        self._ready = ready
+        self.summary = summary
+        self._value: Any = summary
+        self._done = False
+
+    def resolve(self, wait: bool = True) -> Any:
+        """The value as numbers (lists of numbers), or its summary; computed once."""
+        if self._done:
+            return self._value
+        src, ready = self._src, self._ready
+        value: Any = self.summary
+        try:
+            if ready is None or ready() or (wait and _wait_ready(ready)):
+                value = _top(src.tolist())
+            elif not wait:
+                return value  # not ready, and this caller may not wait: ask again later
+        except Exception:
+            value = self.summary
+        self._value, self._done, self._src, self._ready = value, True, None, None
+        return value
+
+    def __repr__(self) -> str:
+        return repr(self.resolve(wait=False))
+
+
+#: the waiting budget: [start of the current second, seconds of it left to wait]
+_WAIT_BUDGET = [0.0, DEVICE_WAIT_S]
+
+
+def _wait_ready(ready: Callable[[], Any]) -> bool:
+    """Poll the device's own "done?" flag (it has no wait with a bound) within the budget:
+    ``DEVICE_WAIT_S`` of waiting per second in all, whatever the number of values, so a busy GPU
+    costs an export cycle (and a recording thread that runs one) at most that."""
+    now = time.monotonic()
+    budget = _WAIT_BUDGET
+    if now - budget[0] >= 1.0:
+        budget[0], budget[1] = now, DEVICE_WAIT_S
+    deadline = now + budget[1]
+    try:
+        while time.monotonic() < deadline:
+            time.sleep(0.0005)
+            if ready():
+                return True
+        return False
+    finally:
+        budget[1] = max(0.0, deadline - time.monotonic())
+
+
+(_K_KEEP, _K_ENUM, _K_STR, _K_INT, _K_FLOAT, _K_BYTES, _K_LIST, _K_TUPLE, _K_DICT, _K_SET,
+ _K_FROZENSET, _K_TEXT, _K_DATETIME, _K_NDARRAY, _K_NPSCALAR, _K_TENSOR, _K_JAX, _K_OTHER) = range(18)
+
+_SEED: dict[type, int] = {
+    list: _K_LIST, tuple: _K_TUPLE, dict: _K_DICT, set: _K_SET, frozenset: _K_FROZENSET,
+    bytes: _K_BYTES, bytearray: _K_BYTES, DeviceValue: _K_KEEP,
+    complex: _K_TEXT, range: _K_TEXT, type: _K_TEXT,
+    types.FunctionType: _K_TEXT, types.BuiltinFunctionType: _K_TEXT,
+}
+#: each type's kind, found once per type (bounded: cleared when full)
+_KINDS: dict[type, int] = dict(_SEED)
+_MAX_KINDS = 4096
+
+#: library types whose ``str()`` is written as the value's text (exact types only: a subclass
+#: may override ``__str__``), by module; looked up in ``sys.modules`` (never imported here)
+_TEXT_TYPES = {
+    "pathlib": ("PurePath", "PurePosixPath", "PureWindowsPath", "Path", "PosixPath", "WindowsPath"),
+    "decimal": ("Decimal",), "fractions": ("Fraction",), "uuid": ("UUID",),
+    "datetime": ("date", "timedelta", "timezone"), "ipaddress": ("IPv4Address", "IPv6Address"),
+}
+
+
+def _module_of(t: type) -> str:
+    try:
+        mod = _type_module(t)
+    except Exception:
+        return ""
+    return mod if type(mod) is str else ""
+
+
+def _classify(t: type) -> int:
+    try:
+        kind = _kind_of(t)
+    except Exception:
+        kind = _K_OTHER
+    if len(_KINDS) >= _MAX_KINDS:
+        _KINDS.clear()
+        _KINDS.update(_SEED)
+    _KINDS[t] = kind
+    return kind
+
+
+def _kind_of(t: type) -> int:
+    """The kind of values of type ``t``, by identity and ``issubclass`` on ``t`` itself (C
+    code: no ``isinstance``, which reads an instance's ``__class__``, no ``hasattr``)."""
+    if issubclass(t, Enum):
+        return _K_ENUM
+    for base, kind in ((str, _K_STR), (int, _K_INT), (float, _K_FLOAT), (bytes, _K_BYTES),
+                       (bytearray, _K_BYTES), (list, _K_LIST), (tuple, _K_TUPLE), (dict, _K_DICT),
+                       (set, _K_SET), (frozenset, _K_FROZENSET)):
+        if issubclass(t, base):
+            return kind
+    mods = sys.modules
+    mod = _module_of(t)
+    np = mods.get("numpy")
+    if np is not None and mod.startswith("numpy"):
+        if issubclass(t, np.ndarray):
+            return _K_NDARRAY
+        if issubclass(t, np.generic):
+            return _K_NPSCALAR
+        if issubclass(t, np.dtype):
+            return _K_TEXT
+    torch = mods.get("torch")
+    if torch is not None and mod.startswith("torch"):
+        param = getattr(mods.get("torch.nn.parameter"), "Parameter", None)
+        if t is torch.Tensor or (param is not None and t is param):
+            return _K_TENSOR
+        if t is torch.dtype or t is torch.device:
+            return _K_TEXT
+    if mod.startswith("jax"):
+        impl = getattr(mods.get("jax._src.array"), "ArrayImpl", None)
+        if impl is not None and t is impl:
+            return _K_JAX
+    dt = mods.get("datetime")
+    if dt is not None and (t is dt.datetime or t is dt.time):
+        return _K_DATETIME
+    names = _TEXT_TYPES.get(mod, ())
+    m = mods.get(mod) if names else None
+    if m is not None and any(getattr(m, n, None) is t for n in names):
+        return _K_TEXT
+    return _K_OTHER
+
+
+def _top(value: Any) -> Any:
+    """One value as :func:`recorded` keeps it (``value`` is not of a plain type)."""
+    t = type(value)
+    if t is list and len(value) <= MAX_ITEMS:
+        copy = value[:]
+        for v in copy:
+            if type(v) not in _PLAIN:
+                break
+        else:
+            return copy
+    elif t is tuple and len(value) <= MAX_ITEMS:
+        for v in value:
+            if type(v) not in _PLAIN:
+                break
+        else:
+            return value  # immutable, and so are its items
+    try:
+        return _rec(value, 0, [MAX_NODES, set()])
+    except Exception:  # a library's own failure (or RecursionError): the value's marker
+        try:
+            return _marker(value)
+        except Exception:
+            return "<unrecordable value>"
+
+
+def _rec(value: Any, depth: int, st: list[Any]) -> Any:
+    t = type(value)
+    if t in _PLAIN:
+        return value
+    kind = _KINDS.get(t)
+    if kind is None:
+        kind = _classify(t)
+    if kind <= _K_FROZENSET:
+        if kind >= _K_LIST:
+            return _container(value, kind, depth, st)
+        if kind == _K_STR:
+            return str.__str__(value)
+        if kind == _K_INT:
+            return int.__int__(value)
+        if kind == _K_FLOAT:
+            return float.__float__(value)
+        if kind == _K_BYTES:
+            return _bytes_text(value)
+        if kind == _K_ENUM:
+            return _rec(object.__getattribute__(value, "_value_"), depth + 1, st) \
+                if depth < COPY_DEPTH else _marker(value)
+        return value  # _K_KEEP: recorded already
+    if kind == _K_TEXT:
+        return _cap(str(value))
+    if kind == _K_DATETIME:
+        tz = value.tzinfo
+        dt = sys.modules["datetime"]
+        zi = getattr(sys.modules.get("zoneinfo"), "ZoneInfo", None)
+        if tz is None or type(tz) is dt.timezone or (zi is not None and type(tz) is zi):
+            return str(value)
+        return _marker(value)  # a tzinfo of the caller's own: its utcoffset() would run
+    if kind == _K_NDARRAY:
+        if value.size <= SMALL_ARRAY and value.ndim <= COPY_DEPTH:
+            return _rec(value.tolist(), depth, st)  # numbers (objects of a dtype=object array: as any)
+        return f"{_type_name(t)}(shape={tuple(value.shape)}, dtype={value.dtype})"
+    if kind == _K_NPSCALAR:
+        return _rec(value.item(), depth, st)
+    if kind == _K_TENSOR:
+        return _tensor(value, t)
+    if kind == _K_JAX:
+        summary = f"{_type_name(t)}(shape={tuple(value.shape)}, dtype={value.dtype})"
+        if value.size > SMALL_ARRAY:
+            return summary
+        # immutable: read at export, once computed (a JAX without is_ready: read at export)
+        return DeviceValue(value, getattr(value, "is_ready", None), summary)
+    return _marker(value)
+
+
+def _tensor(value: Any, t: type) -> Any:
+    """A ``torch.Tensor``: a small one on the CPU as numbers now, a small CUDA one copied to
+    host memory asynchronously (read at export), anything else its summary."""
+    if value.numel() <= SMALL_ARRAY and value.layout is sys.modules["torch"].strided:
+        dev = value.device.type
+        if dev == "cpu" and not value.is_quantized:
+            try:
+                return _rec(value.tolist(), 0, [MAX_NODES, set()])
+            except Exception:
+                pass  # e.g. a tensor under vmap: its summary
+        elif dev == "cuda":
+            torch = sys.modules["torch"]
+            host = value.detach().to("cpu", non_blocking=True)  # queued on the current stream
+            done = torch.cuda.Event()
+            done.record(torch.cuda.current_stream(value.device))
+            return DeviceValue(host, done.query, _tensor_summary(value, t))
+    return _tensor_summary(value, t)
+
+
+def _tensor_summary(value: Any, t: type) -> str:
+    dev = value.device
+    where = "" if dev.type == "cpu" else f", device='{dev}'"
+    return f"{_type_name(t)}(shape={tuple(value.shape)}, dtype={value.dtype}{where})"
+
+
+def _bytes_text(value: Any) -> str:
+    with memoryview(value) as mv:
+        n = mv.nbytes
+        s = repr(mv[:MAX_STRING].tobytes())
+    return s if n <= MAX_STRING else s + f"...<{n - MAX_STRING} more bytes>"
+
+
+_BASES: dict[int, Any] = {_K_LIST: list, _K_TUPLE: tuple, _K_DICT: dict, _K_SET: set,
+                          _K_FROZENSET: frozenset}
+_NAMES = {_K_LIST: "list", _K_TUPLE: "tuple", _K_DICT: "dict", _K_SET: "set", _K_FROZENSET: "frozenset"}
+_LOOPS = {_K_LIST: "[...]", _K_TUPLE: "(...)", _K_DICT: "{...}", _K_SET: "{...}", _K_FROZENSET: "{...}"}
+
+
+def _container(value: Any, kind: int, depth: int, st: list[Any]) -> Any:
+    """A copy of a list/tuple/dict/set (or subclass: read through the base type's own methods,
+    so an overridden ``__iter__``/``items`` never runs), items made safe in turn."""
+    base = _BASES[kind]
+    n = base.__len__(value)
+    vid = id(value)
+    seen: set[int] = st[1]
+    if vid in seen:
+        return _LOOPS[kind]  # a container that holds itself, as Python's repr writes it
+    if depth >= COPY_DEPTH:
+        return f"<{_NAMES[kind]} of {n} items>"
+    take = min(n, MAX_ITEMS, max(st[0], 0))
+    st[0] -= take
+    seen.add(vid)
+    try:
+        if kind == _K_DICT:
+            out: dict[Any, Any] = {}
+            for k, v in islice(dict.items(value), take):
+                if type(k) not in _PLAIN:
+                    k = text(k)
+                out[k] = v if type(v) in _PLAIN else _rec(v, depth + 1, st)
+            if take < n:
+                out["..."] = f"<{n - take} more items>"
+            return out
+        if kind >= _K_SET:
+            items = [_rec(v, depth + 1, st) for v in islice(base.__iter__(value), take)]
+            body = ", ".join(map(repr, items)) + (f", ...<{n - take} more items>" if take < n else "")
+            if kind == _K_SET:
+                return "{" + body + "}" if n else "set()"
+            return "frozenset({" + body + "})" if n else "frozenset()"
+        seq = [v if type(v) in _PLAIN else _rec(v, depth + 1, st)
+               for v in base.__getitem__(value, slice(0, take))]
+        if take < n:
+            seq.append(f"...<{n - take} more items>")
+        return seq if kind == _K_LIST else tuple(seq)
+    finally:
+        seen.discard(vid)
+
+
+def _as_dict(args: Any) -> dict[Any, Any]:
+    """A mapping that is not a ``dict`` (``add_event``'s attributes): a ``dict`` subclass read
+    through ``dict``'s own methods, OTel's ``BoundedAttributes`` through its items, anything
+    else recorded as its marker (its ``items()`` would be the caller's code)."""
+    t = type(args)
+    try:
+        if issubclass(t, dict):
+            return dict.copy(args)
+        bounded = getattr(sys.modules.get("opentelemetry.attributes"), "BoundedAttributes", None)
+        if bounded is not None and t is bounded:
+            return dict(args.items())
+    except Exception:
+        pass
+    return {"attributes": _marker(args)}
+
+
+def recorded(args: Mapping[Any, Any]) -> dict[Any, Any]:
+    """A copy of ``args`` safe to hold until export, made where it is recorded; never raises.
+
+    Plain values (str, int, float, bool, None) are kept; anything else is made safe here, on
+    the caller's thread, without running the caller's code (see :func:`recorded_value`).  Keys
+    that are not plain become their :func:`text`.
+    """
+    if type(args) is not dict:
+        args = _as_dict(args)
+    out = dict(args)
+    odd = False
+    for k, v in out.items():
+        if type(v) not in _PLAIN:
+            out[k] = _top(v)
+        if type(k) is not str:
+            odd = True
+    if odd:
+        out = {(k if type(k) in _PLAIN else text(k)): v for k, v in out.items()}
+    return out
+
+
+def recorded_value(value: Any) -> Any:
+    """One value as :func:`recorded` keeps it; never raises, runs none of the value's code.
+
+    * plain values as they are;
+    * ``list``/``tuple``/``dict`` (and subclasses, read through the base type: a namedtuple
+      becomes a tuple) copied, items made safe in turn: ``COPY_DEPTH`` levels, ``MAX_ITEMS``
+      items each, ``MAX_NODES`` in all, the rest noted (``...<N more items>``); a container
+      that holds itself ends in ``[...]``; a set becomes its text (``{1, 2}``);
+    * enums by their value; subclasses of str/int/float as the base value; bytes as their text;
+    * ``numpy.ndarray`` and numpy scalars, ``torch.Tensor``/``Parameter``, JAX arrays: up to
+      ``SMALL_ARRAY`` elements as numbers (a CPU tensor now; a CUDA tensor or a JAX array read
+      at export, see :class:`DeviceValue`), bigger ones as ``Tensor(shape=..., dtype=...)``;
+    * paths, ``datetime`` values (naive, or with a ``timezone``/``ZoneInfo``), ``Decimal``,
+      ``Fraction``, ``UUID``, IP addresses, ``complex``, ``range``, torch/numpy dtypes and
+      devices, classes and functions: their text (library code);
+    * anything else: ``<module.Class object at 0x...>``; its ``__str__``/``__repr__`` never runs.
+    """
+    return value if type(value) in _PLAIN else _top(value)
+
+
+# ---- export time --------------------------------------------------------------------------
 
 def attr_value(value: Any) -> Any:
     """Convert ``value`` into an OTel attribute value (str, bool, int, float or a sequence)."""
@@ -71,26 +477,19 @@ def attr_value(value: Any) -> Any:
 
 
 def _other_value(value: Any) -> Any:
-    """:func:`attr_value` past the exact str/bool/int/float types: None, enums (by value),
-    subclasses of those types (numpy's ``float64``, ``IntEnum``...), bytes, sequences, and
-    anything else (arrays, tensors, objects)."""
+    """:func:`attr_value` past the exact str/bool/int/float types: None, sequences, an
+    accelerator value (read now), a mapping (its text), and a value that was not recorded
+    (made safe first, as :func:`recorded_value` does: its own code never runs here either)."""
     if value is None:
         return "None"
-    if isinstance(value, Enum):
-        return attr_value(value.value)
-    if isinstance(value, bool):
-        return bool(value)
-    if isinstance(value, int):
-        return attr_value(int(value))
-    if isinstance(value, float):
-        return float(value)
-    if isinstance(value, str):
-        return attr_value(str(value))
-    if isinstance(value, (bytes, bytearray)):
-        return text(bytes(value))
-    if isinstance(value, (list, tuple)):
+    t = type(value)
+    if t is tuple or t is list:
         return _sequence_value(value)
-    return _object_value(value)
+    if t is DeviceValue:
+        return attr_value(value.resolve())
+    if t is dict:
+        return text(value)
+    return attr_value(recorded_value(value))  # plain, a list/tuple/dict, a DeviceValue: above
 
 
 def _sequence_value(value: list[Any] | tuple[Any, ...]) -> Any:
@@ -107,102 +506,42 @@ def _sequence_value(value: list[Any] | tuple[Any, ...]) -> Any:
     return text(value)
 
 
-def _object_value(value: Any) -> Any:
-    """Any other object: an array or tensor (see :func:`_array_like`), a scalar with ``.item()``
-    (numpy/torch scalars) by its item, else its text."""
-    if hasattr(value, "shape") and hasattr(value, "tolist"):
-        return _array_like(value)
-    if hasattr(value, "item") and callable(value.item):
-        try:
-            return attr_value(value.item())
-        except Exception:
-            return text(value)
-    return text(value)
-
-
 _CONTAINERS = (list, tuple, dict)
-_PLAIN = frozenset((str, int, float, bool, type(None)))
-#: values converted at export by library code only (arrays, tensors, numpy scalars, bytes)
-_LIBRARY = (bytes, bytearray)
-
-
-def recorded(args: Mapping[Any, Any]) -> dict[Any, Any]:
-    """A copy of ``args`` safe to hold until export, made where it is recorded.
-
-    Plain values (str, int, float, bool, None) and lists and tuples of them are kept as they are
-    (one level deep, as ever); arrays, tensors, numpy scalars and bytes too (their conversion at
-    export is the library's own code, and a tensor on a GPU is not read back here).  Anything
-    else is converted now, on the caller's thread: an object to its text (its ``__str__`` runs
-    here, never on the exporter), a container holding such values (or itself) element by
-    element, ``MAX_DEPTH`` deep, deeper ones to their text.  Never raises.
-    """
-    out = dict(args)
-    for k, v in out.items():
-        if type(v) not in _PLAIN:
-            out[k] = _recorded_value(v, 0)
-    if not all(type(k) is str for k in out):
-        out = {(k if type(k) in _PLAIN else text(k)): v for k, v in out.items()}
-    return out
-
-
-def recorded_value(value: Any) -> Any:
-    """One value as :func:`recorded` keeps it."""
-    return value if type(value) in _PLAIN else _recorded_value(value, 0)
-
-
-def _recorded_value(value: Any, depth: int) -> Any:
-    t = type(value)
-    if t in _PLAIN or isinstance(value, _LIBRARY) or _is_array_like(value):
-        return value
-    if t is list or t is tuple:
-        if all(type(v) in _PLAIN for v in value):
-            return value
-        if depth >= MAX_DEPTH:
-            return text(value)
-        return t(_recorded_value(v, depth + 1) for v in value)
-    if isinstance(value, Mapping):
-        if depth >= MAX_DEPTH:
-            return text(value)
-        return {(k if type(k) in _PLAIN else text(k)): _recorded_value(v, depth + 1)
-                for k, v in value.items()}
-    if isinstance(value, Enum):
-        return _recorded_value(value.value, depth + 1) if depth < MAX_DEPTH else text(value)
-    return text(value)
-
-
-def _is_array_like(value: Any) -> bool:
-    """Arrays, tensors and numpy/torch/jax scalars: their own libraries convert them."""
-    return hasattr(type(value), "dtype") or (hasattr(value, "shape") and hasattr(value, "tolist"))
 
 
 def flatten_into(out: dict[str, Any], prefix: str, mapping: Mapping[Any, Any], depth: int = 0) -> None:
     """Flatten nested mappings into ``out`` as ``prefix + key`` (``args.cfg.lr``)."""
     for k, v in mapping.items():
         key = prefix + (k if type(k) is str else text(k))
-        if isinstance(v, Mapping) and depth < MAX_DEPTH:
+        if type(v) is dict and depth < MAX_DEPTH:
             flatten_into(out, key + ".", v, depth + 1)
         else:
             try:
                 out[key] = attr_value(v)
             except Exception:
-                out[key] = f"<unconvertible {type(v).__name__}>"
+                out[key] = f"<unconvertible {_name_of(type(v))}>"
 
 
 def json_safe(value: Any, depth: int = 0) -> Any:
     """A JSON-encodable copy of ``value`` (nested mappings kept, keys made strings)."""
-    if isinstance(value, Mapping) and depth < MAX_DEPTH:
-        return {text(k): json_safe(v, depth + 1) for k, v in value.items()}
-    if isinstance(value, (list, tuple)) and depth < MAX_DEPTH:
-        return [json_safe(v, depth + 1) for v in value[:MAX_SEQUENCE]]
+    t = type(value)
+    if depth < MAX_DEPTH:
+        if t is dict or (t not in _PLAIN and issubclass(t, Mapping)):
+            return {text(k): json_safe(v, depth + 1) for k, v in value.items()}
+        if t is list or t is tuple:
+            return [json_safe(v, depth + 1) for v in value[:MAX_SEQUENCE]]
     return attr_value(value)
 
 
 def json_default(value: Any) -> Any:
-    """``default=`` hook for orjson: whatever JSON cannot encode becomes an attribute value."""
+    """``default=`` hook for orjson: whatever JSON cannot encode becomes an attribute value (an
+    accelerator value its numbers, nested lists kept)."""
     try:
+        if type(value) is DeviceValue:
+            return value.resolve()
         return attr_value(value)
     except Exception:
-        return f"<unconvertible {type(value).__name__}>"
+        return f"<unconvertible {_name_of(type(value))}>"
 
 
 _OPT = orjson.OPT_NON_STR_KEYS
@@ -231,9 +570,17 @@ def category_name(category: Any, default: str = "misc") -> str:
     """The string form of a category (``Category`` enum member or any string)."""
     if category is None:
         return default
-    if isinstance(category, Enum):
-        return str(category.value)
-    return category if type(category) is str else text(category)
+    t = type(category)
+    if t is str:
+        name: str = category
+        return name
+    if _KINDS.get(t) == _K_ENUM or (t not in _KINDS and _classify(t) == _K_ENUM):
+        value = object.__getattribute__(category, "_value_")
+        if type(value) is str:
+            name = value
+            return name
+        return text(value)
+    return text(category)
 
 
 _last_names: dict[int, str] = {}

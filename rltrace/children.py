@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from . import secret_server
-from .config import ConfigError, TracerConfig, dataclass_to_dict
+from .config import ConfigError, TracerConfig, dataclass_to_dict, redact_endpoint
 
 logger = logging.getLogger("rltrace")
 
@@ -35,11 +35,19 @@ class ChildConfig:
     def publish(self, cfg: TracerConfig, rank: int, world_size: int) -> None:
         """Put the config children inherit into the environment; serve its secrets."""
         data = _child_config(cfg, rank, world_size)
-        headers = data.get("otlp", {}).pop("headers", None)
+        otlp = data.get("otlp", {})
+        secrets: dict[str, Any] = {}
+        if otlp.get("headers"):
+            secrets["headers"] = otlp["headers"]
+        otlp.pop("headers", None)
+        endpoint = otlp.get("endpoint")
+        if redact_endpoint(endpoint) != endpoint:  # user:password@ in the URL: served, not shown
+            secrets["endpoint"] = endpoint
+            otlp["endpoint"] = redact_endpoint(endpoint)
         self.remove_secrets()
-        if headers:
+        if secrets:
             secret_server.remove_stale_files()  # what killed runs of older versions left
-            payload = {"otlp": {"headers": headers}}
+            payload = {"otlp": secrets}
             if secret_server.abstract_sockets():
                 self._server = secret_server.SecretServer(payload)
                 os.environ[PARENT_SECRETS_ENV] = self._server.address
@@ -79,9 +87,10 @@ def parent_config() -> dict[str, Any]:
             "the child, or call rltrace.configure(...) in the child instead"
         )
     data: dict[str, Any] = json.loads(raw)
-    secret_headers = _read_parent_secrets().get("otlp", {}).get("headers")
-    if secret_headers:
-        data.setdefault("otlp", {})["headers"] = secret_headers
+    secret = _read_parent_secrets().get("otlp", {})
+    for key in ("headers", "endpoint"):
+        if secret.get(key):
+            data.setdefault("otlp", {})[key] = secret[key]
     return data
 
 

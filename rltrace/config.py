@@ -38,6 +38,8 @@ __all__ = [
     "TracerConfig",
     "load_config",
     "log_dir",
+    "redact_endpoint",
+    "redact_urls",
     "redacted",
 ]
 
@@ -47,6 +49,31 @@ logger = logging.getLogger("rltrace")
 
 class ConfigError(ValueError):
     """A configuration value is unknown, of the wrong type, or unusable (names key and fix)."""
+
+
+#: the userinfo (``user:password@``) of a URL's authority, with or without a scheme
+_USERINFO = re.compile(r"^(\s*(?:[A-Za-z][A-Za-z0-9+.-]*://)?)[^/?#\s]*@")
+#: the userinfo of every ``scheme://`` URL inside a text
+_USERINFO_IN_TEXT = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/?#\s@]*(?:@[^/?#\s@]*)*@")
+
+
+_T = typing.TypeVar("_T")
+
+
+def redact_endpoint(endpoint: _T) -> _T:
+    """``endpoint`` as it may be shown or saved: the userinfo of the URL (``user:password@``,
+    which HTTP exporters send as basic auth) replaced by ``<redacted>@``; any other value
+    unchanged.  The one helper every place that prints or writes the endpoint uses; the
+    exporter itself gets the real value."""
+    if not isinstance(endpoint, str) or "@" not in endpoint:
+        return endpoint
+    return typing.cast(_T, _USERINFO.sub(r"\1<redacted>@", endpoint, count=1))
+
+
+def redact_urls(text: str) -> str:
+    """``text`` (a log line, an error) with the userinfo of every URL in it redacted (see
+    :func:`redact_endpoint`)."""
+    return _USERINFO_IN_TEXT.sub(r"\1<redacted>@", text) if "@" in text else text
 
 
 @dataclass
@@ -83,6 +110,12 @@ class OTLPConfig:
     #: also export the session metrics over OTLP (off as well when OTEL_METRICS_EXPORTER=none;
     #: some trace-only backends, e.g. Phoenix, refuse metrics)
     metrics: bool = True
+
+    def __repr__(self) -> str:
+        """The fields but ``headers``, the endpoint's userinfo redacted (never a secret)."""
+        shown = (f"{f.name}={redact_endpoint(getattr(self, f.name))!r}"
+                 for f in dataclasses.fields(self) if f.repr)
+        return f"{type(self).__name__}({', '.join(shown)})"
 
 
 #: the values of ``sampling.mode`` (see :mod:`rltrace.sampling`)
@@ -502,7 +535,7 @@ def _parse_kv(text: str, key: str, source: str) -> dict[str, str]:
 
 
 def _type_error(key: str, value: Any, expected: str, source: str) -> ConfigError:
-    shown = "<redacted>" if key.startswith("otlp.headers") else repr(value)
+    shown = "<redacted>" if key.startswith("otlp.headers") else repr(redact_endpoint(value))
     return ConfigError(
         f"rltrace config key {key!r} (in {source}) must be {expected}, "
         f"got {type(value).__name__} {shown}"
@@ -587,11 +620,13 @@ def _check_values(cfg: TracerConfig) -> None:
          f"must be >= 1, got {cfg.world_size}")
     for key in ("experiment_name", "trial_name"):
         v = getattr(cfg, key)
-        need(folder_name_ok(v), key, f"must be a non-empty name without '/' or NUL, got {v!r}")
+        need(folder_name_ok(v), key, f"must be a non-empty name without '/' or NUL (or any "
+                                     f"control character: a newline, a tab), got {v!r}")
     for key in ("role", "user"):
         v = getattr(cfg, key)
         need(v is None or folder_name_ok(v), key,
-             f"must be a non-empty name without '/' or NUL (it names a folder), got {v!r}")
+             f"must be a non-empty name without '/' or NUL (or any control character: a "
+             f"newline, a tab; it names a folder), got {v!r}")
     if cfg.exporters.native:
         need(cfg.exporters.chrome, "exporters.native",
              "is drawn from the Chrome lines: it needs exporters.chrome on")
@@ -605,7 +640,7 @@ def _check_values(cfg: TracerConfig) -> None:
          f"must be 'grpc' or 'http/protobuf' ('http' is read as 'http/protobuf'), got {proto!r}"
          + _suggest(proto, ("grpc", "http/protobuf")))
     problem = endpoint_problem(cfg.otlp.endpoint, proto)
-    need(problem is None, "otlp.endpoint", f"{problem}, got {cfg.otlp.endpoint!r}")
+    need(problem is None, "otlp.endpoint", f"{problem}, got {redact_endpoint(cfg.otlp.endpoint)!r}")
     smp = cfg.sampling
     modes = SAMPLING_MODES
     need(smp.mode is None or smp.mode in modes, "sampling.mode",
@@ -653,11 +688,16 @@ def endpoint_problem(endpoint: str | None, protocol: str | None) -> str | None:
     return None
 
 
+#: characters no folder of the log dir is named with: path separators and control characters
+#: (NUL, a newline that would split a listing's lines, escapes that would rewrite a terminal)
+_NOT_IN_FOLDER_NAMES = re.compile(r"[/\\\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
 def folder_name_ok(name: str) -> bool:
     """Whether ``name`` can name one folder of the log dir: not empty, ``.`` or ``..``, and
-    without a path separator or a NUL byte."""
-    return bool(name) and name not in (".", "..") and "/" not in name and "\\" not in name \
-        and "\0" not in name
+    without a path separator or a control character (NUL, newline, tab, escape...)."""
+    return type(name) is str and bool(name) and name not in (".", "..") \
+        and _NOT_IN_FOLDER_NAMES.search(name) is None
 
 
 def current_user() -> str:
@@ -686,7 +726,8 @@ def log_dir(cfg: TracerConfig) -> Path:
 
 
 def redacted(cfg: TracerConfig) -> dict[str, Any]:
-    """The config as a plain dict with secrets (OTLP headers) replaced by ``<redacted>``."""
+    """The config as a plain dict with secrets (OTLP headers, the endpoint's userinfo) replaced
+    by ``<redacted>``."""
     data = dataclass_to_dict(cfg)
     for path in _SECRET_KEYS:
         node = data
@@ -694,4 +735,5 @@ def redacted(cfg: TracerConfig) -> dict[str, Any]:
             node = node[p]
         if node.get(path[-1]):
             node[path[-1]] = {k: "<redacted>" for k in node[path[-1]]}
+    data["otlp"]["endpoint"] = redact_endpoint(data["otlp"]["endpoint"])
     return data

@@ -3,8 +3,12 @@ and written safely.
 
 A fileroot may be shared (a team's NFS volume): the ``logs/{user}/...`` folders below it must be
 this user's, and none of them a symbolic link someone else planted, or another user could point
-this run's files (and what it would write through them) elsewhere.  The log files themselves
-are opened without following links (:mod:`rltrace.exporters.files`).
+this run's files (and what it would write through them) elsewhere.  The same holds for the
+folders inside the log dir (``perf_tracer/``, ``session_tracer/``, ``live/``, role folders...):
+``configure`` refuses one that is another user's link or folder, and every later open checks
+them again right before use (:func:`rltrace.exporters.files.guard_folders_below`), so one planted
+after ``configure`` turns that output off with a warning instead of being written into.  The
+log files themselves are opened without following links (:mod:`rltrace.exporters.files`).
 """
 
 from __future__ import annotations
@@ -12,9 +16,10 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import stat
 from pathlib import Path
 
-from rltrace.exporters.files import write_atomically
+from rltrace.exporters.files import guard_folders_below, write_atomically
 
 from .config import ConfigError, TracerConfig, log_dir, redacted
 from .version import __version__
@@ -29,6 +34,7 @@ def prepare(cfg: TracerConfig) -> Path:
     root = Path(cfg.fileroot).expanduser() / "logs"
     try:
         _check_chain(root, logdir)
+        guard_folders_below(root)
         logdir.mkdir(parents=True, exist_ok=True)
         _check_chain(root, logdir)  # made by someone else meanwhile?
         probe = logdir / f".rltrace-write-test-{os.getpid()}-{secrets.token_hex(4)}"
@@ -71,15 +77,40 @@ def _check_chain(root: Path, logdir: Path) -> None:
 
 #: the folders of the log dir that hold rltrace's files (each may have a role folder inside)
 _FILE_DIRS = ("", "perf_tracer", "session_tracer", "live")
+#: every folder rltrace (or a library it drives) writes in the log dir
+_OUT_DIRS = (*_FILE_DIRS[1:], "ray", "torch_profiler", "report", "tensorboard")
+
+
+def _check_folder(path: Path) -> None:
+    """``path`` (when it exists) is not another user's link or folder."""
+    try:
+        st = path.lstat()
+    except OSError:
+        return
+    trusted = (os.geteuid(), 0)
+    if st.st_uid in trusted or not (stat.S_ISLNK(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+        return
+    what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "a folder"
+    raise ConfigError(
+        f"rltrace config key 'fileroot': {str(path)!r} in the log dir is {what} owned by another "
+        f"user (uid {st.st_uid}), who could read or replace what rltrace writes there; rltrace "
+        f"will not write into it. Remove it, or set fileroot to a directory of your own.")
 
 
 def _check_no_planted_links(logdir: Path) -> None:
-    """None of the files rltrace writes in the log dir may be a symbolic link: it would write
-    through it (the exporters refuse it again at open, should one appear later)."""
+    """No folder rltrace writes in may be another user's link or folder, and none of the files
+    it writes a symbolic link: it would write through it (the exporters refuse both again at
+    open, should one appear later)."""
+    for sub in _OUT_DIRS:
+        folder = logdir / sub
+        _check_folder(folder)
+        if sub in _FILE_DIRS and folder.is_dir():
+            for entry in folder.iterdir():  # role folders
+                _check_folder(entry)
     links = []
     for sub in _FILE_DIRS:
         folder = logdir / sub
-        if not folder.is_dir() or folder.is_symlink():
+        if not folder.is_dir():
             continue
         for entry in folder.iterdir():
             inner = entry.iterdir() if entry.is_dir() and not entry.is_symlink() and sub else ()

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from typing import Any
 
 from opentelemetry.sdk.trace.export import SpanExporter
 
-from .config import ConfigError, OTLPConfig, endpoint_problem
+from .config import ConfigError, OTLPConfig, endpoint_problem, redact_endpoint, redact_urls
 from .otel_compat import encoded_exporter_class
 
 logger = logging.getLogger("rltrace")
@@ -52,10 +53,38 @@ class SdkLogFold(logging.Filter):
             msg = record.getMessage()
         except Exception:
             msg = str(record.msg)
+        msg = redact_urls(msg)  # the SDK names the endpoint, userinfo and all
         self.count += 1
-        self.last = " ".join(msg.split())[:300]
+        cause = sdk_cause(msg)
+        if cause is not None or self.last is None:
+            self.last = cause or " ".join(msg.split())[:300]
         logger.debug("rltrace: (OpenTelemetry SDK) %s", msg)
         return False
+
+
+#: SDK lines that say an export gave up, not why (a shutdown that ended a retry, the final
+#: "timeout, max retries or shutdown"): they do not replace the cause seen before them
+_NOT_A_CAUSE = re.compile(r"^\s*(Shutdown in progress|Exporter already shut ?down"
+                          r"|OTLP client already shut ?down"
+                          r"|Failed to export \w+ batch due to timeout, max retries or shutdown"
+                          r"|Reinitializing gRPC channel)", re.IGNORECASE)
+_RETRY_TAIL = re.compile(r"\s*encountered while exporting .*?, retrying in [\d.]+s\.?")
+_OS_ERROR = re.compile(r"(?:[A-Z][\w ]*: )?\[Errno -?\d+\] [^\"')\]]+")
+
+
+def sdk_cause(msg: str) -> str | None:
+    """The cause an SDK exporter line gives for a failed export, shortened (``Failed to establish
+    a new connection: [Errno 111] Connection refused``, ``StatusCode.UNAVAILABLE: failed to
+    connect to all addresses; ... Connection refused``), or None for a line that names no cause."""
+    text = " ".join(msg.split())
+    if _NOT_A_CAUSE.match(text):
+        return None
+    text = _RETRY_TAIL.sub("", text, count=1).removeprefix("Transient error ")
+    text = re.sub(r"\.?\s*Error details:", ":", text, count=1)
+    os_error = _OS_ERROR.search(text)
+    if os_error is not None:
+        return os_error.group(0).strip()
+    return text[:300]
 
 
 #: the process's fold (see :class:`SdkLogFold`)
@@ -81,7 +110,8 @@ def otlp_endpoint(cfg: OTLPConfig) -> str | None:
             problem = endpoint_problem(value, cfg.protocol or _env(
                 "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"))
             if problem is not None:
-                raise ConfigError(f"rltrace: the environment variable {name}={value!r} {problem}; "
+                raise ConfigError(f"rltrace: the environment variable {name}="
+                                  f"{redact_endpoint(value)!r} {problem}; "
                                   f"fix it, or set the config key otlp.endpoint")
             return value
     return None

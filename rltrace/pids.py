@@ -7,7 +7,11 @@ import os
 
 
 def pid_alive(pid: int) -> bool:
-    """True while ``pid`` runs (or cannot be told apart from running: another user's)."""
+    """True while ``pid`` runs (or cannot be told apart from running: another user's); never
+    for a pid no process can have (0 and below, which ``kill`` reads as a process group, or
+    above Linux's largest, 2**22)."""
+    if type(pid) is not int or not 0 < pid <= 1 << 22:
+        return False
     if pid == os.getpid():
         return True
     try:

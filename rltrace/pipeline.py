@@ -35,7 +35,7 @@ from rltrace.exporters.sessions import SessionRecordWriter
 from rltrace.exporters.values import refresh_thread_names
 
 from . import device, otel_compat
-from .config import TracerConfig
+from .config import TracerConfig, redact_endpoint
 from .flight import FlightRecorder, ring_name
 from .goodput import StepScopeCollector
 from .live import LivePublisher, live_path
@@ -180,6 +180,9 @@ class Pipeline:
             if cfg.exporters.native:
                 self._native_side()
         self.otlp: BoundedBatchProcessor | None = None
+        #: the thread sending for the last ``wait_otlp`` (one at a time), and its lock
+        self._otlp_flusher: threading.Thread | None = None
+        self._otlp_flush_lock = threading.Lock()
         self.tail_sampler: TaskTailSampler | None = None
         self._otlp_side(cfg)
         if self.chrome is not None:  # slices name their OTel ids when the spans go out over OTLP
@@ -208,6 +211,8 @@ class Pipeline:
         self._lost_reported = 0
         self._lost_warned_at = 0.0
         self.errors = 0
+        if self.session_processor is not None and cfg.session_tracer.flight_recorder:
+            self._new_flight(os.getpid())  # last: a configure that fails above leaves no ring
 
     def _native_side(self) -> None:
         """The rank's native Perfetto trace, drawn from its Chrome lines as they are written."""
@@ -236,8 +241,6 @@ class Pipeline:
             phases=registry.phases,
         )
         self.record_processors.append(self.session_processor)
-        if cfg.session_tracer.flight_recorder:
-            self._new_flight(os.getpid())
         if cfg.live_interval_s > 0:
             step_scopes = StepScopeCollector()  # the scope side of top's goodput split
             self._step_scopes = step_scopes  # fed records once the process records steps
@@ -266,12 +269,45 @@ class Pipeline:
         else:
             self._own(self.otlp)
 
+    def wait_otlp(self, wait_s: float) -> bool:
+        """Have the OTLP sender send what it holds, returning after at most ``wait_s`` (True when
+        all of it was sent).  The send runs on a helper thread: the SDK exporter retries a
+        refused connection with backoff up to its own timeout (about 7 s by default), which no
+        caller's bound reaches into, so the caller stops waiting at ``wait_s`` and the helper
+        finishes (or the processor's shutdown ends) that export."""
+        otlp = self.otlp
+        if otlp is None:
+            return True
+        deadline = time.monotonic() + max(0.0, wait_s)
+        with self._otlp_flush_lock:
+            helper = self._otlp_flusher
+            if helper is not None and helper.is_alive():
+                # one helper at a time: a loop that flushes each step against a dead collector
+                # waits on the send in progress instead of starting another behind it
+                helper.join(max(0.0, deadline - time.monotonic()))
+                if helper.is_alive():
+                    return False
+            done: list[bool] = []
+            left = max(0.0, deadline - time.monotonic())
+
+            def send() -> None:
+                try:
+                    done.append(otlp.force_flush(max(1, int(left * 1000))))
+                except Exception as exc:  # never reaches the caller
+                    internal_error("OTLP flush", exc)
+
+            helper = self._otlp_flusher = threading.Thread(target=send, name="rltrace-otlp-flush",
+                                                           daemon=True)
+            helper.start()
+            helper.join(left)
+            return bool(done and done[0])
+
     def _new_flight(self, pid: int) -> None:
         """A ring for this process's session records, given to the registry."""
         assert self.sessions_path is not None
         path = self.sessions_path.with_name(ring_name(self.rank, pid))
         try:
-            self.flight = FlightRecorder(path, self.sessions_path.name)
+            self.flight = FlightRecorder(path, self.sessions_path, role=bool(self.cfg.role))
         except OSError as exc:  # tracing goes on without it
             internal_error(f"flight recorder {path}", exc)
             self.flight = None
@@ -605,7 +641,7 @@ class Pipeline:
 
     def _otlp_endpoint(self) -> str:
         try:
-            return otlp_endpoint(self.cfg.otlp) or "?"
+            return redact_endpoint(otlp_endpoint(self.cfg.otlp)) or "?"
         except Exception:
             return "?"
 
@@ -713,7 +749,8 @@ class Pipeline:
         sp = self.session_processor
         if sp is not None:
             out["sessions"] = {"finalized": sp.sessions, "written": sp.writer.written,
-                               "failed": sp.writer.failed, "orphaned": sp.orphaned,
+                               "failed": sp.writer.failed, "lost": sp.writer.lost,
+                               "orphaned": sp.orphaned,
                                "late_phases": sp.late_phases,
                                **self.registry.open_counts()}
         out["misuse"] = dict(self.registry.misuse)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .device import require
+from .exporters.files import make_folders
 from .recorder import internal_error
 from .runtime import RUNTIME
 from .steps import current_step, enclosing_scope_args
@@ -83,7 +84,7 @@ def torch_profile(path: Any, *, activities: Any = None, **profiler_args: Any) ->
         with profile(activities=acts, **profiler_args) as prof:
             yield prof
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
+            make_folders(target.parent)  # never another user's folder or link
             prof.export_chrome_trace(str(target))
         except Exception as exc:  # tracing never breaks training
             internal_error(f"torch.profiler export to {target}", exc)

@@ -32,7 +32,7 @@ from opentelemetry.trace import (
 )
 from opentelemetry.trace.status import Status, StatusCode
 
-from rltrace.exporters.values import recorded, recorded_value
+from rltrace.exporters.values import category_name, recorded, recorded_value, text
 
 from . import otel_compat
 from .otel_compat import SPAN_KEY as _SPAN_KEY
@@ -528,7 +528,11 @@ class Scope(ScopeCore, Span):
             stack = "".join(traceback.format_exception(etype, exc, exc.__traceback__))
         except Exception:
             stack = ""
-        self.extras()["error"] = (name, str(exc), stack)
+        try:
+            message = str(exc)
+        except Exception:  # a raising __str__ must not replace the exception leaving the scope
+            message = f"<unprintable {name}>"
+        self.extras()["error"] = (name, message, stack)
 
     def record_attrs(self) -> dict[str, Any] | None:
         """The record's own attributes (set by rltrace or through ``set_attribute``), if any.
@@ -567,10 +571,14 @@ class Scope(ScopeCore, Span):
         if self.end_ns:
             _after_end(self, "set_attribute")
             return
+        if type(key) is not str:
+            key = text(key)  # OTel keys are strings; an object's own __hash__/__str__ never runs
         self.extras().setdefault("attrs", {})[key] = recorded_value(value)
 
     def set_attributes(self, attributes: Any) -> None:
-        for k, v in attributes.items():
+        if attributes is None:
+            return
+        for k, v in recorded(attributes).items():  # any mapping, read without running its code
             self.set_attribute(k, v)
 
     def add_event(self, name: str, attributes: Any = None, timestamp: int | None = None) -> None:
@@ -583,8 +591,9 @@ class Scope(ScopeCore, Span):
         if events is not None and len(events) >= span_api.max_events:
             span_api.dropped_events += 1  # bounded memory: the span limits' event count
             return
-        self._event(name, timestamp if timestamp is not None else now_ns(),
-                    recorded(attributes) if attributes else None, None)
+        self._event(name if type(name) is str else text(name),
+                    timestamp if timestamp is not None else now_ns(),
+                    recorded(attributes) if attributes is not None else None, None)
 
     def _event(self, name: str, ts: int, attrs: Any, category: Any) -> None:
         self.extras().setdefault("events", []).append((name, ts, attrs, category))
@@ -593,7 +602,7 @@ class Scope(ScopeCore, Span):
         if self.end_ns:
             _after_end(self, "update_name")
             return
-        self.name = name
+        self.name = name if type(name) is str else text(name)  # its own __str__ never runs
 
     def set_status(self, status: Any, description: str | None = None) -> None:
         if self.end_ns:
@@ -719,7 +728,7 @@ def record_instant(name: str, category: Any, args: dict[str, Any] | None) -> Non
     if span is not None and span.is_recording():
         attrs = dict(args) if args else {}
         if category is not None:
-            attrs["rl.category"] = getattr(category, "value", category)
+            attrs["rl.category"] = category_name(category)
         span.add_event(name, attrs, ts)
         return
     rec = Scope(name, category, args)

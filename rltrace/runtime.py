@@ -253,7 +253,7 @@ class Runtime:
         if final and p.otlp is not None:
             p.flush()
             timeout = p.cfg.otlp.timeout_s if p.cfg.otlp.timeout_s is not None else 5.0
-            p.otlp.force_flush(int(timeout * 1000))
+            p.wait_otlp(timeout)  # bounded: the SDK's retries may outlast its timeout
         interval = sys.getswitchinterval()
         closed = not (final and self.sessions.enabled)
         with p._lock:  # fair: the exporter thread finishes the cycle it is in, then waits
@@ -263,6 +263,9 @@ class Runtime:
                     sys.setswitchinterval(_FINAL_SWITCH_INTERVAL)
                 if not state.buffer:
                     if closed:
+                        if final and p.flight is not None:  # every record on disk: no ring left
+                            p._close_flight(remove=True)  # (its syscalls let threads run: again)
+                            continue
                         return  # final: the GIL stays with this thread until the process ends
                     # sessions still open now are written as pending (open phases closed);
                     # done last, so a session finalized while the records above were written
@@ -295,7 +298,7 @@ class Runtime:
         if p is not None:
             p.flush()
             if wait_s > 0 and p.otlp is not None:
-                p.otlp.force_flush(int(wait_s * 1000))
+                p.wait_otlp(wait_s)
 
     def save(self, step: int | None = None, force: bool = False) -> None:
         """AReaL's ``save``: flush when ``force``, when ``step`` is None, or on the last step of
@@ -479,12 +482,14 @@ def _recover_killed_runs(logdir: Path) -> None:
     recorder's ring): appended to its records file, marked recovered, with one warning."""
     try:
         back = flight.recover(logdir)
-    except Exception as exc:  # never in the way of configure
+    except Exception as exc:  # never in the way of configure (recover reports what it finds)
         internal_error("flight recorder recovery", exc)
         return
-    for records, n in back:
+    for records, n in back.restored:
         logger.warning("rltrace: restored %d session(s) that a killed process had finalized but "
                        "not written, into %s (marked \"recovered\": true)", n, records)
+    for line in back.problem_lines(5):
+        logger.warning("rltrace: flight recorder ring %s", line)
 
 
 def _check_injected(clock: Any, id_generator: Any) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from enum import Enum
 from typing import Any, TypeVar, overload
 
-from rltrace.exporters.values import recorded
+from rltrace.exporters.values import category_name, recorded
 
 from . import recorder
 from .checks import check_scope_args
@@ -49,7 +49,7 @@ _NO_OPTS: dict[str, Any] = {"device_sync": None, "device_timing": None, "annotat
 def _device_scope(name: str, category: Any, args: Any, sync: Any, timing: Any,
                   annotate: Any) -> TracedScope:
     d = STATE.device
-    cat = getattr(category, "value", category) or "misc"
+    cat = category_name(category) or "misc"  # never the category object's own code
     if sync is None:
         sync = d is not None and cat in d.sync
     if timing is None and d is not None and cat in d.timing:
@@ -72,9 +72,10 @@ def trace_scope(
     """Trace a block: ``with trace_scope("train.step", Category.COMPUTE, {"step": 3}): ...``.
 
     The block becomes an OTel span (kind INTERNAL) named ``name`` with attributes
-    ``rl.category`` and ``args.<key>``, and a Chrome ``X`` event.  ``args`` is copied (one
-    level deep), never modified; values JSON cannot encode (tensors, arrays, objects) are converted or
-    stringified at export.  An exception leaving the block is recorded on the span (status
+    ``rl.category`` and ``args.<key>``, and a Chrome ``X`` event.  ``args`` is copied here
+    (deeply, bounded), never modified; small arrays/tensors become numbers, an object of a type
+    rltrace does not know its ``<module.Class object at 0x...>``: none of the values' own code
+    runs (docs/guide/values.md).  An exception leaving the block is recorded on the span (status
     ERROR plus an ``exception`` event) and re-raised unchanged.  The returned object is the
     span itself (``set_attribute``, ``add_event`` work on it).
 
@@ -88,6 +89,8 @@ def trace_scope(
     state = STATE
     if not state.enabled:
         return NOOP
+    if category is not None and type(category) is not str and type(category) is not Category:
+        category = category_name(category)  # its own __hash__/__str__ must not run at export
     if state.device is not None or device_sync or device_timing or annotate:
         return _device_scope(name, category, args, device_sync, device_timing, annotate)
     return Scope(name, category, recorded(args) if args else None)
@@ -104,6 +107,8 @@ def atrace_scope(
     state = STATE
     if not state.enabled:
         return NOOP
+    if category is not None and type(category) is not str and type(category) is not Category:
+        category = category_name(category)  # its own __hash__/__str__ must not run at export
     if state.device is not None or device_sync or device_timing or annotate:
         return _device_scope(name, category, args, device_sync, device_timing, annotate)
     return Scope(name, category, recorded(args) if args else None)
@@ -121,6 +126,8 @@ def instant(
         check_scope_args("instant", name, args)
     if not STATE.enabled:
         return
+    if category is not None and type(category) is not str and type(category) is not Category:
+        category = category_name(category)  # its own __hash__/__str__ must not run at export
     try:
         recorder.record_instant(name, category, recorded(args) if args else None)
     except Exception as exc:  # pragma: no cover - defensive
@@ -210,6 +217,8 @@ def _decorate_device(fn: Callable[..., Any], name: str, category: Any, opts: dic
 
 
 def _decorate(fn: Callable[..., Any], name: str, category: Any) -> Callable[..., Any]:
+    if category is not None and type(category) is not str and type(category) is not Category:
+        category = category_name(category)  # its own __hash__/__str__ must not run at export
     if inspect.isasyncgenfunction(fn):
 
         @functools.wraps(fn)

@@ -18,6 +18,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .exporters.files import open_no_follow
+
 __all__ = ["EXITED", "FIELDS", "FINALIZED", "REGISTERED", "WRITTEN", "SessionTally",
            "read_tally"]
 
@@ -32,8 +34,8 @@ class SessionTally:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        # the folder made and checked, the file never through a link (another user's log dir)
+        fd = open_no_follow(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.ftruncate(fd, _SIZE)
             self._map = mmap.mmap(fd, _SIZE)

@@ -24,6 +24,7 @@ import orjson
 from ..readers import Oversize, check_trace_event, iter_lines
 from ..readers import lines as line_reader
 from ..readers.fields import MAX_SECONDS, is_number
+from ..readers.trace_event import plain_ids
 from ..timeline.arrows import WHOLE, line_ts_ns
 
 logger = logging.getLogger("rltrace")
@@ -110,6 +111,7 @@ def find_trace_files(inputs: Iterable[str | Path]) -> list[Path]:
         if p.is_dir():
             candidates = sorted(p.rglob(TRACE_GLOB)) + sorted(p.rglob(PROFILER_GLOB))
         elif p.is_file():
+            _check_trace_like(p)
             candidates = [p]
         elif any(ch in text for ch in "*?["):
             candidates = [Path(x) for x in sorted(glob.glob(text, recursive=True))]
@@ -139,6 +141,20 @@ def find_trace_files(inputs: Iterable[str | Path]) -> list[Path]:
             f"rltrace convert: no trace files ({TRACE_GLOB}) found in {', '.join(map(str, inputs))}"
         )
     return files
+
+
+def _check_trace_like(path: Path) -> None:
+    """Refuse a file named as an input that is not a trace: its first bytes (after blanks) must
+    open a JSON object or array, as Chrome JSON and JSONL traces do (an empty file is a rank
+    that recorded nothing).  Raises :class:`ConvertError` naming the file and what to give."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4096).lstrip()
+    except OSError as exc:
+        raise ConvertError(f"rltrace convert: cannot read {path}: {exc.strerror or exc}") from None
+    if head and head[:1] not in (b"{", b"["):
+        raise ConvertError(f"rltrace convert: {path} is not a trace file (Chrome JSON or rltrace's "
+                           f"traces-r*.jsonl); give a run's log dir or its trace files")
 
 
 class _Writer:
@@ -251,6 +267,8 @@ class _Merge:
             return None
         notes = self._notes
         why = check_trace_event(ev, notes.append, None, text_pid)
+        if why is None:
+            plain_ids(ev, notes.append)  # ids that key tracks and arrows: hashable values
         if why is not None:
             self.result.skip_line(f"{where}: malformed trace event ({why}), skipped")
         for msg in notes if why is None else ():
@@ -271,7 +289,11 @@ class _Merge:
         for ev in self.in_window(_events_of_json(path, self)):
             if isinstance(ev.get("pid"), int):
                 ev["pid"] = self.new_pid(fi, ev["pid"])
-            self.writer.write(orjson.dumps(ev))
+            line = _encode(ev)
+            if line is None:
+                self.result.skip_line(f"{path}: an event nested too deeply to write, skipped")
+            else:
+                self.writer.write(line)
         self.bar.update(_size(path))
 
     def lines(self, path: Path) -> Iterator[tuple[int, bytes]]:
@@ -348,10 +370,23 @@ class _Merge:
                 ev["pid"] = new_pid
             if tid is not None:
                 ev["tid"] = tid
-            line = orjson.dumps(ev)
-        self.writer.write(line)
+            encoded = _encode(ev)
+            if encoded is None:
+                self.result.skip_line(f"{path}:{lineno}: nested too deeply to write, skipped")
+            line = encoded or b""
+        if line:
+            self.writer.write(line)
         for x in extra:
             self.writer.write(x)
+
+
+def _encode(ev: dict[str, Any]) -> bytes | None:
+    """``ev`` as JSON, or None when it cannot be written (orjson's depth limit is below the one
+    it reads with: a damaged line nested ~300 deep parses, but does not encode)."""
+    try:
+        return orjson.dumps(ev)
+    except TypeError:
+        return None
 
 
 def _jsonl(files: list[Path]) -> list[tuple[int, Path]]:

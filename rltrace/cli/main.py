@@ -42,8 +42,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
             print(f"  {part.path}: {steps}, {part.events} events")
     for msg in res.skipped:
         print(f"  {msg}")
-    print(f"open it at https://ui.perfetto.dev (Open trace file), or query it with SQL in "
-          f"Perfetto's trace_processor: trace_processor {res.output}")
+    print("open it at https://ui.perfetto.dev (Open trace file); query it with SQL there: Query (SQL) "
+          "in its left bar")
     return 0
 
 
@@ -62,11 +62,16 @@ def _cmd_diff(args: argparse.Namespace) -> int:
     if args.output is not None and not args.output.endswith((".html", ".json")):
         print(f"rltrace diff: -o {args.output}: write .html or .json", file=sys.stderr)
         return 2
-    try:
-        a = diff.side(args.run_a, args.steps_a, "A")
-        b = diff.side(run_b, args.steps_b, "B")
+    for flag, steps in (("--steps-a", args.steps_a), ("--steps-b", args.steps_b)):
+        bad = steps_problem(steps, flag)
+        if bad is not None:
+            print(f"rltrace diff: {bad}", file=sys.stderr)
+            return 2
+    try:  # each side is labelled by its log dir (and step range)
+        a = diff.side(args.run_a, args.steps_a, args.run_a)
+        b = diff.side(run_b, args.steps_b, run_b)
     except (ReportError, ValueError) as exc:
-        print(f"rltrace diff: {exc}", file=sys.stderr)
+        print(f"rltrace diff: {str(exc).removeprefix('rltrace report: ')}", file=sys.stderr)
         return 2
     result = diff.compare(a, b)
     print(diff.render_text(result))
@@ -137,10 +142,10 @@ def _cmd_top(args: argparse.Namespace) -> int:
         return 2
     from pathlib import Path
 
-    if args.once and not Path(args.logdir).is_dir():  # (live, it waits for the run to start)
+    if not Path(args.logdir).is_dir():
         print(f"rltrace top: {args.logdir} is not a folder; give a run's log dir "
-              "{fileroot}/logs/{user}/{experiment}/{trial} (rltrace demo prints it) or a folder "
-              "above it", file=sys.stderr)
+              "{fileroot}/logs/{user}/{experiment}/{trial} (rltrace demo prints it; it exists once "
+              "the run has called rltrace.configure) or a folder above it", file=sys.stderr)
         return 2
     return run_top(args.logdir, interval_s=args.interval, once=args.once)
 
@@ -160,7 +165,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
     from ..analysis.report import skipped_text
 
-    bad = report_args_problem(args)
+    bad = report_args_problem(args) or steps_problem(args.steps)
     if bad is not None:
         print(f"rltrace report: {bad}", file=sys.stderr)
         return 2
@@ -171,7 +176,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
             train_prefix=args.train_prefix, progress=args.progress)
         rep, files = analysis.report(args.logdir, args.output, args.format, options=opts)
     except analysis.ReportError as exc:
-        print(exc, file=sys.stderr)
+        msg = str(exc)
+        print(msg if msg.startswith("rltrace report") else f"rltrace report: {msg}", file=sys.stderr)
         return 2
     out = Console(highlight=False, soft_wrap=True)
     inp = rep["inputs"]
@@ -179,9 +185,10 @@ def _cmd_report(args: argparse.Namespace) -> int:
     out.print(Text.assemble(("rltrace report", "bold"), f": {inp['sessions']} sessions, {len(inp['ranks'])} "
                             f"rank(s), {len(inp['steps'])} step(s), {inp['trace_events']} trace events",
                             (f", {unread}" if unread else "", "yellow")))
+    width = max((len(f["kind"]) for f in rep["findings"]), default=0) + 1  # a space after the longest
     for f in rep["findings"]:
-        out.print(Text.assemble(("  " + f["kind"].ljust(10), "bold red" if f["kind"] in ("straggler", "phase")
-                                 else "bold"), f["text"]))
+        style = "bold red" if f["kind"] in ("straggler", "phase") else "bold"
+        out.print(Text.assemble(("  " + f["kind"].ljust(width), style), f["text"]))
     for msg in inp["skipped"]:
         out.print(Text(f"  {msg}", style="yellow"))
     plots = len(files) - 1
@@ -190,6 +197,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_recover(args: argparse.Namespace) -> int:
+    """Restore what the rings hold; a summary of what was restored and what was skipped (one
+    line each, never a traceback); exit 2 when a ring or entry could not be used."""
     from pathlib import Path
 
     from ..flight import recover
@@ -198,12 +207,31 @@ def _cmd_recover(args: argparse.Namespace) -> int:
         print(f"rltrace recover: {args.logdir} is not a folder; give a run's log dir "
               "{fileroot}/logs/{user}/{experiment}/{trial}", file=sys.stderr)
         return 2
-    back = recover(Path(args.logdir), only_dead=not args.include_running)
-    for records, n in back:
+    try:
+        back = recover(Path(args.logdir), only_dead=not args.include_running)
+    except Exception as exc:  # recover reports what it finds; this is a fault of its own
+        print(f"rltrace recover: failed on {args.logdir}: {type(exc).__name__}: {exc}"[:500],
+              file=sys.stderr)
+        return 1
+    for records, n in back.restored:
         print(f"restored {n} session(s) into {records} (marked \"recovered\": true)")
-    if not back:
-        print(f"nothing to recover in {args.logdir}: no flight recorder ring of a killed process "
-              "holds a session its records file lacks")
+    for line in back.problem_lines():
+        print(f"rltrace recover: {line}", file=sys.stderr)
+    running = (f"; left {back.running} ring(s) of running processes (--include-running reads them)"
+               if back.running and not args.include_running else "")
+    if back.problems:
+        aside = f", {len(back.damaged)} damaged ring(s) moved aside (*.ring.damaged)" if back.damaged else ""
+        print(f"rltrace recover: restored {back.sessions} session(s) from {back.rings} ring(s); "
+              f"{len(back.problems)} problem(s){aside}, {back.bad_entries} bad entr(ies) skipped"
+              f"{running}", file=sys.stderr)
+        return 2
+    if not back.restored:
+        what = (f"the {back.rings} ring(s) of killed processes hold no session their records "
+                "files lack" if back.rings else
+                "no flight recorder ring of a killed process is there")
+        print(f"nothing to recover in {args.logdir}: {what}{running}")
+    elif running:
+        print(running[2:])
     return 0
 
 
@@ -216,13 +244,49 @@ def report_args_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends ``(default: X)`` to an option's help only where the help does not say its default
+    itself and there is one to show (not None, not False)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "default" in text or action.default is None or action.default is False \
+                or action.default == argparse.SUPPRESS:
+            return text
+        return super()._get_help_string(action)
+
+
+def steps_problem(text: str | None, flag: str = "--steps") -> str | None:
+    """What is wrong with a step range ``A:B`` given as ``flag`` (one line naming the fix), or
+    None: it must parse, and hold at least one step (B > A)."""
+    if text is None:
+        return None
+    t = text.strip()
+    try:
+        if ":" not in t:
+            int(t)
+            return None
+        a, b = (int(x) if x.strip() else None for x in t.split(":", 1))
+    except ValueError:
+        return f"{flag} {text!r}: expected A:B (steps A..B-1), A:, :B or N"
+    if a is not None and b is not None and b <= a:
+        return (f"{flag} {text!r} is an empty range: A:B means steps A..B-1, so B must be greater "
+                f"than A (e.g. {b}:{a + 1 if a >= b else a})")
+    return None
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="rltrace", description="OpenTelemetry-native tracing for RL training")
     ap.add_argument("--version", action="version", version=f"rltrace {__version__}")
     sub = ap.add_subparsers(dest="command", required=True)
 
     c = sub.add_parser("convert", help="merge per-rank trace files into one Perfetto file",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=HelpFormatter,
+                       description="Merge the per-rank trace files of a run (its log dir, files or "
+                                   "globs) into one file Perfetto opens: Chrome JSON (.json), or "
+                                   "Perfetto's native trace (.pftrace) with task and session tracks, "
+                                   "arrows from sessions to the train steps that used them, and "
+                                   "counters.  Open it at https://ui.perfetto.dev.")
     c.add_argument("inputs", nargs="+", help="trace files, globs or log dirs")
     c.add_argument("-o", "--output", default=None,
                    help="output file: .json (Chrome JSON) or .pftrace (Perfetto's native protobuf: "
@@ -238,7 +302,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=_cmd_convert)
 
     d = sub.add_parser("demo", help="trace a simulated asynchronous RL run (no GPU, no server)",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=HelpFormatter,
+                       description="Run a simulated asynchronous RL run on the CPU, one process per "
+                                   "rank (multi-turn sessions with generate, toolcall, verify and "
+                                   "reward phases, a train step, a weight sync), traced end to end: "
+                                   "the log dir, a merged Perfetto trace, and a summary of where "
+                                   "the time went.  Needs no GPU, no model, no server.")
     d.add_argument("--fileroot", default="./rltrace-demo", help="where logs/ is written")
     d.add_argument("--experiment", default="demo", help="experiment_name: a folder of the log dir")
     d.add_argument("--trial", default="trial0", help="trial_name: a folder of the log dir")
@@ -249,15 +318,16 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=int, default=0, help="random seed of the simulated durations")
     d.add_argument("--otlp-endpoint", default=None, help="also send spans to this OTLP endpoint "
                    "(http://host:4317 for gRPC, http://host:4318 for HTTP)")
-    d.add_argument("--otlp-protocol", default=None, choices=["grpc", "http/protobuf"],
-                   help="OTLP protocol (unset: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc)")
+    d.add_argument("--otlp-protocol", default=None, choices=["grpc", "http/protobuf", "http"],
+                   help="OTLP protocol; http is http/protobuf (default: OTEL_EXPORTER_OTLP_PROTOCOL, "
+                        "else grpc)")
     d.add_argument("--live", action="store_true",
                    help="show `rltrace top` on the run while its ranks work (needs rich; "
                         "simulated durations x20 so there is something to watch)")
     d.set_defaults(func=_cmd_demo)
 
     t = sub.add_parser("top", help="live view of a run in progress: steps, sessions in flight, long tail",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                       formatter_class=HelpFormatter,
                        description="Show a run in progress, across ranks: current step per rank, sessions "
                                    "in flight by phase and their age, the long tail forming, ranks "
                                    "falling behind, acceptance and failure rates.  Reads the live files "
@@ -268,7 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=_cmd_top)
 
     v = sub.add_parser("recover", help="restore the sessions a killed run had finalized but not written",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                       formatter_class=HelpFormatter,
                        description="After SIGKILL or an OOM kill, append to each rank's session records "
                                    "the sessions its flight recorder kept that the file lacks, marked "
                                    "\"recovered\": true (the next rltrace.configure on the log dir does "
@@ -280,7 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.set_defaults(func=_cmd_recover)
 
     r = sub.add_parser("report", help="analyse a run: long tail, stragglers, phases, turns, status, summary",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                       formatter_class=HelpFormatter,
                        description="Read every rank's session and trace files in LOGDIR (streaming) "
                                    "and write "
                                    "a report: HTML (one self-contained page, plots also as PNG files next "
@@ -305,7 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     df = sub.add_parser("diff", help="what changed between two runs (or two step ranges of one), "
                                      "beyond their own step-to-step noise",
-                        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                        formatter_class=HelpFormatter,
                         description="Compare step time and what it is made of (roles, goodput buckets, "
                                     "train scopes, session phases and waits, generate by turn) between "
                                     "two log dirs, or two step ranges of one; name only the differences "
@@ -320,10 +390,33 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def parse_args(ap: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """``ap.parse_args``, but an unknown option after a command is reported by that command's
+    parser (its usage, and the option it has that is closest), not by the top-level one."""
+    args, extra = ap.parse_known_args(argv)
+    if extra:
+        import difflib
+
+        sub = _subparsers(ap).get(getattr(args, "command", None) or "", ap)
+        known = [o for a in sub._actions for o in a.option_strings]
+        unknown = [e for e in extra if e.startswith("-")] or extra
+        close = difflib.get_close_matches(unknown[0].split("=")[0], known, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        sub.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
+    return args
+
+
+def _subparsers(ap: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in ap._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``rltrace`` console script."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    args = build_parser().parse_args(argv)
+    args = parse_args(build_parser(), argv)
     try:
         return int(args.func(args) or 0)
     except BrokenPipeError:  # the reader went away (``rltrace report ... | head``): not an error

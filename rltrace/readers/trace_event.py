@@ -97,6 +97,30 @@ def _times(ev: dict[str, Any], ph: str) -> str | None:
     return None
 
 
+#: the args a timeline keys tracks and arrows by: a session's, a task's id, the rank
+ID_ARGS = ("rl.session.id", "rl.task.id", "rank")
+
+
+def plain_ids(ev: dict[str, Any], note: Note) -> None:
+    """Remove (and note) an id arg (:data:`ID_ARGS`) of a checked event that is not a plain
+    value (None, bool, integer, finite float, string): a list or an object cannot key a track
+    (a damaged line), and NaN never equals itself."""
+    args = ev.get("args")
+    if type(args) is not dict:
+        return
+    for key in ID_ARGS:
+        v = args.get(key)
+        if v is not None and type(v) not in (int, str, bool) and not (type(v) is float and v == v
+                                                                      and abs(v) != float("inf")):
+            note(f"args.{key}: expected an id (an integer or a string), got {preview(args.pop(key))}")
+
+
+def times_ok(ev: dict[str, Any]) -> bool:
+    """Whether a complete (``X``) event's ``ts`` and ``dur`` place it (as :func:`check_trace_event`
+    decides): for a pass that reads the lines before the checked pass does."""
+    return _times(ev, "X") is None
+
+
 def _name(ev: dict[str, Any], ph: str, max_text: int | None) -> str | None:
     name = ev.get("name")
     if name is None and ph not in NAMED:

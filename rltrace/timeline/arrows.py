@@ -35,6 +35,7 @@ from typing import Any
 import orjson
 
 from ..readers import Oversize, iter_lines
+from ..readers.trace_event import times_ok
 from ..semconv import ATTR_SESSION, ATTR_STATUS, ATTR_STEP, ATTR_TASK, SESSION_SPAN, TASK_SPAN
 
 #: the lines the pass parses (rltrace's own layout writes these bytes)
@@ -66,6 +67,13 @@ def step_of(ev: dict[str, Any]) -> int | None:
         return None
     step = args.get(ATTR_STEP)
     return step if type(step) is int and abs(step) < _INT64 and ATTR_SESSION not in args else None
+
+
+def _plain(value: Any) -> bool:
+    """Whether ``value`` can be a rank (a key of the plan): None, a bool, an integer, a finite
+    float or a string; a list or object (a damaged line) cannot."""
+    return value is None or type(value) in (int, str, bool) or (
+        type(value) is float and value == value and abs(value) != float("inf"))
 
 
 def start_ns(ev: dict[str, Any]) -> int:
@@ -163,6 +171,8 @@ class Plan:
     def consumer(self, rank: Any, step: int, end: int) -> tuple[Any, int] | None:
         """(rank, step) of the train step that consumed an accepted session of ``rank``
         submitted in ``step`` and ended at ``end`` (None: none did)."""
+        if not _plain(rank):
+            return None
         who = rank if rank in self.steps else self._trainer
         if who is None:
             return None
@@ -271,20 +281,26 @@ def plan_arrows(jsonl_files: Iterable[tuple[int, Path]]) -> Plan:
     seen = _Seen()
 
     def see(ev: Any, fi: int) -> None:
+        # only what the second pass keeps: an X event whose ts and dur are numbers in range
+        # (checked before anything is appended, so the columns of ``seen`` stay in step)
         args = ev.get("args") if type(ev) is dict else None
-        if type(args) is not dict or not isinstance(ev.get("ts"), (int, float)) or ev.get("ph") != "X":
+        if type(args) is not dict or ev.get("ph") != "X" or not times_ok(ev):
+            return
+        start, end = start_ns(ev), end_ns(ev)
+        if not -_INT64 < start <= end < _INT64:
             return
         rank = args.get("rank")
+        if not (_plain(rank) and _plain(args.get(ATTR_SESSION)) and _plain(args.get(ATTR_TASK))):
+            return  # as the second pass drops them (:func:`rltrace.readers.trace_event.plain_ids`)
         step = step_of(ev)
         name = ev.get("name")
         if step is not None:
             ends = plan.steps.setdefault(rank, {})
-            start, end = start_ns(ev), end_ns(ev)
             if step in ends:
                 start, end = min(start, ends[step][0]), max(end, ends[step][1])
             ends[step] = (start, end)
         elif name == TASK_SPAN and ATTR_TASK in args:
-            plan.task_files.setdefault(args[ATTR_TASK], (fi, start_ns(ev)))
+            plan.task_files.setdefault(args[ATTR_TASK], (fi, start))
         elif name == SESSION_SPAN and ATTR_SESSION in args:
             sid = args[ATTR_SESSION]
             task = args.get(ATTR_TASK)
@@ -293,14 +309,15 @@ def plan_arrows(jsonl_files: Iterable[tuple[int, Path]]) -> Plan:
                 seen.task_file.append(fi)
                 seen.task_rank.append(seen.rank_of(rank))
                 seen.task_sid.append(sid)
-                seen.task_start.append(start_ns(ev))
+                seen.task_start.append(start)
             s = args.get(ATTR_STEP)
             if args.get(ATTR_STATUS) == "accepted" and type(s) is int and abs(s) < _INT64:
+                flow = consume_flow(rank, sid)
                 seen.rank.append(seen.rank_of(rank))
                 seen.step.append(s)
-                seen.start.append(start_ns(ev))
-                seen.end.append(end_ns(ev))
-                seen.flow.append(consume_flow(rank, sid))
+                seen.start.append(start)
+                seen.end.append(end)
+                seen.flow.append(flow)
 
     lines = 0
     for fi, path in jsonl_files:

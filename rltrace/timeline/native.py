@@ -238,6 +238,10 @@ class FileBuilder:
         if ph == "M":
             self.meta(ev)
             return
+        if ev.get("ts", 0) < 0:  # the trace's timestamps are unsigned
+            self.trace.result.skip_line(f"event of phase {ph!r} at a negative ts (before 1970), "
+                                        f"not drawn on the native timeline")
+            return
         pid = ev.get("pid")
         p = self.written(self.proc(pid))
         args = ev.get("args")

@@ -32,6 +32,7 @@ from typing import Any, BinaryIO
 import orjson
 
 from ..readers import check_trace_event
+from ..readers.trace_event import plain_ids
 from .arrows import Plan
 from .native import FileBuilder, NativeTrace
 from .packets import PacketWriter
@@ -97,6 +98,7 @@ class RankTraceWriter:
             for raw in lines:
                 ev = orjson.loads(raw)
                 if type(ev) is dict and check_trace_event(ev, _ignore, None, False) is None:
+                    plain_ids(ev, _ignore)
                     fb.event(ev)
             if self._out is not None:
                 self._out.flush()

@@ -24,12 +24,13 @@ import rltrace
 from rltrace import flight
 
 LOOP = """
-import sys, rltrace
+import sys, time, rltrace
 fileroot, save = sys.argv[1], sys.argv[2] == "save"
+step = int(sys.argv[3]) if len(sys.argv) > 3 else 0  # the first step: tells attempts apart
+deadline = time.monotonic() + 120  # its own: it ends even if the test never kills it
 rltrace.configure(fileroot=fileroot, experiment_name="kill", trial_name="t0", user="u",
                   session_tracer={"enabled": True}, flush_interval_s=0.2)
-step = 0
-while True:
+while time.monotonic() < deadline:
     with rltrace.step(step):
         task = rltrace.register_task()
         for _ in range(4):
@@ -60,10 +61,11 @@ def _records(logdir: Path) -> list[dict[str, Any]]:
     return out
 
 
-def _run_and_kill(root: Path, save: bool, after: int) -> set[int]:
+def _run_and_kill(root: Path, save: bool, after: int, first_step: int = 0) -> set[int]:
     """The loop, SIGKILLed once it said ``after`` sessions; the ids it said."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RLTRACE_", "OTEL_"))}
-    proc = subprocess.Popen([sys.executable, "-c", LOOP, str(root), "save" if save else "plain"],
+    proc = subprocess.Popen([sys.executable, "-c", LOOP, str(root), "save" if save else "plain",
+                             str(first_step)],
                             stdout=subprocess.PIPE, text=True, env=env, cwd=REPO)
     said: set[int] = set()
     try:
@@ -91,12 +93,13 @@ def test_a_sigkill_sweep_loses_no_finished_session(tmp_path: Path, save: bool) -
         logdir = root / "logs" / "u" / "kill" / "t0"
         before = {r["session_id"] for r in _records(logdir)}
         back = flight.recover(logdir)
+        assert back.problems == [] and back.bad_entries == 0
         records = _records(logdir)
         ids = [r["session_id"] for r in records]
         assert said <= set(ids), f"kill {kill}: lost {sorted(said - set(ids))[:10]}"
         assert len(ids) == len(set(ids)), f"kill {kill}: a session written twice"
         recovered = [r for r in records if r.get("recovered")]
-        assert sum(n for _, n in back) == len(recovered) == len(set(ids) - before)
+        assert back.sessions == len(recovered) == len(set(ids) - before)
         for r in recovered:  # whole records: status, reason, phases, step
             assert r["status"] in ("accepted", "rejected") and r["step"] is not None
             assert r["generate_s"] >= 0 and len(r["phases"]["generate"]) == 1
@@ -125,22 +128,23 @@ def test_a_clean_run_leaves_no_ring_and_recovers_nothing(tmp_path: Path) -> None
     rltrace.trace_session_event("mark_finalized", session_id=sid, status="accepted")
     assert list(logdir.rglob("*.ring"))  # while it runs
     rltrace.shutdown()
-    assert not list(logdir.rglob("*.ring")) and flight.recover(logdir) == []
+    back = flight.recover(logdir)
+    assert not list(logdir.rglob("*.ring")) and back.restored == [] and back.rings == 0
     assert [r.get("recovered") for r in _records(logdir)] == [None]
 
 
 def test_the_ring_keeps_the_newest_entries_when_it_wraps_and_ignores_a_torn_one(tmp_path: Path) -> None:
-    path = tmp_path / ".flight-r0-p1.ring"
-    rec = flight.FlightRecorder(path, "sessions-r0.jsonl", capacity=4096)
+    path = tmp_path / flight.ring_name(0, os.getpid())
+    rec = flight.FlightRecorder(path, tmp_path / "sessions-r0.jsonl", capacity=4096)
     for i in range(500):
         rec.add(1, i, "accepted", None, i, i + 1, 0, [("generate", i, i + 1, 0, False)])
-    _, name, entries = flight.read_ring(path)
-    ids = [e[1] for e in entries]
-    assert name == "sessions-r0.jsonl" and ids == list(range(ids[0], 500)) and len(ids) > 20
+    ring = flight.read_ring(path)
+    ids = [e[1] for e in ring.entries]
+    assert ring.records_name == "sessions-r0.jsonl" and ids == list(range(ids[0], 500)) and len(ids) > 20
     # a kill in the middle of the next entry: its start is written (over the oldest entry's),
     # not its end: the newest entries are read as before, the cut one and the overwritten not
     rec._put(rec._written % rec.capacity, b'[7,77777,"accepted",null,')
-    got = [e[1] for e in flight.read_ring(path)[2]]
+    got = [e[1] for e in flight.read_ring(path).entries]
     assert got == ids[len(ids) - len(got):] and len(got) >= len(ids) - 1 and 77777 not in got
     rec.close(remove=False)
 
@@ -157,3 +161,36 @@ def test_rltrace_recover_restores_them_from_the_command_line(tmp_path: Path) -> 
     assert f"restored {n} session(s) into" in first.stdout or n == 0
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO)
     assert again.returncode == 0 and "nothing to recover" in again.stdout
+
+
+ATTEMPT = 1_000_000  # attempt k counts its steps from k * ATTEMPT: its records say which it was
+
+
+def test_six_sigkilled_restarts_in_one_log_dir_with_default_ids_lose_no_session(tmp_path: Path) -> None:
+    """Every restart reuses the log dir and its records file, and its session ids start at 0
+    again: an earlier attempt's sessions must not hide the killed attempt's, and a session the
+    killed attempt wrote itself must not come back twice."""
+    rng = random.Random(40)
+    logdir = tmp_path / "logs" / "u" / "kill" / "t0"
+    said: dict[int, set[int]] = {}
+    for attempt in range(6):  # each start recovers the attempt killed before it
+        said[attempt] = _run_and_kill(tmp_path, save=False, after=rng.randrange(200, 1500),
+                                      first_step=attempt * ATTEMPT)
+    assert len(list(logdir.rglob("*.ring"))) == 1  # the last attempt's, for the command line
+    cmd = [sys.executable, "-m", "rltrace.cli", "recover", str(logdir)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    records = _records(logdir)
+    got = [(r["step"] // ATTEMPT, r["session_id"]) for r in records]
+    assert len(got) == len(set(got)), "a session written twice"
+    for attempt, ids in said.items():
+        mine = {sid for a, sid in got if a == attempt}
+        assert ids <= mine, f"attempt {attempt}: lost {len(ids - mine)} of {len(ids)}"
+    last = {sid for a, sid in got if a == 5}
+    restored_last = {r["session_id"] for r in records if r.get("recovered") and r["step"] // ATTEMPT == 5}
+    if restored_last:  # the command line restored the last attempt's and said so
+        assert f"restored {len(restored_last)} session(s) into" in done.stdout
+    else:
+        assert said[5] <= last and "nothing to recover" in done.stdout
+    assert sum(1 for r in records if r.get("recovered")) > 0  # the kills did cut sessions
+    assert not list(logdir.rglob("*.ring"))

@@ -63,8 +63,10 @@ def test_a_link_planted_after_configure_is_refused_when_the_file_is_opened(
         open_for_append(path)
     f = LineFile(path)
     with caplog.at_level(logging.WARNING, logger="rltrace"):
-        assert f.append(b'{"a": 1}\n') is False  # held in memory, retried, never written through
-    assert "is a symbolic link" in caplog.text and f.pending_bytes == 9
+        assert f.append(b'{"a": 1}\n') is False  # refused: this output is off, never written through
+        assert f.append(b'{"a": 2}\n') is False
+    assert caplog.text.count("is a symbolic link") == 1 and "this output is off" in caplog.text
+    assert f.pending_bytes == 0 and f.lost_lines == 2 and f.refused is not None
     assert target.read_bytes() == b"do not touch\n"
 
 
@@ -137,7 +139,9 @@ def test_a_folder_of_another_user_in_the_log_dirs_path_is_refused(
 
 @pytest.mark.parametrize(("key", "value"), [("user", "../../.."), ("user", "a/b"), ("user", "x\0y"),
                                             ("experiment_name", "e\0"), ("trial_name", ".."),
-                                            ("role", "r\0")])
+                                            ("role", "r\0"), ("user", "a\nb"),
+                                            ("experiment_name", "e\x1b[2J"), ("trial_name", "t\tx"),
+                                            ("role", "r\r")])
 def test_every_name_that_makes_a_folder_is_checked_with_a_config_error(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, key: str, value: str) -> None:
     clean_env(monkeypatch)
@@ -147,10 +151,11 @@ def test_every_name_that_makes_a_folder_is_checked_with_a_config_error(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("login", ["../../..", "evil\nname", "tab\tname", "esc\x1b]0;x\x07"])
 def test_a_login_name_that_cannot_name_a_folder_is_a_config_error_naming_the_fix(
-        tmp_path: Path) -> None:
+        tmp_path: Path, login: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RLTRACE_")}
-    env.update(LOGNAME="../../..", USER="../../..")
+    env.update(LOGNAME=login, USER=login)
     code = ("import rltrace, sys\n"
             "try:\n"
             f"    rltrace.configure(fileroot={str(tmp_path)!r}, flush_at_exit=False)\n"

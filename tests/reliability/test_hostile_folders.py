@@ -1,0 +1,181 @@
+"""Another user's folders in a shared log dir: never written into.
+
+In a world-writable (sticky) log dir another user can make the folders rltrace writes in before
+it does: a symbolic link ``perf_tracer -> /her/folder``, or a real ``live/`` of her own.  Each
+case plants a real folder or link owned by another uid (the tests run as root in CI, so
+``os.chown``/``os.lchown`` to 65534 make it hers), runs rltrace for real, and checks that her
+folder stays empty, that ``configure`` names the path, and that one planted after ``configure``
+turns only that output off, with one warning, while the loop goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import pytest
+from conftest import clean_env
+
+import rltrace
+from rltrace.exporters.files import (
+    LineFile,
+    UnsafeFileError,
+    guard_folders_below,
+    make_folders,
+    open_for_append,
+    write_atomically,
+)
+
+NOBODY = 65534
+
+pytestmark = pytest.mark.skipif(os.getuid() != 0, reason="planting another user's folder needs "
+                                "root (chown); CI runs as root")
+
+
+def _logdir(root: Path) -> Path:
+    return root / "logs" / "me" / "exp" / "t0"
+
+
+def _shared_logdir(root: Path) -> Path:
+    """A log dir anyone can write to (sticky, like /tmp)."""
+    d = _logdir(root)
+    d.mkdir(parents=True)
+    d.chmod(0o1777)
+    return d
+
+
+def _hers(tmp_path: Path) -> Path:
+    """The other user's own folder (what her links point at)."""
+    d = tmp_path / "hers"
+    d.mkdir()
+    os.chown(d, NOBODY, NOBODY)
+    d.chmod(0o777)
+    return d
+
+
+def _plant(logdir: Path, rel: str, hers: Path, kind: str) -> Path:
+    path = logdir / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "link":
+        path.symlink_to(hers)
+        os.lchown(path, NOBODY, NOBODY)
+    else:
+        path.mkdir()
+        os.chown(path, NOBODY, NOBODY)
+    return path
+
+
+def _configure(root: Path, **kw: object) -> rltrace.TracerConfig:
+    return rltrace.configure(fileroot=str(root), user="me", experiment_name="exp", trial_name="t0",
+                             flush_at_exit=False, handle_sigterm=False, **kw)
+
+
+def _everything_in(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+@pytest.mark.parametrize("kind", ["link", "folder"])
+@pytest.mark.parametrize("rel", ["perf_tracer", "session_tracer", "live", "ray", "torch_profiler",
+                                 "report", "perf_tracer/actor", "live/actor"])
+def test_another_users_folder_or_link_in_a_shared_log_dir_is_refused_at_configure(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rel: str, kind: str) -> None:
+    clean_env(monkeypatch)
+    root = tmp_path / "root"
+    hers = _hers(tmp_path)
+    planted = _plant(_shared_logdir(root), rel, hers, kind)
+    what = "symbolic link" if kind == "link" else "folder"
+    with pytest.raises(rltrace.ConfigError, match=rf"{rel}'.* is a {what} owned by another user "
+                                                  rf"\(uid {NOBODY}\).*Remove it"):
+        _configure(root, session_tracer={"enabled": True}, role="actor", live_interval_s=0.01)
+    assert not rltrace.is_configured()
+    assert _everything_in(hers) == [] and (kind == "folder" or planted.is_symlink())
+
+
+@pytest.mark.parametrize("kind", ["link", "folder"])
+def test_a_traces_folder_planted_after_configure_turns_that_output_off_with_one_warning(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+        kind: str) -> None:
+    clean_env(monkeypatch)
+    root = tmp_path / "root"
+    hers = _hers(tmp_path)
+    logdir = _shared_logdir(root)
+    _configure(root, session_tracer={"enabled": True}, live_interval_s=0.01)
+    assert not (logdir / "perf_tracer").exists()  # the traces file is opened at the first write
+    _plant(logdir, "perf_tracer", hers, kind)
+    with caplog.at_level(logging.WARNING, logger="rltrace"):
+        for i in range(50):
+            with rltrace.trace_scope(f"step{i}"):
+                pass
+            rltrace.flush()
+        sid = rltrace.register_session()
+        rltrace.trace_session_event("mark_finalized", session_id=sid, status="accepted")
+        rltrace.flush()
+        stats = rltrace.diagnostics()["ChromeTraceExporter"]
+        rltrace.shutdown()
+    warnings = [r.getMessage() for r in caplog.records if "owned by another user" in r.getMessage()]
+    assert len(warnings) == 1 and "this output is off" in warnings[0], caplog.text
+    assert "perf_tracer" in warnings[0]
+    assert _everything_in(hers) == []
+    assert stats["refused"] == 1 and stats["lost"] >= 50 and stats["held"] == 0
+    # the other outputs go on: the session record is written
+    assert (logdir / "session_tracer" / "sessions-r0.jsonl").read_text().count("\n") == 1
+
+
+def test_a_live_folder_planted_after_configure_is_never_written_into(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    clean_env(monkeypatch)
+    root = tmp_path / "root"
+    hers = _hers(tmp_path)
+    logdir = _shared_logdir(root)
+    _configure(root, session_tracer={"enabled": True}, live_interval_s=0.01)
+    assert not (logdir / "live").exists()
+    _plant(logdir, "live", hers, "folder")
+    p = rltrace.runtime.get_pipeline()
+    assert p is not None and p.live is not None
+    with caplog.at_level(logging.WARNING, logger="rltrace"):
+        assert p.live.publish() is False
+        assert p.live.publish() is False
+        rltrace.shutdown()
+    assert _everything_in(hers) == []
+    assert caplog.text.count("cannot publish the live state") == 1 and "owned by another user" \
+        in caplog.text
+
+
+@pytest.mark.parametrize("kind", ["link", "folder"])
+def test_every_writer_checks_the_folders_below_the_guarded_base_right_before_use(
+        tmp_path: Path, kind: str) -> None:
+    base = tmp_path / "logs"
+    logdir = _shared_logdir(tmp_path)
+    hers = _hers(tmp_path)
+    guard_folders_below(base)
+    _plant(logdir, "session_tracer", hers, kind)
+    target = logdir / "session_tracer" / "role" / "sessions-r0.jsonl"
+    with pytest.raises(UnsafeFileError, match="owned by another user"):
+        open_for_append(target)
+    with pytest.raises(UnsafeFileError, match="owned by another user"):
+        write_atomically(logdir / "session_tracer" / "x.json", b"{}")
+    with pytest.raises(UnsafeFileError, match="owned by another user"):
+        make_folders(logdir / "session_tracer" / "deeper")
+    f = LineFile(target)
+    assert f.append(b"1\n2\n") is False and f.append(b"3\n") is False
+    assert f.refused is not None and f.lost_lines == 3 and f.pending_bytes == 0
+    assert _everything_in(hers) == []
+    # the user's own link is followed, and her own folders work as before
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (logdir / "perf_tracer").symlink_to(mine)
+    with open_for_append(logdir / "perf_tracer" / "r" / "traces-r0.jsonl") as fh:
+        fh.write(b"{}\n")
+    assert (mine / "r" / "traces-r0.jsonl").read_bytes() == b"{}\n"
+
+
+def test_a_file_of_another_user_in_a_guarded_folder_is_refused(tmp_path: Path) -> None:
+    logdir = _shared_logdir(tmp_path)
+    guard_folders_below(tmp_path / "logs")
+    theirs = logdir / "sessions-r0.jsonl"
+    theirs.write_bytes(b"")
+    os.chown(theirs, NOBODY, NOBODY)
+    with pytest.raises(UnsafeFileError, match="a file owned by another user"):
+        open_for_append(theirs)
+    assert theirs.read_bytes() == b""
