@@ -7,6 +7,7 @@ to its record (``rltrace_record``) so rltrace's own exporters can encode from it
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -25,9 +26,26 @@ from .semconv import (
     ATTR_CATEGORY,
     ATTR_INSTANT,
     ATTR_LANE,
+    ATTR_SESSION,
     ATTR_STEP,
     ATTR_THREAD_ID,
     ATTR_THREAD_NAME,
+    DEFAULT_AGENT_NAME,
+    DEFAULT_WORKFLOW_NAME,
+    EVALUATION_EVENT,
+    GEN_AI_AGENT_NAME,
+    GEN_AI_CONVERSATION,
+    GEN_AI_OPERATION,
+    GEN_AI_REQUEST_MODEL,
+    GEN_AI_TOOL_NAME,
+    GEN_AI_WORKFLOW_NAME,
+    OP_EXECUTE_TOOL,
+    OP_INVOKE_AGENT,
+    OP_INVOKE_WORKFLOW,
+    SEMCONV_OPT_IN_ENV,
+    SESSION_SPAN,
+    TASK_SPAN,
+    genai_latest_experimental,
 )
 from .steps import step_of
 
@@ -68,7 +86,59 @@ def span_attributes(rec: Scope) -> dict[str, Any]:
         step = step_of(rec)
         if step is not None:
             attrs[ATTR_STEP] = step
+    name = rec.name
+    if name in (SESSION_SPAN, TASK_SPAN):
+        _genai_attrs(name, attrs)
     return attrs
+
+
+def event_attributes(name: str, args: Any, category: Any) -> dict[str, Any]:
+    """A recorded span event's OTel attributes: its category, then its args as ``args.<key>``;
+    a GenAI evaluation's (``gen_ai.evaluation.result``) keep their convention's keys.  Shared by
+    :meth:`SpanBuilder.build` and the direct OTLP encoder."""
+    attrs: dict[str, Any] = {}
+    if category is not None:
+        attrs[ATTR_CATEGORY] = category_name(category)
+    if args:
+        flatten_into(attrs, "" if name == EVALUATION_EVENT else ARGS_PREFIX, args)
+    return attrs
+
+
+def _genai_attrs(name: str, attrs: dict[str, Any]) -> None:
+    """The OTel GenAI attributes of a session (an agent run: ``invoke_agent``, its conversation
+    id its session id) or a task (a workflow: ``invoke_workflow``); what the span set itself
+    (``set_attribute``) wins."""
+    if name == SESSION_SPAN:
+        attrs.setdefault(GEN_AI_OPERATION, OP_INVOKE_AGENT)
+        attrs.setdefault(GEN_AI_AGENT_NAME, DEFAULT_AGENT_NAME)
+        sid = attrs.get(ATTR_SESSION)
+        if sid is not None:
+            attrs.setdefault(GEN_AI_CONVERSATION, str(sid))
+    else:
+        attrs.setdefault(GEN_AI_OPERATION, OP_INVOKE_WORKFLOW)
+        attrs.setdefault(GEN_AI_WORKFLOW_NAME, DEFAULT_WORKFLOW_NAME)
+
+
+#: GenAI operation -> the attribute that completes its span name (``{operation} {target}``)
+_NAME_TARGET = {OP_INVOKE_AGENT: GEN_AI_AGENT_NAME, OP_INVOKE_WORKFLOW: GEN_AI_WORKFLOW_NAME,
+                OP_EXECUTE_TOOL: GEN_AI_TOOL_NAME}
+
+
+def genai_span_name(name: str, attrs: dict[str, Any]) -> str:
+    """The span name the latest experimental GenAI conventions give a span with these attributes
+    (``invoke_agent rollout``, ``invoke_workflow task``, ``text_completion demo-7b``,
+    ``execute_tool python``; the operation alone without its target), else ``name``."""
+    op = attrs.get(GEN_AI_OPERATION)
+    if type(op) is not str:
+        return name
+    target = attrs.get(_NAME_TARGET.get(op, GEN_AI_REQUEST_MODEL))
+    return f"{op} {target}" if target is not None and target != "" else op
+
+
+def genai_names_from_env() -> bool:
+    """Whether ``OTEL_SEMCONV_STABILITY_OPT_IN`` selects the latest GenAI names (read when a
+    pipeline is configured)."""
+    return genai_latest_experimental(os.environ.get(SEMCONV_OPT_IN_ENV))
 
 
 
@@ -86,6 +156,9 @@ class SpanBuilder:
         #: the SDK's span limits (``OTEL_SPAN_*_LIMIT``, ``OTEL_ATTRIBUTE_*_LIMIT``), applied as
         #: the SDK applies them: attributes, events, links and value lengths, drops counted
         self.limits = limits if limits is not None else SpanLimits()
+        #: span names per the latest experimental GenAI conventions (``OTEL_SEMCONV_STABILITY_OPT_IN=
+        #: gen_ai_latest_experimental``), else rltrace's own; attributes are the same either way
+        self.genai_names = genai_names_from_env()
 
     def build(self, rec: Scope) -> ReadableSpan:
         attrs = span_attributes(rec)
@@ -95,11 +168,7 @@ class SpanBuilder:
         extra = rec.extra
         if extra is not None:
             for name, ts, ev_args, ev_cat in extra.get("events", ()):
-                ev_attrs: dict[str, Any] = {}
-                if ev_cat is not None:
-                    ev_attrs[ATTR_CATEGORY] = category_name(ev_cat)
-                if ev_args:
-                    flatten_into(ev_attrs, ARGS_PREFIX, ev_args)
+                ev_attrs = event_attributes(name, ev_args, ev_cat)
                 events.append(Event(text(name), BoundedAttributes(
                     self.limits.max_event_attributes, ev_attrs, immutable=True,
                     max_value_len=self.limits.max_attribute_length), ts))
@@ -119,7 +188,7 @@ class SpanBuilder:
             links = links[:max_links]
         parent = rec.parent
         span = ReadableSpan(
-            name=rec.name,
+            name=genai_span_name(rec.name, attrs) if self.genai_names else rec.name,
             context=rec.get_span_context(),
             parent=parent.get_span_context() if parent is not None else None,
             resource=self.resource,

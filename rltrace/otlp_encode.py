@@ -9,8 +9,9 @@ serialized pieces that repeat (a name with its kind and status, an attribute key
 value seen before) cached and merged by the protobuf library (``MergeFromString`` of
 concatenated messages of one type merges them: repeated fields append).
 
-Records this fast path does not cover (events, links, an error or status, more attributes
-than the span limits allow, a value-length limit) go through the SDK path
+Records this fast path does not cover (events other than GenAI evaluations, links, an error
+or status, more attributes or events than the span limits allow, a value-length limit) go
+through the SDK path
 (``SpanBuilder.build`` and ``encode_spans``), so every span is encoded exactly as the SDK
 would encode it; ``tests/export/otlp/test_otlp_encode.py`` checks both against the SDK's own encoding.
 Foreign ``ReadableSpan``s (other instrumentation's spans ended through rltrace's provider)
@@ -33,9 +34,16 @@ from opentelemetry.trace import SpanContext, TraceFlags
 
 from rltrace.exporters.values import category_name, thread_name
 
-from .materialize import SpanBuilder, bound, span_attributes
+from .materialize import SpanBuilder, bound, event_attributes, genai_span_name, span_attributes
 from .recorder import RecordBase, Scope
-from .semconv import ATTR_CATEGORY, ATTR_LANE, ATTR_STEP, ATTR_THREAD_ID, ATTR_THREAD_NAME
+from .semconv import (
+    ATTR_CATEGORY,
+    ATTR_LANE,
+    ATTR_STEP,
+    ATTR_THREAD_ID,
+    ATTR_THREAD_NAME,
+    EVALUATION_EVENT,
+)
 from .steps import step_of
 
 _HAS_IS_REMOTE = SpanFlags.SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK
@@ -48,6 +56,12 @@ _TIMES_FLAGS = struct.Struct("<BQBQHI")
 _FLAGS_TAG = 0x0185
 _LOCAL_PARENT = int(_HAS_IS_REMOTE)
 _REMOTE_PARENT = int(_HAS_IS_REMOTE | _IS_REMOTE)
+#: the ``extra`` keys of a record the fast path encodes (with "events": evaluations only)
+_PLAIN_EXTRA = frozenset(("attrs", "instant"))
+#: an evaluation event's time (tag 0x09, fixed64) and name (field 2) fields
+_EVENT_TIME = struct.Struct("<BQ")
+_EVAL_NAME_FIELD = b"\x12" + bytes([len(EVALUATION_EVENT)]) + EVALUATION_EVENT.encode()
+_EVAL_EXTRA = frozenset(("attrs", "instant", "events"))
 
 
 def _varint(n: int) -> bytes:
@@ -99,6 +113,7 @@ class RecordEncoder:
         envelope.resource_spans[0].scope_spans[0].ClearField("spans")
         self._envelope = envelope.SerializeToString()
         self._heads: dict[str, bytes] = {}
+        self._genai_names = builder.genai_names
         self._kv: dict[tuple[str, type, Any], bytes] = {}
         #: a plain scope's first four attributes, serialized, by its category (type and
         #: value), thread, thread name and lane
@@ -144,18 +159,27 @@ class RecordEncoder:
         flags (fields 1, 2, 4, 7, 8, 16), the cached attribute fragments (field 9) and the
         trace state (field 3); the parser takes fields in any order."""
         extra = rec.extra
-        if extra is not None and (len(extra) > 2 or not extra.keys() <= {"attrs", "instant"}):
-            return None  # events, links, error, status: rare, and the SDK path has them
+        events = b""
+        if extra is not None and not extra.keys() <= _PLAIN_EXTRA:
+            if not extra.keys() <= _EVAL_EXTRA:
+                return None  # links, error, status, other events: rare, and the SDK path has them
+            evals = self._evaluations(extra["events"])  # a scored session: every session, often
+            if evals is None:
+                return None
+            events = evals
         if self._value_len is not None:
             return None  # the SDK's limits apply (values truncated, counted)
         attr_bytes = self._plain_attrs(rec) if extra is None and not rec.args \
             and not rec.slot_attrs else None
+        attrs = None  # a plain scope's (no GenAI attributes among them)
         if attr_bytes is None:
             attrs = span_attributes(rec)
             if len(attrs) > self._max_attrs:
                 return None  # the SDK's limits apply (oldest dropped, counted)
             attr_bytes = self._attrs_bytes(attrs)
         name = rec.name
+        if self._genai_names and attrs is not None:  # OTEL_SEMCONV_STABILITY_OPT_IN names
+            name = genai_span_name(name, attrs)
         head = self._heads.get(name)
         if head is None:
             head = PBSpan(name=name, kind=_INTERNAL, status=Status()).SerializeToString()
@@ -174,14 +198,40 @@ class RecordEncoder:
             if psc[2]:
                 flags = _REMOTE_PARENT
         parts += (_TIMES_FLAGS.pack(0x39, rec.start_ns, 0x41, rec.end_ns, _FLAGS_TAG, flags),
-                  attr_bytes)
+                  attr_bytes, events)
         if sc[4]:
             parts.append(PBSpan(trace_state=",".join(f"{k}={v}" for k, v in sc[4].items()))
                          .SerializeToString())
         return b"".join(parts)
 
+    def _evaluations(self, events: list[tuple[str, int, Any, Any]]) -> bytes | None:
+        """A session's ``gen_ai.evaluation.result`` events as serialized ``Span.events`` fields
+        (field 11), attributes as :func:`~rltrace.materialize.event_attributes` gives them; None
+        when another event is among them or the span limits apply (the SDK path then)."""
+        limits = self.builder.limits
+        if len(events) > bound(limits.max_events):
+            return None
+        max_attrs = bound(limits.max_event_attributes)
+        out: list[bytes] = []
+        for name, ts, args, cat in events:
+            if name != EVALUATION_EVENT:
+                return None
+            attrs = event_attributes(name, args, cat)
+            if len(attrs) > max_attrs:
+                return None
+            # Event: time (field 1, fixed64), name (2), attributes (3): the cached Span.attributes
+            # fragments (field 9, one-byte tag 0x4a) with the tag of field 3 (0x1a)
+            body = b"".join([_EVENT_TIME.pack(0x09, ts), _EVAL_NAME_FIELD,
+                             *(b"\x1a" + f[1:] for f in self._attr_fragments(attrs))])
+            out += (b"\x5a", _varint(len(body)), body)  # Span.events (field 11)
+        return b"".join(out)
+
     def _attrs_bytes(self, attrs: dict[str, Any]) -> bytes:
         """``attrs`` as serialized ``Span.attributes`` fields (each key/value cached)."""
+        return b"".join(self._attr_fragments(attrs))
+
+    def _attr_fragments(self, attrs: dict[str, Any]) -> list[bytes]:
+        """``attrs`` as serialized ``Span.attributes`` fields, one per attribute (each cached)."""
         kv_cache = self._kv
         parts = []
         for key, value in attrs.items():
@@ -198,7 +248,7 @@ class RecordEncoder:
                     kv_cache.clear()
                 kv_cache[ck] = frag
             parts.append(frag)
-        return b"".join(parts)
+        return parts
 
     def _plain_attrs(self, rec: Scope) -> bytes | None:
         """A plain scope's attributes (no args, attributes, events or instant): what

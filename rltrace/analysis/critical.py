@@ -2,15 +2,25 @@
 set the step's length, and how much shorter the step would have been without each link's
 excess over its median ("what if").
 
-A step ends when its last rank ends it.  Walking that rank's top-level ``train.*`` scopes back
-from the step's end, each scope is a link; its rollout scope ends when the samples it waits
-for are done: on a rank that rolls out itself, its session that finished its own work last; on
-a rank that only trains, the last session to finish on any rank (the link crosses ranks).  A
-session link names the segment that made that session slow (its phase and turn, against the
-median of that phase's executions).
+A step's length is measured within each rank, on that rank's own step window (its
+``train.step`` scope, else the span of its ``train.*`` scopes that carry the step): ranks that do
+not wait on each other may start seconds apart (one launched later, a rollout rank running ahead
+of a trainer in async RL), and one rank's start to another's end is no duration of anything.
+The step's length is its longest rank's; that rank sets it.  Where ranks do wait on each other
+(a synchronous step's all-reduce or barrier), the wait lies inside the waiting rank's own window,
+so it still counts, on the rank that waited.  In async RL a rollout rank's step N (generating the
+batch) and a trainer's step N (training on it) are different work over different windows: each
+is measured on its own rank, the step's length is the longer of them, and ``rltrace diff`` shows
+each role's step time beside it.
 
-What if: a scope link at its median would have ended the step earlier by its excess over the
-median, but no earlier than the next rank to end the step (the step's slack); a session link
+Walking the top-level ``train.*`` scopes of the rank that set the length, each scope is a link;
+its rollout scope ends when the samples it waits for are done: on a rank that rolls out itself,
+its session that finished its own work last; on a rank that only trains, the last session to
+finish on any rank (the link crosses ranks). A session link names the segment that made that
+session slow (its phase and turn, against the median of that phase's executions).
+
+What if: a scope link at its median would have made the step shorter by its excess over the
+median, but no shorter than the next longest rank's step (the step's slack); a session link
 at its slow segment's median by that excess, but no earlier than the next session to finish
 (another sample then holds the rollout), and within the step's slack.
 """
@@ -71,15 +81,16 @@ def _last_sessions(run: Any, step: int, ranks: list[int] | None) -> list[tuple[f
 
 def _step_path(run: Any, step: int, lst: list[tuple[int, StepInfo]],
                medians: dict[str, float]) -> dict[str, Any]:
-    ends = sorted(((i.start_us + i.dur_us) / 1e6, r) for r, i in lst)
-    end, rank = ends[-1]
-    slack = end - ends[-2][0] if len(ends) > 1 else float("inf")
-    start = min(i.start_us for _, i in lst) / 1e6
+    # within each rank: never one rank's start to another's end (see the module docstring)
+    lengths = sorted((i.dur_us / 1e6, r) for r, i in lst)
+    length, rank = lengths[-1]
+    slack = length - lengths[-2][0] if len(lengths) > 1 else float("inf")
     info = dict(lst)[rank]
+    start = info.start_us / 1e6
     links: list[dict[str, Any]] = []
     for name, s_us, d_us in sorted(info.scopes, key=lambda t: t[1]):
         dur = d_us / 1e6
-        if name == run.options.rollout_scope:
+        if run.traces.is_rollout(name):
             link = _rollout_link(run, step, rank, slack)
             if link is not None:
                 links.append(link)
@@ -89,7 +100,7 @@ def _step_path(run: Any, step: int, lst: list[tuple[int, StepInfo]],
         links.append({"kind": "scope", "rank": rank, "what": name, "step": step,
                       "start_s": s_us / 1e6 - start, "seconds": dur, "median_s": med, "excess_s": excess,
                       "what_if_s": min(excess, slack)})
-    return {"step": step, "length_s": end - start, "ended_by_rank": rank,
+    return {"step": step, "length_s": length, "ended_by_rank": rank,
             "slack_s": slack if slack != float("inf") else None, "links": links,
             "what_if_s": sum(x["what_if_s"] for x in links)}
 

@@ -2,7 +2,8 @@
 runs' own step-to-step noise.
 
 Each run is reduced to per-step series of the quantities a step's time is made of: the step's
-length (its critical path), each role's step time, each goodput bucket, each top-level train
+length (its critical path's: its longest rank's own step, so ranks started apart add nothing),
+each role's step time, each goodput bucket, each top-level train
 scope, each session-time bucket (phase, queue wait, gap, group wait: mean per session), and
 generate time by turn.  A quantity changed when the difference of its means is more than
 :data:`Z` standard errors (from the two runs' step-to-step spread) and more than

@@ -185,9 +185,25 @@ def slowest_rows(ratio: np.ndarray, n: int = TOP_RANKS) -> np.ndarray:
     return order
 
 
+#: the stragglers plot's caption when no step has two ranks to compare
+ONE_RANK_CAPTION = ("Rollout time per step. No step has two ranks with a rollout time (a one-rank run): "
+                    "nobody to straggle behind and nothing to wait for, so no straggler is judged and no "
+                    "barrier wait is drawn.")
+
+
+def comparable_steps(m: np.ndarray) -> bool:
+    """Whether any step (column of the ranks x steps rollout matrix) has two ranks with a time:
+    without one there is no straggler and no barrier wait to draw."""
+    return bool(m.size) and bool((np.isfinite(m).sum(axis=0) >= 2).any())
+
+
 def stragglers_caption(rep: dict[str, Any], caption: str) -> str:
-    """The stragglers plot's caption: ``caption``, or what was aggregated past MANY_RANKS ranks."""
-    n = len(rep["stragglers"].get("_matrix", ([], [], None))[0])
+    """The stragglers plot's caption: ``caption``, what was aggregated past MANY_RANKS ranks, or
+    why there is nothing to compare (one rank)."""
+    ranks, _, m = rep["stragglers"].get("_matrix", ([], [], np.zeros((0, 0))))
+    n = len(ranks)
+    if not comparable_steps(m):
+        return ONE_RANK_CAPTION
     if n <= MANY_RANKS:
         return caption
     return (f"Rollout time relative to the fastest rank of the step for the {TOP_RANKS} slowest of {n:,} "
@@ -200,6 +216,8 @@ def plot_stragglers(rep: dict[str, Any]) -> Figure | None:
     ranks, steps, m = sg.get("_matrix", ([], [], np.zeros((0, 0))))
     if m.size == 0 or not np.isfinite(m).any():
         return None
+    if not comparable_steps(m):
+        return _plot_one_rank(ranks, steps, m, *_unit(rep, "stragglers"))
     if len(ranks) > MANY_RANKS:
         return _plot_many_stragglers(sg, ranks, steps, m, _unit(rep, "stragglers"))
     fig = Figure(figsize=(8, 2.2 + 0.25 * len(ranks) + 2.2))
@@ -220,6 +238,25 @@ def plot_stragglers(rep: dict[str, Any]) -> Figure | None:
         ax.add_patch(_rect(j - 0.5, i - 0.5))
     fig.colorbar(im, ax=ax, fraction=0.03, pad=0.01)
     _barrier_axes(fig.add_subplot(gs[1]), sg["per_step"], *_unit(rep, "stragglers"))
+    return fig
+
+
+def _plot_one_rank(ranks: list[Any], steps: list[Any], m: np.ndarray, unit: str, scale: float) -> Figure:
+    """No step with two ranks: each rank's rollout time per step, and no barrier-wait axes (a
+    ratio to the fastest rank is 1 everywhere and the wait 0, so a heatmap and bars would say
+    nothing); the title says why."""
+    fig = Figure(figsize=(8, 2.6))
+    ax = fig.add_subplot(1, 1, 1)
+    x = np.arange(len(steps))
+    for i, r in enumerate(ranks):
+        ax.plot(x, m[i] / scale, marker="o", ms=4, label=f"rank {r}")
+    _xticks(ax, len(steps), [str(s) for s in steps])
+    ax.set_ylabel(f"rollout ({unit})")
+    ax.set_ylim(bottom=0)
+    ax.set_title("rollout time per step; one rank per step: no straggler or barrier wait to compare",
+                 fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
     return fig
 
 
@@ -349,11 +386,24 @@ def plot_turns(rep: dict[str, Any]) -> Figure | None:
     a3.bar([r["turns"] for r in b], [r["mean_s"] / scale for r in b], color="#2ca02c")
     a3.set_xlabel("turns per session")
     a3.set_ylabel(f"mean session time ({unit})")
-    for a in (a1, a2, a3):
+    for a, xs in ((a1, [r["turns"] for r in d]), (a2, [r["turn"] for r in g]), (a3, [r["turns"] for r in b])):
         a.grid(alpha=0.3, axis="y")
-        a.xaxis.get_major_locator().set_params(integer=True)
+        _integer_ticks(a, xs)
     fig.tight_layout()
     return fig
+
+
+def _integer_ticks(ax: Any, xs: list[int]) -> None:
+    """Whole-number x ticks: at each value when there are few (one-turn sessions get one tick at
+    1, not 0.6 0.8 1.0 1.2 1.4), else wherever matplotlib puts integer ticks."""
+    from matplotlib.ticker import MaxNLocator
+
+    values = sorted(set(xs))
+    if 0 < len(values) <= 12:
+        ax.set_xticks(values)
+        ax.set_xlim(values[0] - 0.75, values[-1] + 0.75)
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def plot_status(rep: dict[str, Any]) -> Figure | None:

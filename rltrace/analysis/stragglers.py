@@ -6,15 +6,17 @@ finalization minus the step start.  Per step: the fastest and slowest rank, the 
 time (every rank's wait for the slowest) and who held the step: on the slowest rank, the
 session that finished its own work last, with its slowest segment (phase and turn).
 Outliers: a (rank, step) whose rollout time exceeds ``median + k * MAD`` over all (rank, step)
-rollout times (MAD floored at 1% of the median, so identical ranks do not flag noise) and, where
-its step has two or more ranks, whose *excess over the step's fastest rank* (rollout / fastest
-- 1) exceeds the run's own noise: ``median + k * spread`` of that excess over every (rank, step),
-the spread being 1.4826 × its MAD (a standard deviation for normal noise), floored at 1%.  So a
-whole slow step is no straggler, nor is a rank a few percent slower in a run whose ranks vary
-more than that from step to step.  Each outlier names the rank and the sessions that finished
-their own work last there, with the segment that made them slow.  The same noise limit decides
-whether a rank that is the slowest in most steps is worth a finding (its median excess must pass
-it).
+rollout times (MAD floored at 1% of the median, so identical ranks do not flag noise) and whose
+*excess over the step's fastest rank* (rollout / fastest - 1) exceeds the run's own noise:
+``median + k * spread`` of that excess over every (rank, step), the spread being 1.4826 × its MAD
+(a standard deviation for normal noise), floored at 1%. So a whole slow step is no straggler, nor
+is a rank a few percent slower in a run whose ranks vary more than that from step to step. A
+straggler is slower than another rank of its step: a step with one rank that has a rollout time
+(every step of a one-rank run) has nobody to straggle behind, so it is never an outlier here,
+however slow (a slow step is the long tail's and the critical path's business), and its barrier
+wait is 0. Each outlier names the rank and the sessions that finished their own work last there,
+with the segment that made them slow. The same noise limit decides whether a rank that is the
+slowest in most steps is worth a finding (its median excess must pass it).
 """
 
 from __future__ import annotations
@@ -146,10 +148,11 @@ def _totals(run: Run, ranks: list[int], per_step: list[dict[str, Any]]) -> tuple
 
 def _beyond_noise(excess: np.ndarray, limit: float | None) -> np.ndarray:
     """Where a (rank, step) may be an outlier by the noise test: its excess over the step's fastest
-    rank passes ``limit``, or it cannot be compared (its step has one rank with a rollout time)."""
-    if limit is None:
-        return np.ones(excess.shape, dtype=bool)
-    ok: np.ndarray = np.isnan(excess) | (excess > limit)
+    rank passes ``limit``.  Never where it cannot be compared (its step has one rank with a
+    rollout time, NaN excess): a rank is no straggler against itself."""
+    if limit is None:  # no step has two ranks with a rollout time
+        return np.zeros(excess.shape, dtype=bool)
+    ok: np.ndarray = np.isfinite(excess) & (excess > limit)
     return ok
 
 

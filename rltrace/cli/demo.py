@@ -19,7 +19,7 @@ import random
 import sys
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,15 @@ import rltrace
 from rltrace import Category
 
 from .. import logdir as logdir_room
-from ..config import ConfigError, SessionTracerConfig, TracerConfig, endpoint_problem
+from ..config import (
+    ConfigError,
+    SessionTracerConfig,
+    TracerConfig,
+    endpoint_problem,
+    load_config,
+    redact_endpoint,
+)
+from ..otlp import otlp_endpoint, otlp_protocol
 from ..quantiles import quantile
 
 
@@ -95,10 +103,14 @@ class _Workflow:
         reward = await self._compute_reward()
         return rltrace.get_session_id(), reward
 
-    @rltrace.trace_session("reward")
     async def _compute_reward(self) -> float:
-        await asyncio.sleep(_lognormal_s(self.rng, 2, 0.5, self.opts.time_scale))
-        return self.rng.random()
+        """The reward phase, its score reported as the phase's ``reward`` (an evaluation of the
+        session in OTel's GenAI conventions: Phoenix shows it on the agent run)."""
+        async with rltrace.atrace_session_phase("reward", start_payload={"reward_fn": "judge"}) as ph:
+            await asyncio.sleep(_lognormal_s(self.rng, 2, 0.5, self.opts.time_scale))
+            score = self.rng.random()
+            ph.set_end_payload(reward=score)
+        return score
 
 
 @rltrace.trace_perf("train.ppo_update", category=Category.COMPUTE)
@@ -125,15 +137,36 @@ async def _run_task(workflow: _Workflow, rng: random.Random, task_id: int) -> No
                                         status="accepted")
 
 
-def _rank_main(opts: DemoOptions, rank: int) -> None:
-    rltrace.configure(
-        TracerConfig(experiment_name=opts.experiment_name, trial_name=opts.trial_name,
-                     fileroot=opts.fileroot, role="actor", world_size=opts.ranks,
-                     session_tracer=SessionTracerConfig(enabled=True, flush_threshold=64)),
+def _rank_config(opts: DemoOptions, rank: int) -> tuple[TracerConfig, dict[str, Any]]:
+    """The config a rank configures with, and its keyword overrides (``run_demo`` checks the same
+    before it starts any rank)."""
+    cfg = TracerConfig(experiment_name=opts.experiment_name, trial_name=opts.trial_name,
+                       fileroot=opts.fileroot, role="actor", world_size=opts.ranks,
+                       session_tracer=SessionTracerConfig(enabled=True, flush_threshold=64))
+    overrides: dict[str, Any] = dict(
         rank=rank, otlp__endpoint=opts.otlp_endpoint, otlp__protocol=opts.otlp_protocol,
         live_interval_s=0.5 if opts.live else None, flush_interval_s=0.5 if opts.live else None,
         exporters__native=importlib.util.find_spec("perfetto") is not None,  # each rank's, as it goes
     )
+    return cfg, overrides
+
+
+def _rank_entry(opts: DemoOptions, rank: int, errors: Any) -> None:
+    """A rank process: the demo's loop; a failure is sent to the parent as one line (the parent
+    prints it once) and ends the process with exit code 2 (bad config) or 1, no traceback."""
+    try:
+        _rank_main(opts, rank)
+    except ConfigError as exc:
+        errors.put((rank, " ".join(str(exc).removeprefix("rltrace: ").split())))
+        sys.exit(2)
+    except Exception as exc:
+        errors.put((rank, " ".join(f"{type(exc).__name__}: {exc}".split())))
+        sys.exit(1)
+
+
+def _rank_main(opts: DemoOptions, rank: int) -> None:
+    cfg, overrides = _rank_config(opts, rank)
+    rltrace.configure(cfg, **overrides)
     rltrace.register_phase("verify", category="compute")
     rng = random.Random(opts.seed * 1000 + rank)
     workflow = _Workflow(rng, opts)
@@ -251,6 +284,21 @@ def _summarise(logdir: Path) -> str:
     return "\n".join(lines)
 
 
+def rank_failures(failed: list[tuple[int, int | None]], reported: list[tuple[int, str]]) -> str:
+    """One line for ranks that ended with a non-zero exit code: each distinct message a rank sent
+    (rank numbers first), else the exit codes (a rank killed by a signal sends nothing)."""
+    by_msg: dict[str, list[int]] = {}
+    for rank, msg in sorted(reported):
+        by_msg.setdefault(msg, []).append(rank)
+    if by_msg:
+        parts = [f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: {msg}"
+                 for msg, ranks in by_msg.items()]
+        return "rltrace demo: " + "; ".join(parts)
+    codes = ", ".join(f"rank {r} exit code {c}" if c is None or c >= 0 else f"rank {r} killed by signal {-c}"
+                      for r, c in failed)
+    return f"rltrace demo: rank process(es) failed: {codes}"
+
+
 def check_options(opts: DemoOptions) -> str | None:
     """What is wrong with ``opts`` (one line naming the option and the fix), or None."""
     for flag, value in (("--ranks", opts.ranks), ("--steps", opts.steps),
@@ -260,7 +308,7 @@ def check_options(opts: DemoOptions) -> str | None:
     if opts.otlp_endpoint is not None:
         problem = endpoint_problem(opts.otlp_endpoint, opts.otlp_protocol)
         if problem is not None:
-            return f"rltrace demo: --otlp-endpoint {problem}, got {opts.otlp_endpoint!r}"
+            return f"rltrace demo: --otlp-endpoint {problem}, got {redact_endpoint(opts.otlp_endpoint)!r}"
     return None
 
 
@@ -269,14 +317,17 @@ def run_demo(opts: DemoOptions) -> int:
     or a log dir that cannot be written)."""
     from .convert import convert
 
+    opts = replace(opts, fileroot=str(Path(opts.fileroot).expanduser().absolute()))  # config.yaml
     problem = check_options(opts)
-    cfg = TracerConfig(experiment_name=opts.experiment_name, trial_name=opts.trial_name,
-                       fileroot=opts.fileroot)
     if problem is None:
-        try:
+        try:  # every rank's config, checked here: a rank that cannot configure is a bad option
+            base, overrides = _rank_config(opts, 0)
+            cfg = load_config(base, **overrides)
+            if otlp_endpoint(cfg.otlp) is not None:
+                otlp_protocol(cfg.otlp)
             logdir = logdir_room.prepare(cfg)
         except ConfigError as exc:
-            problem = f"rltrace demo --fileroot {opts.fileroot}: {exc}"
+            problem = f"rltrace demo: {str(exc).removeprefix('rltrace: ')}"
     if problem is not None:
         print(problem, file=sys.stderr)
         return 2
@@ -288,7 +339,8 @@ def run_demo(opts: DemoOptions) -> int:
     for old in (logdir / "live").rglob("live-r*.json"):
         old.unlink()
     ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_rank_main, args=(opts, r), name=f"rltrace-demo-r{r}")
+    errors = ctx.SimpleQueue()
+    procs = [ctx.Process(target=_rank_entry, args=(opts, r, errors), name=f"rltrace-demo-r{r}")
              for r in range(opts.ranks)]
     for p in procs:
         p.start()
@@ -302,10 +354,13 @@ def run_demo(opts: DemoOptions) -> int:
                 p.terminate()  # SIGTERM: each rank flushes what it has, then ends
     for p in procs:
         p.join()
-    failed = [p.name for p in procs if p.exitcode != 0]
+    failed = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode != 0]
     if failed:
-        print(f"rltrace demo: rank process(es) failed: {', '.join(failed)}", file=sys.stderr)
-        return 1
+        reported: list[tuple[int, str]] = []
+        while not errors.empty():
+            reported.append(errors.get())
+        print(rank_failures(failed, reported), file=sys.stderr)
+        return 2 if any(code == 2 for _, code in failed) else 1
     took_s = time.perf_counter() - t0
     merged = logdir / "trace.json"
     res = convert([logdir], merged, progress=False)
@@ -342,7 +397,8 @@ def _next_steps(logdir: Path, trace: Path) -> str:
     return "\n".join([
         "next:",
         f"  open the timeline   https://ui.perfetto.dev -> Open trace file -> {trace.resolve()}",
-        f"  query it with SQL   trace_processor {trace.resolve()}   (Perfetto's, see the README)",
+        "  query it with SQL   in that page: Query (SQL) in its left bar (Perfetto's trace processor, "
+        "in the browser)",
         f"  read the report     rltrace report {logdir}",
         f"  watch a live run    rltrace top {logdir}   (or: rltrace demo --live)",
     ])

@@ -25,8 +25,10 @@ from ..semconv import (
     ATTR_STEP,
     ATTR_TASK,
     ATTR_TURN,
+    EVALUATION_EVENT,
     SESSION_SPAN,
     TASK_SPAN,
+    evaluation_result,
 )
 from ..steps import _STEP_CV, scope_arg_step
 from .context import SESSION_CV
@@ -337,8 +339,10 @@ class PhaseScope(Scope):
         sess = self.parent
         if sess is None or self.end_ns:
             return  # never started (no session), or already closed
-        if payload:
-            self.set_end_payload(**{str(k): v for k, v in payload.items()})
+        if payload is not None:
+            if self.end_payload is None:
+                self.end_payload = {}
+            self.end_payload.update(recorded(payload))  # any mapping, never its own code
         self._close_if_open(sess.open_phases, end, exc, interrupted)
 
     def _close_if_open(self, ops: list[PhaseScope], end: int, exc: BaseException | None,
@@ -359,6 +363,12 @@ class PhaseScope(Scope):
         if type(log) is list:  # else the session's record is built: this one is late
             entry = self.logged = (self.spec.name, self.start_ns, end, self.turn, interrupted)
             log.append(entry)
+            if (self.end_payload or self.start_payload) and not sess.end_ns:
+                # a scored execution (``reward=``/``score=``): an evaluation of its session
+                ev = evaluation_result(self.spec.name, self.turn, self.start_payload, self.end_payload)
+                if ev is not None:
+                    ev[ATTR_SESSION] = sess.session_id
+                    sess.add_event(EVALUATION_EVENT, ev, end)
 
     def __enter__(self) -> PhaseScope:
         if self.parent is not None:  # started before: a handle used in ``with``, or reused

@@ -57,8 +57,8 @@ class ChromeTracks:
         self._next_tid = FIRST_TID
         #: (file, pid, task) -> sessions of the task seen in the file: (tid, start µs, dur µs, sid)
         self._task_sessions: dict[tuple[int, Any, Any], list[tuple[int, float, float, Any]]] = {}
-        #: (file, pid, session) -> (start, dur) µs of its latest-ending phase so far
-        self._last_phase: dict[tuple[int, Any, Any], tuple[float, float]] = {}
+        #: (file, pid, session) -> start µs of its earliest phase so far
+        self._first_phase: dict[tuple[int, Any, Any], float] = {}
         self.flows = 0
 
     def _track(self, key: Any, pid: int, name: str, out: list[bytes]) -> int:
@@ -97,11 +97,11 @@ class ChromeTracks:
         ts, dur = float(ev["ts"]), float(ev.get("dur") or 0)
         key = (fi, pid, sid)
         if ev.get("name") != SESSION_SPAN:  # a phase
-            last = self._last_phase.get(key)
-            if last is None or ts + dur >= last[0] + last[1]:
-                self._last_phase[key] = (ts, dur)
+            first = self._first_phase.get(key)
+            if first is None or ts < first:
+                self._first_phase[key] = ts
             return tid
-        last = self._last_phase.pop(key, None)
+        first = self._first_phase.pop(key, None)
         rank = args.get("rank")
         if task is not None:
             if type(sid) is int and self.arrows.plan.task_elsewhere(task, fi):  # the arrow's start: there
@@ -113,9 +113,13 @@ class ChromeTracks:
         if args.get(ATTR_STATUS) == "accepted":
             fid = self.arrows.to_consumer(rank, sid, args.get(ATTR_STEP), start_ns(ev) + round(dur * 1000))
             if fid is not None:
-                # from its last phase (a leaf: Perfetto binds the arrow to the slice open at that
-                # time, and a finished phase's slice may still count as open after it ended)
-                at = _inside(*last, from_end=True) if last is not None else _inside(ts, dur)
+                # from the session's slice: Perfetto binds a flow's start to the innermost slice
+                # open at its time on the track (a phase that has ended still counts until another
+                # starts), so it goes between the session's start and its first phase's, when
+                # they are apart (timestamps are whole µs: at least 1 µs); else it binds to the
+                # first phase
+                gap = first - ts if first is not None else dur
+                at = ts + min(_INSIDE_US, gap / 2) if gap > 0 else _inside(ts, dur)
                 out.append(_flow("s", pid, tid, at, fid, "consumed by"))
         return tid
 
@@ -144,7 +148,9 @@ class ChromeTracks:
             return
         last_end, flows = consumed
         ts, dur = float(ev["ts"]), float(ev.get("dur") or 0)
-        at = min(max(last_end / 1000, _inside(ts, dur)), _inside(ts, dur, from_end=True))
+        # the last sample's end rounded up to a whole µs (a float of epoch µs cannot hold its
+        # ns: rounded down, the instant could start before the session's slice ends)
+        at = min(max(float(-(-last_end // 1000)), _inside(ts, dur)), _inside(ts, dur, from_end=True))
         raw_tid = ev.get("tid")
         tid = raw_tid if isinstance(raw_tid, int) else 0
         n = len(flows)

@@ -104,7 +104,8 @@ def test_two_step_ranges_of_one_run_and_the_html_page(tmp_path: Path) -> None:
     page = tmp_path / "diff.html"
     proc = diff(str(tmp_path / "a"), "--steps-a", "0:4", "--steps-b", "4:8", "-o", str(page))
     assert proc.returncode == 0, proc.stderr
-    assert "A = A steps 0:4 (4 steps), B = B steps 4:8 (4 steps)" in proc.stdout
+    run = tmp_path / "a"
+    assert f"A = {run} steps 0:4 (4 steps), B = {run} steps 4:8 (4 steps)" in proc.stdout
     html = page.read_text()
     assert "<h1>rltrace diff</h1>" in html and "session generate" in html
 

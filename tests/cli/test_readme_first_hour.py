@@ -70,18 +70,27 @@ def _run_in_pty(cmd: list[str], env: dict[str, str], cwd: Path, timeout: float =
     return out
 
 
-def test_the_readme_install_gives_every_documented_command(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def readme_venv(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    """A fresh virtualenv with the README's install in it (offline, from the wheelhouse), and the
+    environment a user's shell would give its commands: (bin folder, env)."""
     readme = (REPO / "README.md").read_text()
     assert README_INSTALL in readme and "rltrace demo" in readme
-    env_dir = tmp_path / "venv"
+    env_dir = tmp_path_factory.mktemp("readme") / "venv"
     venv.EnvBuilder(with_pip=True).create(env_dir)
     bindir = env_dir / "bin"
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("RLTRACE_", "OTEL_", "PYTHON", "VIRTUAL_ENV", "PIP_"))}
+           if not k.startswith(("RLTRACE_", "OTEL_", "PYTHON", "VIRTUAL_ENV", "PIP_", "PHOENIX_"))}
     env.update(PATH=f"{bindir}{os.pathsep}{env.get('PATH', '')}", VIRTUAL_ENV=str(env_dir),
                PIP_NO_INDEX="1", PIP_FIND_LINKS=str(WHEELHOUSE), PIP_DISABLE_PIP_VERSION_CHECK="1")
     _run([str(bindir / "pip"), "install", "--quiet", "-e", ".[dev]"], env, REPO, timeout=900)
+    return bindir, env
 
+
+@pytest.mark.timeout(1200)
+def test_the_readme_install_gives_every_documented_command(
+        tmp_path: Path, readme_venv: tuple[Path, dict[str, str]]) -> None:
+    bindir, env = readme_venv
     work = tmp_path / "work"
     work.mkdir()
     rltrace = str(bindir / "rltrace")
@@ -101,3 +110,39 @@ def test_the_readme_install_gives_every_documented_command(tmp_path: Path) -> No
     assert "rltrace top" in live and "next:" in live
     for cmd in ("demo", "report", "convert", "top"):
         _run([rltrace, cmd, "--help"], env, work)
+
+
+#: what the suite may leave in its temp dir at most (the README's venv itself is outside it)
+TEMP_BOUND_BYTES = 1 << 30
+#: the README's test command, as the README shows it
+README_TESTS = "python -m pytest -q"
+
+
+def _size(root: Path) -> int:
+    return sum(p.lstat().st_size for p in root.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+@pytest.mark.timeout(1800)
+def test_the_readme_test_command_in_the_readme_install_passes_or_skips_with_reasons(
+        tmp_path: Path, readme_venv: tuple[Path, dict[str, str]]) -> None:
+    """The whole suite, as the README runs it, in the README's install (no torch, JAX, Ray, W&B,
+    TensorBoard, TRL, verl, Phoenix, Perfetto checker): every test passes, or skips saying what
+    it needs; and the suite leaves a bounded amount in its temp dir.  It is the suite's cheap
+    half: the tests that need the frameworks are the slow ones, and they skip here."""
+    assert README_TESTS in (REPO / "README.md").read_text()
+    bindir, env = readme_venv
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    proc = subprocess.run(
+        [str(bindir / "python"), "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+         "-o", "tmp_path_retention_policy=failed",  # a passed test's tmp_path is removed as it ends
+         "--basetemp", str(temp / "pytest"), "--ignore", str(Path(__file__).resolve().relative_to(REPO))],
+        capture_output=True, text=True, env={**env, "TMPDIR": str(temp)}, cwd=REPO, timeout=1700)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    skips = [ln for ln in proc.stdout.splitlines() if ln.startswith("SKIPPED")]
+    for ln in skips:  # "SKIPPED [n] file:line: reason"
+        reason = ln.split(": ", 1)[1] if ": " in ln else ""
+        assert reason and reason != "unconditional skip", ln
+    left = _size(temp)
+    assert left < TEMP_BOUND_BYTES, f"the suite left {left / 1e6:.0f} MB in its temp dir"

@@ -277,7 +277,8 @@ def test_top_in_a_real_terminal_follows_a_two_rank_run(tmp_path: Path) -> None:
                                str(ranks), str(steps), str(control)]) for r in range(ranks)]
     sock = f"rltrace-test-{uuid.uuid4().hex[:8]}"
     tmux = ["tmux", "-L", sock]
-    try:
+    try:  # top refuses a log dir that does not exist (yet): start it once the ranks made theirs
+        wait_for(logdir.is_dir, 60, "the ranks to make their log dir")
         subprocess.run([*tmux, "new-session", "-d", "-s", "top", "-x", "200", "-y", "60",
                         f"{sys.executable} -m rltrace.cli top {logdir} --interval 0.2"], check=True,
                        env={**os.environ, "TERM": "xterm-256color"})

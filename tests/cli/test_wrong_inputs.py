@@ -20,12 +20,13 @@ CASES = [  # (arguments, what the last line of stderr must say); {log} = a real 
     (["demo", "--otlp-endpoint", "htp://127.0.0.1:4317"], "(did you mean 'http'?)"),
     (["demo", "--otlp-endpoint", "http://localhost:99999"], "must have a port in 1..65535"),
     (["demo", "--otlp-protocol", "http/json"], "argument --otlp-protocol: invalid choice"),
+    (["demo", "--experiment", "a/b"], "rltrace demo: rltrace config key 'experiment_name'"),
     (["top", "{missing}", "--once"], "is not a folder; give a run's log dir"),
     (["top", "{log}", "--interval", "0"], "--interval must be > 0, got 0"),
     (["report", "{missing}"], "is not a directory"),
     (["report", "{log}", "-o", "{tmp}/r.pdf"], "the suffix '.pdf' names no report format"),
     (["report", "{log}", "-o", "{file}/r.html"], "is a file, not a folder; choose another -o"),
-    (["report", "{log}", "--steps", "abc"], "--steps 'abc': expected A:B"),
+    (["report", "{log}", "--steps", "abc"], "rltrace report: --steps 'abc': expected A:B"),
     (["report", "{log}", "--top", "0"], "--top must be at least 1"),
     (["report", "{log}", "-k", "-1"], "-k must be >= 0"),
     (["report", "{log}", "--format", "pdf"], "argument --format: invalid choice"),
@@ -70,7 +71,7 @@ def test_convert_writes_next_to_its_input_without_o(places: dict[str, str]) -> N
                           capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     assert f"wrote {log / 'trace.json'}" in proc.stdout and (log / "trace.json").is_file()
-    assert "perfetto_check" not in proc.stdout and "trace_processor" in proc.stdout
+    assert "perfetto_check" not in proc.stdout and "https://ui.perfetto.dev" in proc.stdout
 
 
 @pytest.mark.parametrize("command", ["demo", "report", "convert", "top"])

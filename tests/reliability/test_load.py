@@ -294,11 +294,18 @@ def test_flush_and_reconfigure_racing_recording_threads_lose_and_duplicate_no_se
     recorded: list[list[str]] = [[] for _ in range(4)]
     finalized: list[list[Any]] = [[] for _ in range(4)]
     errors: list[BaseException] = []
+    # what the recorders may write is bounded: each configure below releases a budget of
+    # iterations, taken while it runs (a loaded machine makes configure slow; unbounded
+    # recorders then wrote gigabytes and the test timed out)
+    budget = threading.Semaphore(0)
+    per_round = 300
 
     def record(k: int) -> None:
         try:
             i = 0
             while not stop.is_set():
+                if not budget.acquire(timeout=0.05):
+                    continue
                 name = f"t{k}.{i}"
                 i += 1
                 with rltrace.trace_scope(name) as span:
@@ -326,6 +333,7 @@ def test_flush_and_reconfigure_racing_recording_threads_lose_and_duplicate_no_se
         t.start()
     try:
         for _ in range(10):
+            budget.release(per_round)
             rltrace.configure(**cfg)  # the same log dir: records append to the same files
     finally:
         stop.set()

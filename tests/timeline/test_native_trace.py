@@ -326,16 +326,18 @@ def test_the_merged_json_puts_each_session_on_a_named_track_with_arrows(demo: di
     consumed = [a for a in arrows if a["dcat"] == "rl.consume"]
     assert len(consumed) == sum(r["status"] == "accepted" for r in demo["records"])
     assert all(a["step_name"] == "train.step" and a["cts"] >= a["send"] for a in consumed)
+    assert {a["src"] for a in consumed} == {"rl.session"}  # from the session's slice, not a phase's
 
 
-def test_the_readmes_two_queries_run_on_the_demos_native_trace(demo: dict[str, Any]) -> None:
-    """The README's example queries, as printed there, answer on the demo's trace."""
+def test_the_documented_two_queries_run_on_the_demos_native_trace(demo: dict[str, Any]) -> None:
+    """The documented example queries (docs/guide/formats.md), as printed there, answer on the
+    demo's trace."""
     import re
 
     from conftest import REPO
 
     queries = [q.strip().rstrip(";") for q in
-               re.findall(r"```sql\n(.*?)```", (REPO / "README.md").read_text(), re.S)]
+               re.findall(r"```sql\n(.*?)```", (REPO / "docs" / "guide" / "formats.md").read_text(), re.S)]
     assert len(queries) == 2
     rep = perfetto_check(demo["trace"], *queries)
     slowest, waits = (rep["queries"][q] for q in queries)

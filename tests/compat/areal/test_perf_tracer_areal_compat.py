@@ -106,7 +106,11 @@ def test_every_public_name_of_areals_module_exists() -> None:
     assert {e.value for e in SessionTraceEvent} == {
         "finalized", "generate_start", "generate_end", "reward_start", "reward_end",
         "toolcall_start", "toolcall_end"}
-    assert perf_tracer.profiler.profile is not None  # AReaL exposes torch.profiler as ``profiler``
+
+
+def test_profiler_is_torch_profiler_as_in_areals_module() -> None:
+    torch_profiler = need("torch.profiler", "AReaL's module exposes torch.profiler as ``profiler``")
+    assert perf_tracer.profiler is torch_profiler
 
 
 def test_areal_data_structures_have_the_fields_areal_users_read(tmp_path: Path) -> None:

@@ -438,3 +438,118 @@ def test_session_sampling_sends_phoenix_only_the_tasks_worth_keeping(tmp_path: P
     records = [json.loads(line) for f in tmp_path.rglob("sessions-r0*.jsonl")
                for line in f.read_text().splitlines()]
     assert sorted({r["task_id"] for r in records}) == sorted(ids)
+
+
+# ---- sessions as agent runs (OTel GenAI conventions, as Phoenix maps them at ingest) ------------
+
+
+def run_agent_task(task_id: str, rewards: list[float]) -> list[Any]:
+    """One task, a session per reward: generate (model ``m``, 11 prompt and 7 completion tokens),
+    a ``python`` tool call, generate again, and a reward phase scoring the session."""
+
+    def one(sid: Any, score: float) -> Any:
+        with rltrace.trace_session_phase("generate", session_id=sid,
+                                         start_payload={"model": "m", "input_tokens": 11},
+                                         end_payload={"output_tokens": 7}):
+            pass
+        with rltrace.trace_session_phase("toolcall", session_id=sid, start_payload={"tool_name": "python"}):
+            pass
+        with rltrace.trace_session_phase("generate", session_id=sid,
+                                         start_payload={"model": "m", "input_tokens": 11},
+                                         end_payload={"output_tokens": 7}):
+            pass
+        with rltrace.trace_session_phase("reward", session_id=sid,
+                                         end_payload={"reward": score, "label": "correct" if score > 0.5
+                                                      else "wrong"}):
+            pass
+        perf_tracer.trace_session_event("mark_finalized", session_id=sid, status="accepted")
+        return sid
+
+    perf_tracer.register_task(task_id)
+    sids = [perf_tracer.register_session(task_id) for _ in rewards]  # open together: one task span
+    return [one(sid, r) for sid, r in zip(sids, rewards, strict=True)]
+
+
+def _configure_for_agents(tmp_path: Path, phoenix: Phoenix, name: str) -> None:
+    rltrace.configure(fileroot=tmp_path, experiment_name=name, trial_name="t", service_name=f"rltrace-{name}",
+                      session_tracer={"enabled": True},
+                      otlp={"endpoint": f"http://{HOST}:{phoenix.http_port}", "protocol": "http/protobuf",
+                            "metrics": False})
+
+
+def test_sessions_are_agent_runs_in_phoenix_with_llm_tool_spans_conversations_and_evaluations(
+        tmp_path: Path, phoenix: Phoenix, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OTEL_SEMCONV_STABILITY_OPT_IN", raising=False)
+    task_id = uid("phoenix-agents")
+    _configure_for_agents(tmp_path, phoenix, "phoenix-agents")
+    sessions = run_agent_task(task_id, [1.0, 0.25])
+    stats = otlp_stats()
+    assert stats["failed"] == 0, stats
+    rltrace.shutdown()
+
+    spans = phoenix.wait_spans(1 + 2 * 5, attribute=f"rl.task.id:{task_id}")
+    kinds = {(s["name"], s["span_kind"]) for s in spans}
+    # what Phoenix 20.26.1 maps at ingest: invoke_agent -> AGENT, text_completion -> LLM,
+    # execute_tool -> TOOL; invoke_workflow and a reward phase have no OpenInference kind
+    assert kinds == {("rl.task", "UNKNOWN"), ("rl.session", "AGENT"), ("generate", "LLM"),
+                     ("toolcall", "TOOL"), ("reward", "UNKNOWN")}, kinds
+    [task] = by_name(spans, "rl.task")
+    assert attrs(task)["gen_ai.operation.name"] == "invoke_workflow"
+    assert attrs(task)["gen_ai.workflow.name"] == "task"
+    scores = {}
+    for sess in by_name(spans, "rl.session"):
+        a = attrs(sess)
+        sid_ = a["rl.session.id"]
+        assert (a["gen_ai.operation.name"], a["gen_ai.agent.name"], a["gen_ai.conversation.id"]) == (
+            "invoke_agent", "rollout", str(sid_))
+        assert a["session.id"] == str(sid_)  # Phoenix's own conversation key, from the GenAI one
+        assert a["rl.session.status"] == "accepted" and a["rl.task.id"] == task_id  # rl.* kept
+        [ev] = [e for e in sess["events"] if e["name"] == "gen_ai.evaluation.result"]
+        ea = ev["attributes"]
+        assert ea["gen_ai.evaluation.name"] == "reward" and ea["rl.phase"] == "reward"
+        scores[sid_] = (ea["gen_ai.evaluation.score.value"], ea["gen_ai.evaluation.score.label"])
+        children = [s for s in spans if s["parent_id"] == sid(sess)]
+        for gen in by_name(children, "generate"):
+            g = attrs(gen)
+            assert (g["llm.token_count.prompt"], g["llm.token_count.completion"]) == (11, 7)
+            assert g["llm.model_name"] == "m" and g["session.id"] == str(sid_)
+        [tool] = by_name(children, "toolcall")
+        assert attrs(tool)["tool.name"] == "python"
+    assert scores == {sessions[0]: (1.0, "correct"), sessions[1]: (0.25, "wrong")}
+
+    # conversations: Phoenix files each trace under one session (the first conversation id it
+    # meets in it), and a task's trace holds all its sessions, so the task's trace is listed
+    # once, under one of its sessions' ids, with the tokens of all of them; session ids are per
+    # process, so another test's trace may share that session (hence "at least")
+    trace_id = task["context"]["trace_id"]
+    found = []
+    for s in sessions:
+        try:
+            conv = _get_json(f"{phoenix.url}/v1/sessions/{s}")["data"]
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 404, exc
+            continue
+        if trace_id in {t["trace_id"] for t in conv["traces"]}:
+            found.append(conv)
+    assert len(found) == 1, found
+    assert found[0]["token_count_prompt"] >= 4 * 11 and found[0]["token_count_completion"] >= 4 * 7
+
+
+def test_semconv_opt_in_names_spans_by_the_latest_genai_conventions_keeping_rl_attributes(
+        tmp_path: Path, phoenix: Phoenix, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_SEMCONV_STABILITY_OPT_IN", "http, gen_ai_latest_experimental")
+    task_id = uid("phoenix-latest")
+    _configure_for_agents(tmp_path, phoenix, "phoenix-latest")
+    run_agent_task(task_id, [0.5])
+    assert otlp_stats()["failed"] == 0
+    rltrace.shutdown()
+
+    spans = phoenix.wait_spans(1 + 5, attribute=f"rl.task.id:{task_id}")
+    assert sorted((s["name"], s["span_kind"]) for s in spans) == [
+        ("execute_tool python", "TOOL"), ("invoke_agent rollout", "AGENT"),
+        ("invoke_workflow task", "UNKNOWN"), ("reward", "UNKNOWN"), ("text_completion m", "LLM"),
+        ("text_completion m", "LLM")]
+    # queries by rltrace's attributes keep working under the new names
+    assert {attrs(s).get("rl.phase") for s in spans} == {None, "generate", "toolcall", "reward"}
+    [agent] = by_name(spans, "invoke_agent rollout")
+    assert attrs(agent)["rl.session.id"] is not None and attrs(agent)["rl.task.id"] == task_id
