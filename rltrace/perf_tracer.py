@@ -58,7 +58,6 @@ from .runtime import (
     trace_session_phase,
 )
 from .semconv import ATTR_POLICY_VERSION
-from .session_metrics import COUNTER_PREFIX
 from .sessions import get_session_id, get_task_id, set_session_id, set_task_id
 from .spans import atrace_scope as _atrace_scope
 from .spans import instant as _instant
@@ -269,62 +268,17 @@ def _event_method(event: SessionTraceEvent | str) -> str:
     return f"mark_{value}"
 
 
-def _counter_targets(session_id: Any, task_id: Any) -> list[Any]:
-    """Open session records addressed as AReaL does (session, else all of a task; else context)."""
-    if session_id is None and task_id is None:
-        session_id = get_session_id()
-        if session_id is None:
-            task_id = get_task_id()
-    if session_id is not None:
-        sess = RUNTIME.sessions.session(session_id)
-        return [sess] if sess is not None else []
-    if task_id is None:
-        raise ValueError("rltrace increment_counter: no session_id or task_id given and none in "
-                         "context; pass session_id= or task_id=")
-    return RUNTIME.sessions.open_sessions(task_id)
-
-
 def increment_counter(name: str, value: int | float = 1, *, session_id: Any = None,
                       task_id: Any = None) -> int:
-    """Add ``value`` to counter ``name`` of one open session (or of every open session of a task).
-
-    The counters are written in the session record's ``counters`` (AReaL's field) and as
-    ``rl.session.counter.<name>`` attributes of the session span.  Returns how many sessions
-    were counted; a finalized or unknown session is counted as misuse and ignored.
-    """
-    if type(name) is not str or not name:
-        raise ValueError(f"rltrace increment_counter: name must be a non-empty str, got {name!r}")
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"rltrace increment_counter: value must be a number, got "
-                        f"{type(value).__name__} {value!r}")
-    reg = RUNTIME.sessions
-    if not reg.enabled:
-        return 0
-    key = COUNTER_PREFIX + name
-    with reg.lock:
-        targets = _counter_targets(session_id, task_id)
-        for sess in targets:
-            attrs = sess.extras().setdefault("attrs", {})
-            attrs[key] = attrs.get(key, 0) + value
-    if not targets:
-        reg.count_misuse("unknown_session", f"increment_counter {name!r}: session "
-                                             f"{session_id!r} / task {task_id!r} is unknown or "
-                                             "already finalized; ignored")
-    return len(targets)
+    """Add ``value`` to counter ``name`` of one open session (or of every open session of a task);
+    the process's session registry's :meth:`~rltrace.sessions.registry.SessionRegistry.increment_counter`."""
+    return RUNTIME.sessions.increment_counter(name, value, session_id=session_id, task_id=task_id)
 
 
 def trace_session_event(method: str, session_id: Any = None, task_id: Any = None,
                         **payload: Any) -> Any:
-    """AReaL's ``trace_session_event``: rltrace's (see :func:`rltrace.trace_session_event`) plus
-    ``"increment_counter"`` with ``name=`` and ``value=`` (default 1)."""
-    if method == "increment_counter":
-        name = payload.pop("name", None)
-        value = payload.pop("value", 1)
-        if payload:
-            raise TypeError(f"rltrace increment_counter: unexpected arguments {sorted(payload)}; "
-                            "use name= and value=")
-        increment_counter(name, value, session_id=session_id, task_id=task_id)
-        return None
+    """AReaL's ``trace_session_event``: rltrace's (see :func:`rltrace.trace_session_event`),
+    ``"increment_counter"`` with ``name=`` and ``value=`` (default 1) included."""
     return _runtime.trace_session_event(method, session_id=session_id, task_id=task_id, **payload)
 
 

@@ -32,6 +32,7 @@ from .semconv import (
     ATTR_POLICY_VERSION,
     ATTR_REASON,
     ATTR_SESSION,
+    ATTR_SESSION_COUNTER_PREFIX,
     ATTR_STATUS,
     ATTR_STEP,
     ATTR_TASK,
@@ -43,7 +44,7 @@ from .sessions.records import Execution, PhaseScope, SessionScope, SyncedPhaseSc
 
 _BUILTIN_SET = frozenset(p.name for p in BUILTIN)
 #: session-span attributes holding per-session counters (``rl.session.counter.<name>``)
-COUNTER_PREFIX = "rl.session.counter."
+COUNTER_PREFIX = ATTR_SESSION_COUNTER_PREFIX
 _COUNTER_LEN = len(COUNTER_PREFIX)
 _DONE_GEN = 4_096
 _EXEC_TIMES = itemgetter(1, 2)  # an execution's (start, end)

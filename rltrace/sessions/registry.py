@@ -28,10 +28,10 @@ from ..recorder import (
     current_scope,
     detach,
 )
-from ..semconv import ATTR_VERSION_AT_FINALIZE
+from ..semconv import ATTR_SESSION_COUNTER_PREFIX, ATTR_VERSION_AT_FINALIZE
 from ..steps import _STEP_CV, scope_arg_step
 from ..tally import FINALIZED, REGISTERED
-from .context import SESSION_CV, TASK_CV, caller_task
+from .context import SESSION_CV, TASK_CV, caller_task, get_session_id, get_task_id
 from .records import (
     FINAL_SET,
     NO_PHASES,
@@ -392,7 +392,8 @@ class SessionRegistry:
     def trace_session_event(
         self, method: str, session_id: Any = None, task_id: Any = None, **payload: Any
     ) -> Any:
-        """Record a lifecycle event: ``mark_finalized`` or ``mark_<phase>_start``/``_end``.
+        """Record a lifecycle event: ``mark_finalized``, ``mark_<phase>_start``/``_end``, or
+        ``increment_counter`` (``name=``, ``value=``: :meth:`increment_counter`).
 
         ``session_id=`` targets one session, ``task_id=`` every open session of a task; with
         neither, the current session (else the current task) from context.  ``mark_finalized``
@@ -410,13 +411,63 @@ class SessionRegistry:
             return self._finalized_event(session_id, task_id, payload)
         if method.startswith("mark_") and (method.endswith("_start") or method.endswith("_end")):
             return self._phase_edge_event(method, session_id, task_id, payload)
+        if method == "increment_counter":
+            name = payload.pop("name", None)
+            value = payload.pop("value", 1)
+            if payload:
+                raise TypeError(f"rltrace increment_counter: unexpected arguments {sorted(payload)}; "
+                                "use name= and value=")
+            self.increment_counter(name, value, session_id=session_id, task_id=task_id)
+            return None
         methods = [f"mark_{p}_{edge}" for p in self.phases.names() for edge in ("start", "end")]
         raise ValueError(
             f"rltrace trace_session_event: unknown method {method!r}"
-            f"{did_you_mean(method, ['mark_finalized', *methods])}; use 'mark_finalized', "
-            f"'mark_<phase>_start' or 'mark_<phase>_end' with a phase registered by "
-            f"rltrace.register_phase"
+            f"{did_you_mean(method, ['mark_finalized', 'increment_counter', *methods])}; use "
+            f"'mark_finalized', 'increment_counter', or 'mark_<phase>_start' or 'mark_<phase>_end' "
+            f"with a phase registered by rltrace.register_phase"
         )
+
+    def increment_counter(self, name: str, value: int | float = 1, *, session_id: Any = None,
+                          task_id: Any = None) -> int:
+        """Add ``value`` to counter ``name`` of one open session (or of every open session of a
+        task; with neither id, the current session, else the current task).
+
+        The counters are written in the session record's ``counters`` (AReaL's field) and as
+        ``rl.session.counter.<name>`` attributes of the session span.  Returns how many sessions
+        were counted; a finalized or unknown session is counted as misuse and ignored.
+        """
+        if type(name) is not str or not name:
+            raise ValueError(f"rltrace increment_counter: name must be a non-empty str, got {name!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"rltrace increment_counter: value must be a number, got "
+                            f"{type(value).__name__} {value!r}")
+        if not self.enabled:
+            return 0
+        key = ATTR_SESSION_COUNTER_PREFIX + name
+        with self.lock:
+            targets = self._counter_targets(session_id, task_id)
+            for sess in targets:
+                attrs = sess.extras().setdefault("attrs", {})
+                attrs[key] = attrs.get(key, 0) + value
+        if not targets:
+            self.count_misuse("unknown_session", f"increment_counter {name!r}: session "
+                                                 f"{session_id!r} / task {task_id!r} is unknown or "
+                                                 "already finalized; ignored")
+        return len(targets)
+
+    def _counter_targets(self, session_id: Any, task_id: Any) -> list[Any]:
+        """Open sessions addressed as AReaL does (the session, else all of a task; else context)."""
+        if session_id is None and task_id is None:
+            session_id = get_session_id()
+            if session_id is None:
+                task_id = get_task_id()
+        if session_id is not None:
+            sess = self.session(session_id)
+            return [sess] if sess is not None else []
+        if task_id is None:
+            raise ValueError("rltrace increment_counter: no session_id or task_id given and none in "
+                             "context; pass session_id= or task_id=")
+        return self.open_sessions(task_id)
 
     def _finalized_event(self, session_id: Any, task_id: Any, payload: dict[str, Any]) -> None:
         """``mark_finalized``: the session given (or in context), else every open session of the

@@ -509,6 +509,25 @@ def test_unknown_event_method_and_invalid_status_raise_value_error(tmp_path: Pat
         assert session_records(cap)[sid]["status"] == "accepted"
 
 
+def test_session_counters_through_rltraces_own_trace_session_event(tmp_path: Path) -> None:
+    """``increment_counter`` is a session event of ``rltrace.trace_session_event`` itself (not only
+    of the AReaL namespace): by session, by task, from context, written in ``counters``."""
+    with capture_spans(tmp_path, **SESSIONS_ON) as cap:
+        task = rltrace.register_task()
+        a, b = rltrace.register_session(task), rltrace.register_session(task)
+        rltrace.trace_session_event("increment_counter", session_id=a, name="truncated")
+        rltrace.trace_session_event("increment_counter", task_id=task, name="retries", value=2)
+        rltrace.set_session_id(b)
+        rltrace.trace_session_event("increment_counter", name="retries")
+        rltrace.set_session_id(None)
+        with pytest.raises(TypeError, match="use name= and value="):
+            rltrace.trace_session_event("increment_counter", session_id=a, name="x", count=1)
+        rltrace.trace_session_event("mark_finalized", task_id=task, status="accepted")
+        recs = session_records(cap)
+    assert recs[a]["counters"] == {"truncated": 1, "retries": 2}
+    assert recs[b]["counters"] == {"retries": 3}
+
+
 def test_misuse_is_counted_not_raised_and_records_nothing(tmp_path: Path) -> None:
     with capture_spans(tmp_path, **SESSIONS_ON) as cap:
         with trace_session_phase("generate"):  # no session in context
