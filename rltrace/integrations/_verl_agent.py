@@ -39,6 +39,7 @@ from ..perf_tracer import increment_counter
 from ..recorder import detach
 from ..sessions.context import SESSION_CV
 from ..steps import _STEP_CV
+from ._hooks import patch_once, sessions_on
 from ._verl_imports import after_import
 
 __all__ = ["QUEUE_COUNTER", "install"]
@@ -88,20 +89,6 @@ def install() -> None:
     after_import(_TOOL_LOOP, _patch_tool_loop)
     after_import(_SINGLE_TURN, _untrace_timers)
     after_import(_QUEUE, _patch_queue)
-
-
-def _patched(cls: Any, name: str, make: Any) -> None:
-    """Replace ``cls.name`` by ``make(original)`` once (the original is kept on the wrapper)."""
-    original = cls.__dict__.get(name)
-    if original is None or getattr(original, "_rltrace_original", None) is not None:
-        return
-    wrapper: Any = functools.wraps(original)(make(original))
-    wrapper._rltrace_original = original
-    setattr(cls, name, wrapper)
-
-
-def _sessions_on() -> bool:
-    return bool(runtime.RUNTIME.sessions.enabled)
 
 
 class _Phase:
@@ -160,7 +147,7 @@ def _config_flag(config: Any, path: str) -> bool:
 
 def _plan(worker: Any, batch: Any) -> _Batch | None:
     """Register a task per prompt group and a session per sample of ``batch``."""
-    if not _sessions_on() or batch.meta_info.get("validate", False):
+    if not sessions_on() or batch.meta_info.get("validate", False):
         return None
     ntb = batch.non_tensor_batch
     index = ntb["index"].tolist() if "index" in ntb else list(range(len(batch)))
@@ -258,7 +245,7 @@ def _run_agent_loop(original: Any) -> Any:
             key = (trajectory.get("sample_index"), trajectory.get("rollout_n"))
             if plan is not None:
                 sample = plan.by_key.pop(key, None)
-            elif _sessions_on() and not trajectory.get("validate", False):  # called on its own
+            elif sessions_on() and not trajectory.get("validate", False):  # called on its own
                 reg = runtime.RUNTIME.sessions
                 model = getattr(getattr(self, "model_config", None), "path", None)
                 sample = _Sample(reg.register_session(reg.register_task()),
@@ -458,15 +445,15 @@ def _untrace_timers(module: ModuleType) -> None:
 def _patch_agent_loop(module: ModuleType) -> None:
     _untrace_timers(module)
     worker = module.AgentLoopWorker
-    _patched(worker, "generate_sequences", _generate_sequences)
-    _patched(worker, "_run_agent_loop", _run_agent_loop)
-    _patched(worker, "_compute_score", _compute_score)
-    _patched(module.AgentLoopBase, "__init__", _base_init)
+    patch_once(worker, "generate_sequences", _generate_sequences)
+    patch_once(worker, "_run_agent_loop", _run_agent_loop)
+    patch_once(worker, "_compute_score", _compute_score)
+    patch_once(module.AgentLoopBase, "__init__", _base_init)
 
 
 def _patch_tool_loop(module: ModuleType) -> None:
     _untrace_timers(module)
-    _patched(module.ToolAgentLoop, "_call_tool", _call_tool)
+    patch_once(module.ToolAgentLoop, "_call_tool", _call_tool)
 
 
 def _patch_queue(module: ModuleType) -> None:
@@ -474,4 +461,4 @@ def _patch_queue(module: ModuleType) -> None:
     # wraps, which the actor's process runs (Ray pickles it from the patched process)
     cls = getattr(module.MessageQueue, "__ray_actor_class__", module.MessageQueue)
     for name in ("put_sample", "get_sample", "clear_queue"):
-        _patched(cls, name, _queue_op)
+        patch_once(cls, name, _queue_op)

@@ -44,22 +44,25 @@ from typing import Any
 from .. import runtime
 from ..goodput import TRUNCATED, ZERO_ADVANTAGE
 from ..perf_tracer import increment_counter
+from ._hooks import HookErrors, patch_once, sessions_on
 
 __all__ = ["ERRORS", "TESTED_VERSION", "instrument", "is_instrumented"]
 
 #: the OpenRLHF release this integration was written against and tested on
 TESTED_VERSION = "0.11.2"
 #: hook -> how many times it failed (OpenRLHF went on untraced there)
-ERRORS: Counter[str] = Counter()
+_HOOKS = HookErrors("OpenRLHF", "rltrace.integrations.openrlhf.ERRORS")
+ERRORS: Counter[str] = _HOOKS.counts
 _LOCK = threading.Lock()
 _STATE = {"instrumented": False}
 
 
 @dataclass
 class _Group:
-    """One prompt's samples while they run (keyed by the prompt object)."""
+    """One prompt's samples while they run (keyed by :func:`_group_key`)."""
 
     task: Any
+    key: tuple[int, int]
     open: int = 0
     samples: list[_Sample] = field(default_factory=list)
 
@@ -75,18 +78,13 @@ class _Sample:
 
 
 _SAMPLE: ContextVar[_Sample | None] = ContextVar("rltrace_openrlhf_sample", default=None)
-#: id(prompt) -> its open group (the prompt objects are held by the running calls)
-_GROUPS: dict[int, _Group] = {}
+#: (id(prompt), id(sampling_params)) -> its open group (the objects are held by the running calls)
+_GROUPS: dict[tuple[int, int], _Group] = {}
 
 
 def failed(hook: str, exc: BaseException) -> None:
-    """Note that ``hook`` failed (logged the first time, counted every time)."""
-    ERRORS[hook] += 1
-    if ERRORS[hook] == 1:
-        runtime.logger.warning("rltrace.integrations.openrlhf: %s failed, OpenRLHF goes on untraced "
-                               "there (further failures counted in "
-                               "rltrace.integrations.openrlhf.ERRORS): %s: %s",
-                               hook, type(exc).__name__, exc)
+    """Note that ``hook`` failed (logged the first time, counted every time in :data:`ERRORS`)."""
+    _HOOKS.failed(hook, exc)
 
 
 def is_instrumented() -> bool:
@@ -110,20 +108,10 @@ def instrument() -> None:
     _patch_tree(agent.AgentExecutorBase, "execute", _execute)
     _patch_tree(agent.AgentInstanceBase, "step", _step)
     for name in ("_fetch_rewards_via_func", "_fetch_rewards_via_http"):
-        _patched(agent.SingleTurnAgentExecutor, name, functools.partial(_reward, name))
+        patch_once(agent.SingleTurnAgentExecutor, name, functools.partial(_reward, name))
 
 
 # ---- patching -----------------------------------------------------------------------------------
-
-
-def _patched(cls: Any, name: str, make: Any) -> None:
-    """Replace ``cls.name`` (defined on ``cls`` itself) by ``make(original)``, once."""
-    original = cls.__dict__.get(name)
-    if original is None or getattr(original, "_rltrace_original", None) is not None:
-        return
-    wrapper: Any = functools.wraps(original)(make(original))
-    wrapper._rltrace_original = original
-    setattr(cls, name, wrapper)
 
 
 def _patch_tree(base: Any, name: str, make: Any) -> None:
@@ -132,7 +120,7 @@ def _patch_tree(base: Any, name: str, make: Any) -> None:
     todo = [base]
     while todo:
         cls = todo.pop()
-        _patched(cls, name, make)
+        patch_once(cls, name, make)
         todo.extend(cls.__subclasses__())
     previous = base.__dict__.get("__init_subclass__")
 
@@ -142,25 +130,29 @@ def _patch_tree(base: Any, name: str, make: Any) -> None:
         else:
             super(base, cls).__init_subclass__(**kwargs)
         try:
-            _patched(cls, name, make)
+            patch_once(cls, name, make)
         except Exception as exc:
             failed(f"{cls.__name__}.{name}", exc)
 
     base.__init_subclass__ = classmethod(init_subclass)
 
 
-def _sessions_on() -> bool:
-    return bool(runtime.RUNTIME.sessions.enabled)
-
-
 # ---- a sample's session -------------------------------------------------------------------------
 
 
-def _begin(prompt: Any, tokenizer: Any) -> _Sample:
+def _group_key(prompt: Any, sampling_params: Any) -> tuple[int, int]:
+    """A prompt group: the executions sharing one prompt object and one sampling-params object,
+    as ``LLMRayActor.generate_responses`` makes them (one call per prompt; Ray hands each call
+    its own deserialized arguments, so two prompts of the same text are two groups)."""
+    return id(prompt), id(sampling_params)
+
+
+def _begin(prompt: Any, sampling_params: Any, tokenizer: Any) -> _Sample:
     reg = runtime.RUNTIME.sessions
-    group = _GROUPS.get(id(prompt))
+    key = _group_key(prompt, sampling_params)
+    group = _GROUPS.get(key)
     if group is None:
-        group = _GROUPS[id(prompt)] = _Group(reg.register_task())
+        group = _GROUPS[key] = _Group(reg.register_task(), key)
     group.open += 1
     name = getattr(tokenizer, "name_or_path", None)
     sample = _Sample(reg.register_session(group.task), group, str(name) if name else None)
@@ -168,7 +160,7 @@ def _begin(prompt: Any, tokenizer: Any) -> _Sample:
     return sample
 
 
-def _end(prompt: Any, sample: _Sample, out: Any) -> None:
+def _end(sample: _Sample, out: Any) -> None:
     if isinstance(out, dict):
         sample.truncated = bool(out.get("truncated"))
         sample.reward = _number(out.get("reward"))
@@ -176,8 +168,8 @@ def _end(prompt: Any, sample: _Sample, out: Any) -> None:
     group.open -= 1
     if group.open > 0:
         return
-    if _GROUPS.get(id(prompt)) is group:
-        del _GROUPS[id(prompt)]
+    if _GROUPS.get(group.key) is group:
+        del _GROUPS[group.key]
     done = [s for s in group.samples if s.failed is None]
     rewards = [s.reward for s in done]
     flat = (len(done) > 1 and len(done) == len(group.samples) and None not in rewards
@@ -210,8 +202,8 @@ def _execute(original: Any) -> Any:
         sample = None
         if _SAMPLE.get() is None:  # an override calling super().execute(): one session
             try:
-                if _sessions_on():
-                    sample = _begin(prompt, hf_tokenizer)
+                if sessions_on():
+                    sample = _begin(prompt, sampling_params, hf_tokenizer)
             except Exception as exc:
                 failed("execute", exc)
         if sample is None:
@@ -229,7 +221,7 @@ def _execute(original: Any) -> Any:
         finally:
             _SAMPLE.reset(token)
             try:
-                _end(prompt, sample, out)
+                _end(sample, out)
             except Exception as exc:
                 failed("execute", exc)
 

@@ -57,6 +57,7 @@ from ..goodput import TRUNCATED, ZERO_ADVANTAGE
 from ..perf_tracer import increment_counter
 from ..spans import trace_scope
 from ..steps import current_step, set_policy_version, step
+from ._hooks import HookErrors
 
 __all__ = ["FRAMEWORK", "GENERATION_SECTIONS", "SECTION_PREFIX", "UNUSED", "errors", "instrument",
            "is_instrumented"]
@@ -77,8 +78,8 @@ GENERATION_SECTIONS = frozenset({"vLLM.generate", "transformers.generate", "tran
 
 T = TypeVar("T")
 
-#: hook name -> failures inside rltrace's hooks (the first of each is logged)
-_ERRORS: dict[str, int] = {}
+#: failures inside rltrace's hooks, by hook (the first of each is logged)
+_HOOKS = HookErrors("TRL", "rltrace.integrations.trl.errors()", logger)
 _PATCH_LOCK = threading.Lock()
 #: TRL's own ``profiling_context`` (None until the first ``instrument``)
 _ORIGINAL_PC: Callable[..., Any] | None = None
@@ -89,16 +90,12 @@ _PRINTED = False
 
 def errors() -> dict[str, int]:
     """Failures inside this integration's hooks, by hook (each was logged once, never raised)."""
-    return dict(_ERRORS)
+    return dict(_HOOKS.counts)
 
 
 def _failed(hook: str) -> None:
     """Count a failure of ``hook`` (called from an ``except`` block); log the first one."""
-    n = _ERRORS.get(hook, 0)
-    _ERRORS[hook] = n + 1
-    if n == 0:
-        logger.warning("rltrace: the TRL hook %s failed; training goes on untraced there "
-                       "(counted in rltrace.integrations.trl.errors())", hook, exc_info=True)
+    _HOOKS.failed(hook)
 
 
 def is_instrumented(trainer: Any) -> bool:
@@ -622,11 +619,15 @@ def _wrap_prepare(trainer: Any, st: _Tracing, orig: Callable[..., Any]) -> Calla
     @functools.wraps(orig)
     def _prepare_inputs(*a: Any, **k: Any) -> Any:
         inputs = orig(*a, **k)
-        if st.pending and isinstance(inputs, dict) and _ROW_KEY in inputs:
-            try:
-                _trained(st, inputs.pop(_ROW_KEY))
-            except Exception:
-                _failed("_prepare_inputs.exit")
+        if isinstance(inputs, dict) and _ROW_KEY in inputs:
+            # always taken out (the loss never sees it), also when nothing is pending any more
+            # (training ended or raised before): only then are the rows left unrecorded
+            rows = inputs.pop(_ROW_KEY)
+            if st.pending:
+                try:
+                    _trained(st, rows)
+                except Exception:
+                    _failed("_prepare_inputs.exit")
         return inputs
 
     return _prepare_inputs

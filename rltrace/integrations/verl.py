@@ -41,13 +41,15 @@ from .. import runtime, steps
 from ..recorder import STATE
 from ..sessions.context import SESSION_CV
 from ..spans import trace_scope
+from ._hooks import HookErrors
 from ._verl_imports import after_import
 
 __all__ = ["ERRORS", "FRAMEWORK", "instrument", "is_instrumented"]
 
 FRAMEWORK = "verl"
 #: where each hook failed, by hook name (a failure is logged once per hook, then counted here)
-ERRORS: Counter[str] = Counter()
+_HOOKS = HookErrors("verl", "rltrace.integrations.verl.ERRORS")
+ERRORS: Counter[str] = _HOOKS.counts
 #: the names verl times with: traced wherever they are bound
 _TIMER_NAMES = ("marked_timer", "simple_timer")
 #: modules that define a timer (patched at import, so later ``from ... import`` get the traced one)
@@ -77,13 +79,8 @@ _STEPS_SEEN = [0]
 
 
 def failed(hook: str, exc: BaseException) -> None:
-    """Note that ``hook`` failed (logged the first time, counted every time)."""
-    ERRORS[hook] += 1
-    if ERRORS[hook] == 1:
-        runtime.logger.warning("rltrace.integrations.verl: %s failed, verl goes on untraced "
-                               "there (further failures counted in "
-                               "rltrace.integrations.verl.ERRORS): %s: %s",
-                               hook, type(exc).__name__, exc)
+    """Note that ``hook`` failed (logged the first time, counted every time in :data:`ERRORS`)."""
+    _HOOKS.failed(hook, exc)
 
 
 def is_instrumented() -> bool:

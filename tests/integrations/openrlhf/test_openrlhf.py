@@ -94,8 +94,9 @@ async def generate_responses(executor: Any, engine: Any, tok: Any, prompts: dict
     """As ``LLMRayActor.generate_responses`` per prompt, the prompts' calls concurrent."""
 
     async def one(prompt: str, label: str) -> list[dict[str, Any]]:
+        params = SamplingParams()  # one per call, shared by the prompt's samples, as there
         return list(await asyncio.gather(*[
-            executor.execute(prompt=prompt, label=label, sampling_params=SamplingParams(),
+            executor.execute(prompt=prompt, label=label, sampling_params=params,
                              max_length=max_length, hf_tokenizer=tok, llm_engine=engine)
             for _ in range(n)]))
 
