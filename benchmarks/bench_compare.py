@@ -546,7 +546,7 @@ def _targets(ratios: dict[str, Any], sustained: dict[str, Any],
     }
 
 
-# ---- the performance page's tables -----------------------------------------------------------------------------
+# ---- the performance page's tables --------------------------------------------------------------
 
 
 def _us(r: dict[str, Any]) -> str:
