@@ -118,8 +118,8 @@ def _jax_fence(jax: Any) -> None:
 
     A trivial jitted op is dispatched on each device and blocked on: a device runs what was
     queued on it in order, so it completes after everything before it.  The cost does not
-    depend on how many arrays are alive (waiting on ``jax.live_arrays()`` took 5 ms with
-    5,000 arrays); the op is compiled once per device, on first use.
+    depend on how many arrays are alive (waiting on ``jax.live_arrays()`` grows with them);
+    the op is compiled once per device, on first use.
     """
     if not _FENCE_OP:
         _FENCE_OP.append(jax.jit(lambda v: v + 1))

@@ -68,7 +68,7 @@ HELP_AT = 512
 #: hundred, instead of waking the exporter thread: past this rate the recording thread holds
 #: the GIL most of the time, so the exporter thread's cycle would stall it just as long, and
 #: its records, handed to another core and collected by the GC as survivors first, would cost
-#: it more (``bench_compare``'s session loop: 0.81x the total time, paired)
+#: it more
 HELP_RATE = 10_000  # (0: at any rate)
 #: queued records past which a recording thread helps whatever the rate (the exporter thread,
 #: sharing its GIL, is not keeping up)
@@ -402,7 +402,7 @@ class Pipeline:
         long), and the records it is handed were made on another core and survived the GC's
         young collections by then (each collection walked them, a full one every queued
         record).  Exported here, a few hundred at a time, they are still in this core's cache
-        and die young: ``bench_compare``'s session loop took 0.81x the time this way.  Records
+        and die young.  Records
         that trickle in are left to the exporter thread (woken at ``wake_at``, or its timed
         cycle), which can then run while the recording thread waits on something else; so is
         everything when threads run in parallel (a free-threaded build), or when span or

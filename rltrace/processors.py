@@ -267,8 +267,8 @@ class BoundedBatchProcessor(SpanProcessor):
         if len(q) >= self.max_export_batch_size and not self._wake.is_set():
             self._wake.set()  # once: the sender clears it, then empties the queue
 
-    # Complexity D (21) on purpose: one pass over a cycle's records with the queue's free room
-    # and the next batch mark kept in locals, so the OTLP intake costs no Python call per span;
+    # One pass over a cycle's records with the queue's free room and the next batch mark kept
+    # in locals, so the OTLP intake costs no Python call per span;
     # the per-record steps are on_end's (its unit tests and the OTLP tests cover both paths).
     def on_end_batch(self, records: list[Any],
                      on_error: Callable[[Exception], None] | None = None) -> None:

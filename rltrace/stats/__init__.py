@@ -14,7 +14,7 @@ exporting     export, export_all: this process only by default, as in AReaL; pas
               (a torch ProcessGroup, "jax", "auto") to reduce across ranks (rltrace.stats.distributed)
 logging       StatsLogger, StatsLoggerConfig, WandBConfig, TensorBoardConfig, Sink, CommitInfo
 spans         enable_span_timings, disable_span_timings, span_timings, SpanTimings
-              (``timeperf/<span name>`` per step, on by default)
+              (``timeperf/<span name>`` per step, on once a StatsLogger is created)
 Python logs   setup_logging, TraceContextFilter
 
 Example::

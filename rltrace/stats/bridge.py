@@ -156,7 +156,8 @@ def _hook(tracker: StatsTracker) -> None:
 def enable_span_timings(tracker: StatsTracker | None = None, **options: Any) -> SpanTimings:
     """Turn span durations into ``timeperf/<name>`` stats of ``tracker`` (the default one).
 
-    On by default from ``import rltrace.stats``; call again to change ``options`` (see
+    A :class:`~rltrace.stats.StatsLogger` turns it on when it is created (unless it is on
+    already); call it yourself to feed another tracker or to change ``options`` (see
     :class:`SpanTimings`).  Returns the installed bridge.
     """
     global _BRIDGE, _HOOKED
