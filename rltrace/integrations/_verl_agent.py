@@ -39,7 +39,7 @@ from ..perf_tracer import increment_counter
 from ..recorder import detach
 from ..sessions.context import SESSION_CV
 from ..steps import _STEP_CV
-from ._hooks import patch_once, sessions_on
+from ._hooks import HookErrors, patch_once, sessions_on
 from ._verl_imports import after_import
 
 __all__ = ["QUEUE_COUNTER", "install"]
@@ -52,10 +52,12 @@ _QUEUE = "verl.experimental.fully_async_policy.message_queue"
 _SINGLE_TURN = "verl.experimental.agent_loop.single_turn_agent_loop"
 
 
-def _failed(hook: str, exc: BaseException) -> None:
-    from .verl import failed
+#: failures inside the verl hooks, by hook (``rltrace.integrations.verl.ERRORS`` is its count)
+HOOKS = HookErrors("verl", "rltrace.integrations.verl.ERRORS")
 
-    failed(hook, exc)
+
+def _failed(hook: str, exc: BaseException) -> None:
+    HOOKS.failed(hook, exc)
 
 
 @dataclass

@@ -41,15 +41,15 @@ from .. import runtime, steps
 from ..recorder import STATE
 from ..sessions.context import SESSION_CV
 from ..spans import trace_scope
-from ._hooks import HookErrors
+from ._verl_agent import HOOKS
+from ._verl_agent import install as install_agent_loop
 from ._verl_imports import after_import
 
 __all__ = ["ERRORS", "FRAMEWORK", "instrument", "is_instrumented"]
 
 FRAMEWORK = "verl"
 #: where each hook failed, by hook name (a failure is logged once per hook, then counted here)
-_HOOKS = HookErrors("verl", "rltrace.integrations.verl.ERRORS")
-ERRORS: Counter[str] = _HOOKS.counts
+ERRORS: Counter[str] = HOOKS.counts
 #: the names verl times with: traced wherever they are bound
 _TIMER_NAMES = ("marked_timer", "simple_timer")
 #: modules that define a timer (patched at import, so later ``from ... import`` get the traced one)
@@ -80,7 +80,7 @@ _STEPS_SEEN = [0]
 
 def failed(hook: str, exc: BaseException) -> None:
     """Note that ``hook`` failed (logged the first time, counted every time in :data:`ERRORS`)."""
-    _HOOKS.failed(hook, exc)
+    HOOKS.failed(hook, exc)
 
 
 def is_instrumented() -> bool:
@@ -108,12 +108,10 @@ def instrument(ray_workers: bool = True) -> None:
 
 
 def _instrument_here() -> None:
-    from . import _verl_agent
-
     for name in _TIMER_SOURCES + _TIMER_USERS:
         after_import(name, _rebind_timers)
     _rebind_loaded()
-    _verl_agent.install()
+    install_agent_loop()
 
 
 def worker_setup() -> None:
