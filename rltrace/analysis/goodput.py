@@ -14,6 +14,7 @@ their time and tokens.
 
 from __future__ import annotations
 
+import statistics
 from collections import Counter
 from typing import Any
 
@@ -21,6 +22,7 @@ from ..goodput import (
     BUCKETS,
     ZERO_ADVANTAGE,
     RankStepWork,
+    classify,
     section_times,
     session_fate,
     split_rank_step,
@@ -138,6 +140,7 @@ def build(run: Any) -> dict[str, Any]:
                    "per_s": {k: (v / step_wall if step_wall > 0 else None) for k, v in tokens.items()}},
         "staleness": staleness(run, reader),
         "sections": sections(run),
+        "section_outliers": section_outliers(run),
         "zero_advantage": {"groups": len(reader.zero_groups), "groups_total": len(reader.groups),
                            "sessions": sum(w.zero_adv for w in works),
                            "seconds": sum(w.zero_adv_s for w in works),
@@ -146,6 +149,40 @@ def build(run: Any) -> dict[str, Any]:
                       "share": truncated / sessions if sessions else None,
                       "tokens": sum(w.truncated_tokens for w in works)},
     }
+
+
+#: a section's own time in a step is an outlier past this many times its median over the steps
+OUTLIER_X_MEDIAN = 2.0
+
+
+def section_outliers(run: Any) -> list[dict[str, Any]]:
+    """The sections that took far longer than usual in one step, nested ones included (a TRL
+    reward function inside the generation, a verl ``update_weights``): own time above its median
+    over the (rank, step)s that ran it by ``k`` scaled MADs and by :data:`OUTLIER_X_MEDIAN` times,
+    and at least 5% of that step's wall time; by excess over the median, largest first."""
+    seen: dict[str, list[tuple[int, int, float]]] = {}
+    walls: dict[tuple[int, int], float] = {}
+    for (rank, step), info in run.steps_info.items():
+        walls[(rank, step)] = info.dur_us / 1e6
+        for name, (_, sec) in section_times(info, run.options.rollout_scope)[0].items():
+            seen.setdefault(name, []).append((rank, step, sec))
+    k = run.options.k
+    out: list[dict[str, Any]] = []
+    for name, rows in seen.items():
+        if len(rows) < 3:
+            continue
+        secs = sorted(sec for _, _, sec in rows)
+        med = statistics.median(secs)
+        mad = statistics.median(abs(s - med) for s in secs) * 1.4826
+        for rank, step, sec in rows:
+            wall = walls.get((rank, step), 0.0)
+            if (sec > med + k * mad and sec > OUTLIER_X_MEDIAN * med and wall > 0
+                    and sec >= 0.05 * wall):
+                out.append({"section": name, "class": classify(name, rollout_scope=run.options.rollout_scope),
+                            "rank": rank, "step": step, "seconds": sec, "median_s": med,
+                            "step_s": wall, "excess_s": sec - med})
+    out.sort(key=lambda r: -r["excess_s"])
+    return out
 
 
 def sections(run: Any) -> list[dict[str, Any]]:

@@ -320,6 +320,13 @@ def _goodput_findings(rep: dict[str, Any], add: Add) -> None:
     for text in (tokens_line(gp), zero_advantage_line(gp), truncated_line(gp), staleness_line(gp)):
         if text is not None:
             add("goodput", text[0].upper() + text[1:] + ".")
+    for o in gp["section_outliers"][:MAX_OUTLIER_FINDINGS]:
+        head = (f"Step {_step(o['step'])}: {o['section']} ({o['class']}) took {fmt_s(o['seconds'])} "
+                f"on {_rank(rep, o['rank'])}")
+        usual = (f", {o['seconds'] / o['median_s']:.1f}× its median over steps ({fmt_s(o['median_s'])})"
+                 if o["median_s"] > 0 else "")
+        add("section", f"{head}{usual}: {fmt_pct(o['seconds'] / o['step_s'])} of the step.",
+            step=o["step"], section=o["section"])
 
 
 def link_name(link: dict[str, Any]) -> str:

@@ -236,6 +236,9 @@ def test_report_names_the_slow_reward_in_its_step(runs: dict[str, Any]) -> None:
     # the reward phase is flagged in the slow step and in no other (other phases may be flagged
     # too on a loaded machine: the first step's log-prob pass warms up)
     assert [f["step"] for f in phase if f["phase"] == "reward"] == [SLOW_STEP]
+    # the reward function itself is named in its step, and in no other step
+    sections = [f for f in rep["findings"] if f.get("kind") == "section"]
+    assert [f["step"] for f in sections if f["section"] == "train.reward_slow"] == [SLOW_STEP], sections
     # the scope of the reward function itself, as the run summary lists it
     scopes = {s["name"]: s for s in rep["summary"]["scopes"]}
     assert scopes["train.reward_slow"]["max_s"] >= SLOW_S
