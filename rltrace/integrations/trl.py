@@ -81,11 +81,21 @@ T = TypeVar("T")
 #: failures inside rltrace's hooks, by hook (the first of each is logged)
 _HOOKS = HookErrors("TRL", "rltrace.integrations.trl.errors()", logger)
 _PATCH_LOCK = threading.Lock()
-#: TRL's own ``profiling_context`` (None until the first ``instrument``)
-_ORIGINAL_PC: Callable[..., Any] | None = None
+
+
+@dataclass
+class _Process:
+    """What this integration holds for the whole process."""
+
+    #: TRL's own ``profiling_context`` (None until the first ``instrument``)
+    original_pc: Callable[..., Any] | None = None
+    #: whether the log dir of a configuration made here was printed
+    printed: bool = False
+
+
+_PROCESS = _Process()
 #: the instrumented trainers and their tracing state
 _STATES: weakref.WeakKeyDictionary[Any, _Tracing] = weakref.WeakKeyDictionary()
-_PRINTED = False
 
 
 def errors() -> dict[str, int]:
@@ -220,8 +230,9 @@ class _Section:
 
 def _profiling_context(trainer: Any, name: str) -> Any:
     """``trl.extras.profiling.profiling_context``, traced for instrumented trainers."""
-    assert _ORIGINAL_PC is not None
-    pc = _ORIGINAL_PC(trainer, name)
+    original = _PROCESS.original_pc
+    assert original is not None
+    pc = original(trainer, name)
     st = _state_of(trainer)
     if st is None:
         return pc
@@ -231,15 +242,14 @@ def _profiling_context(trainer: Any, name: str) -> Any:
 def _patch_profiling() -> None:
     """Rebind ``profiling_context`` in ``trl.extras.profiling`` and every loaded ``trl`` module
     that imported it by name (idempotent)."""
-    global _ORIGINAL_PC
     with _PATCH_LOCK:
         prof: Any = importlib.import_module("trl.extras.profiling")
-        if _ORIGINAL_PC is None:
+        if _PROCESS.original_pc is None:
             current = prof.profiling_context
-            _ORIGINAL_PC = current if current is not _profiling_context else None
-            if _ORIGINAL_PC is None:  # pragma: no cover - only if another copy patched it
+            if current is _profiling_context:  # pragma: no cover - only if another copy patched it
                 raise RuntimeError("trl.extras.profiling.profiling_context is already replaced")
-        original = _ORIGINAL_PC
+            _PROCESS.original_pc = current
+        original = _PROCESS.original_pc
         prof.profiling_context = _profiling_context
         for name, mod in list(sys.modules.items()):
             if (name == "trl" or name.startswith("trl.")) and mod is not None and \
@@ -774,7 +784,6 @@ def _callback(st: _Tracing) -> Any:
 def _configure_for(trainer: Any) -> None:
     """Configure rltrace under the trainer's ``output_dir`` (session tracing on) when nothing
     configured it yet, and say where the log dir is (once per process)."""
-    global _PRINTED
     if _runtime.is_configured():
         return
     out = getattr(getattr(trainer, "args", None), "output_dir", None) or "."
@@ -782,8 +791,8 @@ def _configure_for(trainer: Any) -> None:
                        trial_name=type(trainer).__name__, session_tracer={"enabled": True})
     pipeline = _runtime.get_pipeline()
     log_dir = getattr(pipeline, "log_dir", None)
-    if not _PRINTED and log_dir is not None:
-        _PRINTED = True
+    if not _PROCESS.printed and log_dir is not None:
+        _PROCESS.printed = True
         print(f"rltrace: tracing {type(trainer).__name__} into {log_dir} "
               f"(then: rltrace report {log_dir})", flush=True)
 
