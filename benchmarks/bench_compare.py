@@ -108,8 +108,8 @@ def _otel_setup(otlp: str | None) -> tuple[Any, Any, Any]:
 
 
 def _areal_module(root: str) -> Any:
-    sys.path.insert(0, str(ROOT))
-    from tests.helpers.areal_wheel import areal_modules, skip_reason
+    sys.path.insert(0, str(ROOT / "tests" / "helpers"))  # by its own name: see tests/conftest.py
+    from areal_wheel import areal_modules, skip_reason
 
     reason = skip_reason()
     if reason:

@@ -21,6 +21,10 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 #: child-process workloads and helpers the tests run (``tests/helpers/``)
 HELPERS = REPO / "tests" / "helpers"
+# helper modules are imported by their own names (``import areal_wheel``), never as ``tests.helpers``:
+# frameworks such as verl install a top-level ``tests`` package that would shadow this folder
+if str(HELPERS) not in sys.path:
+    sys.path.append(str(HELPERS))
 PERFETTO_CHECK = Path(
     os.environ.get("RLTRACE_PERFETTO_CHECK", SHARED / "tools" / "perfetto" / "perfetto_check.py")
 )

@@ -17,11 +17,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import areal_wheel  # tests/helpers/, on sys.path by conftest
 import pytest
 
 import rltrace
 from rltrace import perf_tracer as rl_perf_tracer
-from tests.helpers import areal_wheel
 
 pytestmark = pytest.mark.skipif(areal_wheel.skip_reason() is not None,
                                 reason=areal_wheel.skip_reason() or "")

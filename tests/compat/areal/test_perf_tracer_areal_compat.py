@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import areal_wheel  # tests/helpers/, on sys.path by conftest
 import pytest
 from conftest import REPO, need
 
@@ -23,7 +24,6 @@ import rltrace
 from rltrace import perf_tracer
 from rltrace.cli.convert import convert
 from rltrace.perf_tracer import Category, SessionTraceEvent
-from tests.helpers import areal_wheel
 
 
 # AReaL's config classes have this shape (api/cli_args.py); the wheel's own are used when present
@@ -310,8 +310,8 @@ def test_save_interval_writes_on_the_last_step_of_each_interval_as_areal(tmp_pat
 _ROLE_SCRIPT = """
 import sys
 from rltrace import perf_tracer
-sys.path.insert(0, "tests")  # conftest, which the test module imports
-from tests.compat.areal.test_perf_tracer_areal_compat import _config, SessionTracerConfig
+sys.path[:0] = ["tests/compat/areal", "tests", "tests/helpers"]  # the test module and what it imports
+from test_perf_tracer_areal_compat import _config, SessionTracerConfig
 root, role = sys.argv[1], sys.argv[2]
 tracer = perf_tracer.configure(_config(__import__("pathlib").Path(root),
                                session_tracer=SessionTracerConfig(True, 1)), rank=0, role=role)
