@@ -579,7 +579,7 @@ def _env_overrides(env: Mapping[str, str]) -> list[tuple[tuple[str, ...], str]]:
 
 #: RLTRACE_* variables used by tools rather than the config (e.g. the test-suite)
 _ENV_IGNORED = {"RLTRACE_PERFETTO_CHECK", "RLTRACE_PARENT_CONFIG", "RLTRACE_PARENT_SECRETS",
-                "RLTRACE_AREAL_WHEEL"}
+                "RLTRACE_AREAL_WHEEL", "RLTRACE_OPENRLHF_SITE", "RLTRACE_WHEELHOUSE"}
 _ENV_WARNED: set[str] = set()
 
 

@@ -111,7 +111,8 @@ def find_trace_files(inputs: Iterable[str | Path]) -> list[Path]:
         if p.is_dir():
             candidates = sorted(p.rglob(TRACE_GLOB)) + sorted(p.rglob(PROFILER_GLOB))
         elif p.is_file():
-            _check_trace_like(p)
+            if p.suffix.lower() not in NATIVE_SUFFIXES:  # a native trace stands for its JSONL twin
+                _check_trace_like(p)
             candidates = [p]
         elif any(ch in text for ch in "*?["):
             candidates = [Path(x) for x in sorted(glob.glob(text, recursive=True))]

@@ -134,12 +134,13 @@ def test_the_readme_test_command_in_the_readme_install_passes_or_skips_with_reas
     temp = tmp_path / "tmp"
     temp.mkdir()
     proc = subprocess.run(
-        [str(bindir / "python"), "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+        [str(bindir / "python"), "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider",
          "-o", "tmp_path_retention_policy=failed",  # a passed test's tmp_path is removed as it ends
          "--basetemp", str(temp / "pytest"), "--ignore", str(Path(__file__).resolve().relative_to(REPO))],
         capture_output=True, text=True, env={**env, "TMPDIR": str(temp)}, cwd=REPO, timeout=1700)
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-6000:]
+    failed = [ln for ln in proc.stdout.splitlines() if ln.startswith(("FAILED", "ERROR"))]
+    assert proc.returncode == 0, "\n".join(failed) + "\n" + out[-4000:]
     skips = [ln for ln in proc.stdout.splitlines() if ln.startswith("SKIPPED")]
     for ln in skips:  # "SKIPPED [n] file:line: reason"
         reason = ln.split(": ", 1)[1] if ": " in ln else ""

@@ -34,11 +34,14 @@ def arg(name: str, alias: str | None = None, of: str = "s") -> str:
     return f"extract_arg({of}.arg_set_id, 'debug.{key}') as {alias or key}"
 
 
+#: the instant a scored phase leaves on its session (OTel GenAI's evaluation event): it carries
+#: its phase and turn, but is no phase execution
+EVALUATION = "gen_ai.evaluation.result"
 PHASES = f"""select s.id, s.name, {arg('rl.session.id', 'sid')}, {arg('rl.turn', 'turn')}, {arg('rank')},
     p.category as pcat, {arg('rl.session.id', 'psid', 'p')}, {arg('rl.turn', 'pturn', 'p')},
     g.category as gcat, {arg('rl.session.id', 'gsid', 'g')}
   from slice s left join slice p on s.parent_id = p.id left join slice g on p.parent_id = g.id
-  where extract_arg(s.arg_set_id, 'debug.rl_phase') is not null"""
+  where extract_arg(s.arg_set_id, 'debug.rl_phase') is not null and s.name != '{EVALUATION}'"""
 SESSIONS = f"""select s.id, s.ts, s.dur, {arg('rl.session.id', 'sid')}, {arg('rl.task.id', 'task')},
     {arg('rl.step', 'step')}, {arg('rank')}, {arg('rl.session.status', 'status')},
     st.name as strack, st.type as stype, tt.name as ttrack, pr.name as pname
@@ -299,7 +302,7 @@ def test_a_torn_last_line_costs_only_itself(tmp_path: Path) -> None:
 
 # -- the merged Chrome JSON of the same demo -----------------------------------------------------------
 JSON_SESSIONS = """select s.name, extract_arg(s.arg_set_id, 'args.rl.session.id') as sid,
-    extract_arg(s.arg_set_id, 'args.rl.task.id') as task, th.name as thread from slice s
+    extract_arg(s.arg_set_id, 'args.rl.task.id') as task, th.name as thread, s.dur from slice s
   join thread_track tt on s.track_id = tt.id join thread th using(utid)
   where extract_arg(s.arg_set_id, 'args.rl.session.id') is not null"""
 JSON_ARROWS = """select so.name as src, si.name as dst, si.category as dcat,
@@ -317,7 +320,10 @@ def test_the_merged_json_puts_each_session_on_a_named_track_with_arrows(demo: di
     assert rep["ok"] is True and rep["import_errors"] == []
     rows = rep["queries"][q_sessions]
     phases = sum(n for r in demo["records"] for n in r["phase_counts"].values())
-    assert len(rows) == len(demo["records"]) + phases
+    scored = sum(r["phase_counts"].get("reward", 0) for r in demo["records"])  # the demo scores each
+    evaluations = [r for r in rows if r["name"] == EVALUATION]
+    assert len(evaluations) == scored > 0 and all(r["dur"] == 0 for r in evaluations)
+    assert len(rows) == len(demo["records"]) + phases + scored
     for r in rows:  # the session's own slice and its phases, on the session's track
         assert r["thread"] == f"session {r['sid']} · task {r['task']}", r
     arrows = rep["queries"][q_arrows]
