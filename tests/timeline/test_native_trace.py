@@ -324,8 +324,11 @@ def test_the_merged_json_puts_each_session_on_a_named_track_with_arrows(demo: di
     evaluations = [r for r in rows if r["name"] == EVALUATION]
     assert len(evaluations) == scored > 0 and all(r["dur"] == 0 for r in evaluations)
     assert len(rows) == len(demo["records"]) + phases + scored
-    for r in rows:  # the session's own slice and its phases, on the session's track
-        assert r["thread"] == f"session {r['sid']} · task {r['task']}", r
+    for r in rows:  # the session's own slice, its phases and its evaluations, on the session's track
+        if r["name"] == EVALUATION:  # an event of the session span: it carries the session, not the task
+            assert r["thread"].startswith(f"session {r['sid']} · task "), r
+        else:
+            assert r["thread"] == f"session {r['sid']} · task {r['task']}", r
     arrows = rep["queries"][q_arrows]
     from_tasks = [a for a in arrows if a["src"] == "rl.task"]
     assert len(from_tasks) == len(demo["records"]) and {a["dst"] for a in from_tasks} == {"rl.session"}
