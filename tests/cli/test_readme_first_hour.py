@@ -12,7 +12,9 @@ import os
 import pty
 import re
 import select
+import shutil
 import subprocess
+import tempfile
 import time
 import venv
 from pathlib import Path
@@ -124,15 +126,23 @@ def _size(root: Path) -> int:
 
 @pytest.mark.timeout(1800)
 def test_the_readme_test_command_in_the_readme_install_passes_or_skips_with_reasons(
-        tmp_path: Path, readme_venv: tuple[Path, dict[str, str]]) -> None:
+        readme_venv: tuple[Path, dict[str, str]]) -> None:
     """The whole suite, as the README runs it, in the README's install (no torch, JAX, Ray, W&B,
     TensorBoard, TRL, verl, Phoenix, Perfetto checker): every test passes, or skips saying what
     it needs; and the suite leaves a bounded amount in its temp dir.  It is the suite's cheap
     half: the tests that need the frameworks are the slow ones, and they skip here."""
     assert README_TESTS in (REPO / "README.md").read_text()
     bindir, env = readme_venv
-    temp = tmp_path / "tmp"
-    temp.mkdir()
+    # a temp dir of its own with a short path, as a user's is: under this test's tmp_path the
+    # inner tests' paths grow past what Chromium's sockets and top's frame widths take
+    temp = Path(tempfile.mkdtemp(prefix="rltrace-readme-"))
+    try:
+        _run_readme_tests(bindir, env, temp)
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def _run_readme_tests(bindir: Path, env: dict[str, str], temp: Path) -> None:
     proc = subprocess.run(
         [str(bindir / "python"), "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider",
          "-o", "tmp_path_retention_policy=failed",  # a passed test's tmp_path is removed as it ends
