@@ -11,21 +11,21 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable, Mapping
-from typing import Any, NoReturn
+from typing import NoReturn
 
 
-def _shown(value: Any) -> str:
+def _shown(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def type_error(api: str, arg: str, expected: str, value: Any, fix: str) -> NoReturn:
+def type_error(api: str, arg: str, expected: str, value: object, fix: str) -> NoReturn:
     """Raise ``TypeError("rltrace.<api>: <arg> must be <expected>, got <type> <value>; <fix>")``."""
     raise TypeError(f"rltrace.{api}: {arg} must be {expected}, got {type(value).__name__} "
                     f"{_shown(value)}; {fix}")
 
 
-def check_scope_args(api: str, name: Any, args: Any) -> None:
+def check_scope_args(api: str, name: object, args: object) -> None:
     """Validate ``name`` and ``args`` of ``trace_scope``-like calls (raises, or returns).
 
     ``category`` is not checked: like AReaL's, any value is kept (its string at export).
@@ -35,14 +35,14 @@ def check_scope_args(api: str, name: Any, args: Any) -> None:
     check_mapping(api, "args", args)
 
 
-def check_mapping(api: str, arg: str, value: Any) -> None:
+def check_mapping(api: str, arg: str, value: object) -> None:
     """``value`` must be None or a mapping (args, payloads); keys are stringified at export."""
     if value is not None and not isinstance(value, Mapping):
         type_error(api, arg, "a dict of names to values", value,
                    f"pass {arg}={{'key': value}} (or leave it out)")
 
 
-def check_optional_int(api: str, arg: str, value: Any) -> None:
+def check_optional_int(api: str, arg: str, value: object) -> None:
     """``value`` must be None or an int (not a bool, not a numeric string)."""
     if value is not None and (type(value) is not int):
         type_error(api, arg, "an int or None", value, f"pass {arg}=3 (an int)")

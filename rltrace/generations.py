@@ -3,12 +3,14 @@ generation at a time (recently registered tasks and sessions, recent Ray calls).
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from collections.abc import Hashable
+from typing import TypeVar
 
+_K = TypeVar("_K", bound=Hashable)
 _V = TypeVar("_V")
 
 
-def remember(gens: list[dict[Any, _V]], key: Any, value: _V, generation: int) -> None:
+def remember(gens: list[dict[_K, _V]], key: _K, value: _V, generation: int) -> None:
     """Keep ``key -> value`` among the recent ones, ``generation`` entries to a generation (the
     caller holds the lock that guards ``gens``)."""
     recent = gens[0]
@@ -18,7 +20,7 @@ def remember(gens: list[dict[Any, _V]], key: Any, value: _V, generation: int) ->
         gens[0] = {}
 
 
-def recent(gens: list[dict[Any, _V]], key: Any) -> _V | None:
+def recent(gens: list[dict[_K, _V]], key: _K) -> _V | None:
     """The value remembered for ``key`` in either generation, or None."""
     found = gens[0].get(key)
     return found if found is not None else gens[1].get(key)

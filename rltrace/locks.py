@@ -110,5 +110,5 @@ class FairRLock:
     def __enter__(self) -> bool:
         return self.acquire()
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.release()

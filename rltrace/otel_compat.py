@@ -8,14 +8,15 @@ them, so an upgrade that changes them is caught in CI, not in a user's training 
 
 - ``SPAN_KEY``: the context key under which the current span lives
   (``opentelemetry.trace.propagation._SPAN_KEY``); ``trace.set_span_in_context`` writes it.
-- ``ctx_get``/``ctx_set``/``ctx_reset``: the contextvar behind the default runtime context
-  (``ContextVarsRuntimeContext._current_context``), or the public ``get_current``/``attach``/
-  ``detach`` when another runtime context was chosen with ``OTEL_PYTHON_CONTEXT``.
+- :class:`ContextAccess` (``get``/``set``/``reset``): the contextvar behind the default runtime
+  context (``ContextVarsRuntimeContext._current_context``), or the runtime context's own
+  ``get_current``/``attach``/``detach`` when another one was chosen with ``OTEL_PYTHON_CONTEXT``.
 - ``frame_get``/``frame_set``/``frame_reset`` and :class:`FrameAwareContext`: an rltrace record
   is made current without building an OTel ``Context`` for it.  A contextvar of rltrace's own
   holds the innermost current record and the OTel context it was made current over (its
-  *frame*); OTel's runtime context (``opentelemetry.context._RUNTIME_CONTEXT``) is wrapped, for
-  the whole process, so that ``get_current()`` returns that context with the record as its
+  *frame*); while rltrace is configured, OTel's runtime context
+  (``opentelemetry.context._RUNTIME_CONTEXT``) is wrapped (:meth:`ContextAccess.wrap`; put back
+  at ``shutdown``) so that ``get_current()`` returns that context with the record as its
   span while the OTel context is still the frame's, and the OTel context itself once other
   code made another one current.  ``attach`` of the frame's own context object (code hiding
   the record on purpose) makes a copy current, so that it is not taken for the frame.
@@ -49,43 +50,22 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar, Token
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from opentelemetry import context as otel_context
 from opentelemetry.context.context import Context, _RuntimeContext
 from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
-from opentelemetry.trace import DEFAULT_TRACE_STATE, SpanContext, TraceFlags
+from opentelemetry.trace import DEFAULT_TRACE_STATE, SpanContext, TraceFlags, TraceState
 from opentelemetry.trace.propagation import _SPAN_KEY
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import SpanProcessor, SynchronousMultiSpanProcessor
+    from opentelemetry.sdk.trace.export import SpanExportResult
 
 logger = logging.getLogger("rltrace")
 
 SPAN_KEY = _SPAN_KEY
 SUPPRESS_INSTRUMENTATION_KEY: str = otel_context._SUPPRESS_INSTRUMENTATION_KEY
-
-#: the current OTel context (a ``dict``: its values typed ``Any`` here, read on the hot path),
-#: read from the runtime context rltrace follows (:func:`follow_runtime_context`)
-ctx_get: Callable[[], Any]
-ctx_set: Callable[[Any], Any]
-ctx_reset: Callable[[Any], Any]
-FAST_CONTEXT = False
-_followed: Any = None
-
-
-def _follow(runtime: Any) -> None:
-    global ctx_get, ctx_set, ctx_reset, FAST_CONTEXT, _followed
-    if isinstance(runtime, ContextVarsRuntimeContext):
-        cv = runtime._current_context
-        ctx_get, ctx_set, ctx_reset, FAST_CONTEXT = cv.get, cv.set, cv.reset, True
-    elif runtime is not None:  # another runtime context (OTEL_PYTHON_CONTEXT): its own methods
-        ctx_get, ctx_set, ctx_reset = runtime.get_current, runtime.attach, runtime.detach
-        FAST_CONTEXT = False
-    else:  # pragma: no cover - an API without a runtime context object: the public functions
-        ctx_get, ctx_set, ctx_reset = otel_context.get_current, otel_context.attach, otel_context.detach
-        FAST_CONTEXT = False
-    _followed = runtime
-
-
-_follow(getattr(otel_context, "_RUNTIME_CONTEXT", None))
 
 #: the innermost rltrace record made current: ``[record, the OTel context it was made current
 #: over, the Context get_current() answers for it (built on first ask)]``; None: the OTel
@@ -103,61 +83,121 @@ class FrameAwareContext(_RuntimeContext):
     in it as a parent).  Everything else is the wrapped runtime context's.
     """
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: _RuntimeContext) -> None:
         self.inner = inner
 
-    def attach(self, context: Any) -> Token[Any]:
+    def attach(self, context: Context) -> Token[Context]:
         frame = frame_get()
         if frame is not None and context is frame[1]:
             context = Context(context)  # a copy: the same object would be taken for the frame
-        token: Token[Any] = self.inner.attach(context)
-        return token
+        return self.inner.attach(context)
 
-    def get_current(self) -> Any:
+    def get_current(self) -> Context:
         return effective_context(frame_get(), self.inner.get_current())
 
-    def detach(self, token: Token[Any]) -> None:
+    def detach(self, token: Token[Context]) -> None:
         self.inner.detach(token)
 
 
-def effective_context(frame: list[Any] | None, ctx: Any) -> Any:
+def effective_context(frame: list[Any] | None, ctx: Context) -> Context:
     """What ``get_current()`` answers for this frame over this OTel context: for a frame over
     it, one Context with the frame's record as its span (the same object each time)."""
     if frame is not None and frame[1] is ctx:
-        made = frame[2]
+        made: Context | None = frame[2]
         if made is None:
             made = frame[2] = Context({**ctx, SPAN_KEY: frame[0]})
         return made
     return ctx
 
 
-def follow_runtime_context() -> str | None:
-    """Wrap OTel's runtime context and read the current context from it, again if other code
-    replaced it since (Sentry's OpenTelemetry integration installs its own; vLLM puts a new
-    default one in place of Sentry's).  Returns the replacing runtime context's type name when
-    it followed a replacement, else None; the caller rebinds what it took of ``ctx_get``."""
-    current = getattr(otel_context, "_RUNTIME_CONTEXT", None)
-    if current is None:  # pragma: no cover - an API without a runtime context object
-        return None
-    inner = current.inner if isinstance(current, FrameAwareContext) else current
-    if inner is _followed and current is not inner:
-        return None  # wrapped, and the one read from: the common case
-    replaced = inner is not _followed
-    _follow(inner)
-    if current is inner:
-        otel_context._RUNTIME_CONTEXT = FrameAwareContext(inner)
-    if not replaced:
-        return None
-    name = type(inner).__qualname__
-    logger.info("rltrace: OpenTelemetry's runtime context was replaced (now a %s) after rltrace "
-                "was imported; rltrace follows the new one from now on", name)
-    return name
+def _runtime_context() -> _RuntimeContext | None:
+    """OTel's process-wide runtime context object, as it is now."""
+    current: _RuntimeContext | None = getattr(otel_context, "_RUNTIME_CONTEXT", None)
+    return current
 
 
-follow_runtime_context()
+class ContextAccess:
+    """How rltrace reads and sets the current OTel context, and whether OTel sees its frames.
+
+    ``get``/``set``/``reset`` are the contextvar behind OTel's default runtime context (``fast``)
+    or, for another runtime context, its own ``get_current``/``attach``/``detach``.  They are
+    right from the start: reading the context needs no wrapping.  :meth:`wrap` (at
+    ``configure``) puts a :class:`FrameAwareContext` around OTel's runtime context so that OTel
+    code sees rltrace's records as current spans; :meth:`unwrap` (at ``shutdown``) puts OTel's
+    own back.  Importing rltrace changes nothing in OpenTelemetry.
+    """
+
+    __slots__ = ("fast", "followed", "get", "installed", "reset", "set")
+
+    get: Callable[[], Context]
+    set: Callable[[Context], Token[Context]]
+    reset: Callable[[Token[Context]], object]
+
+    def __init__(self) -> None:
+        self.fast = False
+        #: whether this object put the wrapper in place (and takes it away at :meth:`unwrap`)
+        self.installed = False
+        self.followed: _RuntimeContext | None = None
+        self.follow(_runtime_context())
+
+    def follow(self, runtime: _RuntimeContext | None) -> None:
+        """Read and set the current context through ``runtime`` from now on."""
+        if isinstance(runtime, ContextVarsRuntimeContext):
+            cv = runtime._current_context
+            self.get, self.set, self.reset, self.fast = cv.get, cv.set, cv.reset, True
+        elif runtime is not None:  # another runtime context (OTEL_PYTHON_CONTEXT): its own methods
+            self.get, self.set, self.reset = runtime.get_current, runtime.attach, runtime.detach
+            self.fast = False
+        else:  # pragma: no cover - an API without a runtime context object: the public functions
+            self.get, self.set, self.reset = (otel_context.get_current, otel_context.attach,
+                                              otel_context.detach)
+            self.fast = False
+        self.followed = runtime
+
+    def wrap(self) -> str | None:
+        """Wrap OTel's runtime context and read the current context from it, again if other code
+        replaced it since (Sentry's OpenTelemetry integration installs its own; vLLM puts a new
+        default one in place of Sentry's).  Returns the replacing runtime context's type name
+        when it followed a replacement, else None."""
+        current = _runtime_context()
+        if current is None:  # pragma: no cover - an API without a runtime context object
+            return None
+        inner = current.inner if isinstance(current, FrameAwareContext) else current
+        if inner is self.followed and current is not inner:
+            return None  # wrapped, and the one read from: the common case
+        self.installed = True
+        replaced = inner is not self.followed
+        self.follow(inner)
+        if current is inner:
+            otel_context._RUNTIME_CONTEXT = FrameAwareContext(inner)
+        if not replaced:
+            return None
+        name = type(inner).__qualname__
+        logger.info("rltrace: OpenTelemetry's runtime context was replaced (now a %s) after "
+                    "rltrace was imported; rltrace follows the new one from now on", name)
+        return name
+
+    def refollow(self) -> None:
+        """Read and set the current context through OTel's runtime context as it is now (other
+        code may have replaced it), without wrapping it."""
+        current = _runtime_context()
+        inner = current.inner if isinstance(current, FrameAwareContext) else current
+        if inner is not self.followed:
+            self.follow(inner)
+
+    def unwrap(self) -> None:
+        """Put OTel's own runtime context back where rltrace's wrapper is the current one (a
+        runtime context other code installed since is left as it is, and still followed)."""
+        if not self.installed:
+            return
+        self.installed = False
+        current = _runtime_context()
+        if isinstance(current, FrameAwareContext):
+            otel_context._RUNTIME_CONTEXT = current.inner
+            self.follow(current.inner)
 
 
-def _probe_span_context_layout() -> Any:
+def _probe_span_context_layout() -> TraceState | None:
     """OTel's default ``TraceState`` when ``SpanContext`` is still the tuple described above
     (a probe builds one both ways and compares every field), else None."""
     try:
@@ -174,13 +214,13 @@ def _probe_span_context_layout() -> Any:
 
 #: the ``trace_state`` of a ``SpanContext`` built as its tuple, or None: build it by calling
 #: ``SpanContext(trace_id, span_id, False, flags)`` (a layout the probe did not recognise)
-SPAN_CONTEXT_TRACE_STATE: Any = _probe_span_context_layout()
+SPAN_CONTEXT_TRACE_STATE: TraceState | None = _probe_span_context_layout()
 _TRACE_ID_MAX = (1 << 128) - 1
 _SPAN_ID_MAX = (1 << 64) - 1
 _tuple_new = tuple.__new__
 
 
-def new_span_context(trace_id: int, span_id: int, flags: Any) -> SpanContext:
+def new_span_context(trace_id: int, span_id: int, flags: TraceFlags | None) -> SpanContext:
     """``SpanContext(trace_id, span_id, False, flags)``, built as its tuple when the layout
     allows and the ids are valid (what ``__new__`` would compute), else through ``__new__``."""
     state = SPAN_CONTEXT_TRACE_STATE
@@ -200,10 +240,18 @@ def instrumentation_suppressed() -> Iterator[None]:
         otel_context.detach(token)
 
 
-def remove_span_processor(multi: Any, processor: Any) -> None:
+def remove_span_processor(multi: SynchronousMultiSpanProcessor, processor: SpanProcessor) -> None:
     """Remove ``processor`` from an SDK multi span processor (there is no public ``remove``)."""
     procs = multi._span_processors
     multi._span_processors = tuple(p for p in procs if p is not processor)
+
+
+class EncodedRequest(Protocol):
+    """An ``ExportTraceServiceRequest`` (a protobuf message): what the HTTP exporter sends."""
+
+    def SerializePartialToString(self) -> bytes: ...
+
+    def ByteSize(self) -> int: ...
 
 
 class EncodedBatch:
@@ -211,7 +259,7 @@ class EncodedBatch:
 
     __slots__ = ("count", "request")
 
-    def __init__(self, request: Any, count: int) -> None:
+    def __init__(self, request: EncodedRequest, count: int) -> None:
         self.request = request
         self.count = count
 
@@ -233,7 +281,7 @@ def encoded_exporter_class(base: type) -> type | None:
         class GrpcEncoded(base):  # type: ignore[misc]
             accepts_encoded = True
 
-            def _translate_data(self, data: Any) -> Any:
+            def _translate_data(self, data: object) -> object:
                 if isinstance(data, EncodedBatch):
                     return data.request
                 return super()._translate_data(data)
@@ -246,9 +294,10 @@ def encoded_exporter_class(base: type) -> type | None:
             def accepts_encoded(self) -> bool:
                 return callable(getattr(getattr(self, "_client", None), "export", None))
 
-            def export(self, spans: Any) -> Any:
+            def export(self, spans: object) -> SpanExportResult:
                 if not isinstance(spans, EncodedBatch):
-                    return super().export(spans)
+                    done: SpanExportResult = super().export(spans)
+                    return done
                 from opentelemetry.sdk.trace.export import SpanExportResult
 
                 if getattr(self, "_shutdown", False):
@@ -260,7 +309,7 @@ def encoded_exporter_class(base: type) -> type | None:
     return None
 
 
-def reader_histogram_settings(reader: Any) -> tuple[tuple[float, ...], bool, bool, bool] | None:
+def reader_histogram_settings(reader: object) -> tuple[tuple[float, ...], bool, bool, bool] | None:
     """``(bounds, record_min_max, histogram_is_delta, counter_is_delta)`` a metric reader wants
     for rltrace's histograms and counter, or None when it wants something else (or the SDK
     keeps these settings elsewhere)."""
@@ -297,11 +346,12 @@ def reader_histogram_settings(reader: Any) -> tuple[tuple[float, ...], bool, boo
             temporality.get(_Counter) is delta)
 
 
-def add_collect_source(reader: Any, merge: Any) -> None:
-    """Make ``reader`` pass what it collects through ``merge(metrics_data) -> metrics_data``."""
-    original = reader._collect
+def add_collect_source(reader: Any, merge: Callable[[object], object]) -> None:
+    """Make ``reader`` (an SDK ``MetricReader``: its private ``_collect``) pass what it collects
+    through ``merge(metrics_data) -> metrics_data``."""
+    original: Callable[..., object] = reader._collect
 
-    def collect(r: Any, *args: Any, **kwargs: Any) -> Any:
+    def collect(r: object, *args: object, **kwargs: object) -> object:
         return merge(original(r, *args, **kwargs))
 
     reader._collect = collect

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from opentelemetry import trace
+from opentelemetry.util.types import Attributes
 
 
 class DelegatingTracerProvider(trace.TracerProvider):
@@ -23,7 +24,7 @@ class DelegatingTracerProvider(trace.TracerProvider):
 
     def get_tracer(
         self, instrumenting_module_name: str, instrumenting_library_version: str | None = None,
-        schema_url: str | None = None, attributes: Any = None,
+        schema_url: str | None = None, attributes: Attributes = None,
     ) -> trace.Tracer:
         return _DelegatingTracer(
             self._current, instrumenting_module_name, instrumenting_library_version,
@@ -32,10 +33,11 @@ class DelegatingTracerProvider(trace.TracerProvider):
 
 
 class _DelegatingTracer(trace.Tracer):
-    def __init__(self, current: Callable[[], trace.TracerProvider | None], *key: Any) -> None:
+    def __init__(self, current: Callable[[], trace.TracerProvider | None], name: str,
+                 version: str | None, schema_url: str | None, attributes: Attributes) -> None:
         self._current = current
-        self._key = key
-        self._provider: Any = None
+        self._key = (name, version, schema_url, attributes)
+        self._provider: trace.TracerProvider | None = None
         self._tracer: trace.Tracer = trace.NoOpTracer()
 
     def _real(self) -> trace.Tracer:

@@ -6,6 +6,10 @@ become its children, and an enclosing foreign span becomes its parent).  Exiting
 timestamp and appends the scope to a bounded deque.  Everything else (attribute conversion,
 ``ReadableSpan`` construction, span processors, encoding, file I/O) happens later, off the
 caller's path, in :mod:`rltrace.pipeline`'s background exporter.
+
+What the hot path reads and changes (the queue, the clock, the id source and its lock, the lanes,
+the reader of the OTel context) is one :class:`RecorderState`, which the runtime owns and re-arms
+after a fork.
 """
 
 from __future__ import annotations
@@ -18,11 +22,14 @@ import threading
 import time
 import traceback
 from collections import deque
+from collections.abc import Callable, Mapping
 from contextvars import Token
 from heapq import heappop, heappush
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import (
     INVALID_SPAN_CONTEXT,
     NonRecordingSpan,
@@ -34,45 +41,27 @@ from opentelemetry.trace.status import Status, StatusCode
 
 from rltrace.exporters.values import category_name, recorded, recorded_value, text
 
-from . import otel_compat
 from .otel_compat import SPAN_KEY as _SPAN_KEY
-from .otel_compat import (
-    ctx_get,
-    effective_context,
-    frame_get,
-    frame_reset,
-    frame_set,
-    new_span_context,
-)
+from .otel_compat import ContextAccess, effective_context, new_span_context
+from .otel_compat import frame_get as _frame_get
+from .otel_compat import frame_reset as _frame_reset
+from .otel_compat import frame_set as _frame_set
 from .semconv import ATTR_STEP
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import SpanProcessor
+
+    from .device import DeviceDefaults
 
 logger = logging.getLogger("rltrace")
 
 # ---- clock and ids (rltrace.testing swaps these for deterministic ones) --------------------
 
 #: epoch nanoseconds; one clock for every rank and host, so merged timelines line up
-now_ns = time.time_ns
-_rng = random.Random()  # our own generator: a user's random.seed() must not make ids collide
-rand_bits = _rng.getrandbits
+DEFAULT_CLOCK = time.time_ns
 
 
-DEFAULT_CLOCK = now_ns
-DEFAULT_ID_SOURCE = rand_bits
-
-
-def set_clock(clock: Any) -> None:
-    """Replace the epoch-nanosecond clock (``configure(clock=...)``, ``testing.deterministic``)."""
-    global now_ns
-    now_ns = clock
-
-
-def set_id_source(bits: Any) -> None:
-    """Replace the ``getrandbits``-like id source (``testing.deterministic``)."""
-    global rand_bits
-    rand_bits = bits
-
-
-def id_source_of(generator: Any) -> Any:
+def id_source_of(generator: IdGenerator) -> Callable[[int], int]:
     """A ``getrandbits``-like id source drawing from an OTel ``IdGenerator`` (128 bits: a trace
     id, 64: a span id), so rltrace's records and other instrumentation's spans share it."""
     trace_id, span_id = generator.generate_trace_id, generator.generate_span_id
@@ -83,36 +72,11 @@ def id_source_of(generator: Any) -> Any:
     return bits
 
 
-# ---- OTel context access: the fast path reads the contextvar behind OTel's runtime context,
-# and makes a record current in a contextvar of rltrace's own (its frame: the record and the
-# OTel context it was made current over), which OTel's runtime context is wrapped to see
-# (taken in rltrace.otel_compat, the one module that reaches past OTel's public API)
-
-_ctx_get = ctx_get
-_frame_get, _frame_set, _frame_reset = frame_get, frame_set, frame_reset
-
-
-def follow_runtime_context() -> str | None:
-    """:func:`rltrace.otel_compat.follow_runtime_context`, with the hot path's reader of the
-    OTel context rebound to the runtime context followed (``configure`` and every export
-    cycle call it: code that replaced OTel's runtime context after rltrace was imported is
-    followed from then on)."""
-    global _ctx_get
-    replaced = otel_compat.follow_runtime_context()
-    _ctx_get = otel_compat.ctx_get
-    return replaced
-
-
-def context_value(key: str) -> Any:
-    """A value of the current OTel context (a frame adds only its record, as the span)."""
-    return _ctx_get().get(key)
-
 _get_ident = threading.get_ident
 _get_running_loop = asyncio._get_running_loop
 _current_task = asyncio.current_task
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _UNSAMPLED = TraceFlags(TraceFlags.DEFAULT)
-_ID_LOCK = threading.RLock()  # reentrant: a SIGTERM drain may interrupt a holder
 
 
 # ---- shared recorder state ------------------------------------------------------------------
@@ -140,36 +104,55 @@ class SpanApiStats:
 class RecorderState:
     """Mutable state shared by the hot path and the exporter thread."""
 
-    __slots__ = ("buffer", "cap", "device", "dropped", "enabled", "held_events", "help", "help_at",
-                 "mark", "on_start", "overflow", "pid", "policy_version", "policy_version_set",
-                 "sampling", "span_api", "stepped", "wake", "wake_at")
+    __slots__ = ("buffer", "cap", "context", "ctx_get", "device", "dropped", "enabled",
+                 "free_lanes", "held_events", "help", "help_at", "id_lock", "mark", "next_lane",
+                 "now_ns", "on_start", "overflow", "pid", "policy_version", "policy_version_set",
+                 "rand_bits", "rng", "sampling", "span_api", "stepped", "wake", "wake_at", "warned")
 
     def __init__(self) -> None:
         self.enabled = False
+        #: epoch nanoseconds (``configure(clock=...)``, :func:`rltrace.testing.deterministic`)
+        self.now_ns: Callable[[], int] = DEFAULT_CLOCK
+        #: a generator of its own: a user's ``random.seed()`` must not make ids collide
+        self.rng = random.Random()
+        #: the ``getrandbits``-like id source (``configure(id_generator=...)``, testing)
+        self.rand_bits: Callable[[int], int] = self.rng.getrandbits
+        #: reentrant: a SIGTERM drain may interrupt a holder
+        self.id_lock = threading.RLock()
+        #: how the current OTel context is read, and OTel's runtime context wrapped
+        self.context = ContextAccess()
+        #: the hot path's reader of the current OTel context (``context.get``, bound once)
+        self.ctx_get: Callable[[], Context] = self.context.get
+        #: thread ident -> the heap of its free lanes (a record's ``lanes`` holds its thread's)
+        self.free_lanes: dict[int, list[int]] = {}
+        #: thread ident -> the lane a thread opens next when none of its lanes is free
+        self.next_lane: dict[int, int] = {}
+        #: the sites whose internal error was logged (once each)
+        self.warned: set[str] = set()
         self.buffer: deque[Any] = deque()
         self.cap = 262_144
         self.wake_at = 8_192
-        self.wake: Any = _noop
+        self.wake: Callable[[], None] = _noop
         #: past this many queued records the recording thread runs an export cycle itself,
         #: after the running one if any, every ``HELP_EVERY`` records
         #: (:meth:`rltrace.pipeline.Pipeline.help`)
         self.help_at = 1 << 62
-        self.help: Any = _noop
+        self.help: Callable[[], None] = _noop
         #: the queue length from which a push does more than append: ``min(wake_at, help_at)``
         self.mark = 8_192
         #: called with a kept record (task, session, phase) that meets a queue at twice its
         #: cap: the pipeline makes room by exporting on the caller's thread (backpressure)
-        self.overflow: Any = None
+        self.overflow: Callable[[Any], None] | None = None
         self.dropped = 0
         self.pid = os.getpid()
         #: the configured head sampler (:class:`rltrace.sampling.HeadSampling`), or None for
         #: the default: roots sampled, a foreign parent's flag followed
         self.sampling: Any = None
         #: the user's span processors, whose ``on_start`` each rltrace span calls (None: none)
-        self.on_start: tuple[Any, ...] | None = None
+        self.on_start: tuple[SpanProcessor, ...] | None = None
         #: the configured pipeline's config-wide device options
         #: (:class:`rltrace.device.DeviceDefaults`), or None when it has none
-        self.device: Any = None
+        self.device: DeviceDefaults | None = None
         #: spans held for their CUDA events (:class:`rltrace.device.HeldEvents`), set by the
         #: runtime that owns this state
         self.held_events: Any = None
@@ -185,12 +168,45 @@ class RecorderState:
         #: follows step scopes for the live goodput split; until then no record pays for it)
         self.stepped = False
 
+    def default_ids(self) -> None:
+        """Draw ids from this state's own random generator again."""
+        self.rand_bits = self.rng.getrandbits
+
+    def follow_context(self, install: bool) -> str | None:
+        """Follow OTel's runtime context (again, if other code replaced it) and, with
+        ``install`` (``configure``) or once installed, keep it wrapped so that OTel sees
+        rltrace's records; returns the replacing runtime context's type name, if any."""
+        context = self.context
+        replaced = None
+        if install or context.installed:
+            replaced = context.wrap()
+        else:
+            context.refollow()
+        self.ctx_get = context.get
+        return replaced
+
+    def release_context(self) -> None:
+        """Put OTel's own runtime context back (``shutdown``): rltrace still reads it."""
+        self.context.unwrap()
+        self.ctx_get = self.context.get
+
+    def after_fork_in_child(self) -> None:
+        """In a forked child: fresh ids (a generator of its own, never the parent's sequence), a
+        fresh id lock (another thread may have held it at the fork), no lanes, and an empty
+        queue (the parent exports what it recorded; never twice)."""
+        self.rng.seed()
+        self.id_lock = threading.RLock()
+        self.free_lanes.clear()
+        self.next_lane.clear()
+        self.pid = os.getpid()
+        self.buffer = deque()
+
 
 def _noop() -> None:
     return None
 
 
-def _call_on_start(span: Any, parent_context: Any) -> None:
+def _call_on_start(span: Any, parent_context: Context) -> None:
     """``on_start(span, parent_context)`` of each of the user's span processors (as the SDK
     calls it: after the start time is set, on the starting thread); a failing processor is
     logged and skipped, never raised into the training loop."""
@@ -239,49 +255,55 @@ def push(item: Any, keep: bool = False) -> None:
         state.dropped += 1
 
 
-_warned: set[str] = set()
-
-
 def internal_error(where: str, exc: BaseException) -> None:
     """Log an rltrace-internal failure once per site; never re-raise into user code."""
-    if where not in _warned:
-        _warned.add(where)
+    warned = STATE.warned
+    if where not in warned:
+        warned.add(where)
         logger.warning("rltrace internal error in %s (tracing continues): %r", where, exc,
                        exc_info=exc)
 
 
+def now_ns() -> int:
+    """Epoch nanoseconds from the recorder's clock (the one its records are stamped with)."""
+    return STATE.now_ns()
+
+
+def set_clock(clock: Callable[[], int]) -> None:
+    """Replace the epoch-nanosecond clock (``configure(clock=...)``, ``testing.deterministic``)."""
+    STATE.now_ns = clock
+
+
+def set_id_source(bits: Callable[[int], int]) -> None:
+    """Replace the ``getrandbits``-like id source (``testing.deterministic``)."""
+    STATE.rand_bits = bits
+
+
+def follow_runtime_context() -> str | None:
+    """Follow a replacement of OTel's runtime context while rltrace keeps it wrapped (every
+    export cycle calls it: code that replaced it since configure is followed from then on)."""
+    return STATE.follow_context(install=False)
+
+
+def context_value(key: str) -> object:
+    """A value of the current OTel context (a frame adds only its record, as the span)."""
+    return STATE.ctx_get().get(key)
+
+
 # ---- lanes: per-thread track numbers so concurrent scopes never overlap on one track -------
 
-#: thread ident -> the heap of its free lanes (a record's ``lanes`` holds its thread's)
-_LANES: dict[int, list[int]] = {}
-#: thread ident -> the lane a thread opens next when none of its lanes is free
-_NEXT_LANE: dict[int, int] = {}
 
-
-def _take_lane(rec: ScopeCore, thread: int) -> None:
+def _take_lane(rec: ScopeCore, thread: int, state: RecorderState) -> None:
     """Give ``rec`` a lane of its own on ``thread``: the lowest free one, else a new one."""
-    free = _LANES.get(thread)
+    free = state.free_lanes.get(thread)
     if free is None:
-        free = _LANES[thread] = []
+        free = state.free_lanes[thread] = []
     if free:
         rec.lane = heappop(free)
     else:
-        rec.lane = _NEXT_LANE.get(thread, 0)
-        _NEXT_LANE[thread] = rec.lane + 1
+        lane = rec.lane = state.next_lane.get(thread, 0)
+        state.next_lane[thread] = lane + 1
     rec.lanes = free
-
-
-def after_fork_in_child(state: RecorderState) -> None:
-    """In a forked child (the runtime's fork hook): fresh ids (a generator of its own, never
-    the parent's sequence), a fresh id lock (another thread may have held it at the fork), no
-    lanes, and ``state`` emptied (the parent exports what it recorded; never twice)."""
-    global _ID_LOCK
-    _rng.seed()
-    _ID_LOCK = threading.RLock()
-    _LANES.clear()
-    _NEXT_LANE.clear()
-    state.pid = os.getpid()
-    state.buffer = deque()
 
 
 # ---- the scope record ----------------------------------------------------------------------
@@ -344,43 +366,47 @@ class ScopeCore:
     # -- lifecycle (the hot path: lane acquisition kept inline on purpose) ---------------
     def __enter__(self: _S) -> _S:
         try:
+            state = STATE
             frame = _frame_get()
-            ctx = _ctx_get()
+            ctx = state.ctx_get()
             parent = frame[0] if frame is not None and frame[1] is ctx else ctx.get(_SPAN_KEY)
             thread = _get_ident()
             loop = _get_running_loop()
             task = None if loop is None else _current_task(loop)
             if parent is None:
                 self.parent = None
-                free = _LANES.get(thread)
+                free = state.free_lanes.get(thread)
                 if free:  # inlined _take_lane: the common case
                     self.lane = heappop(free)
                     self.lanes = free
                 else:
-                    _take_lane(self, thread)
+                    _take_lane(self, thread, state)
             elif isinstance(parent, RecordBase):
                 self.parent = parent
                 if parent.thread == thread and parent.task is task:
                     self.lane = parent.lane
                     self.lanes = None
                 else:
-                    _take_lane(self, thread)
+                    _take_lane(self, thread, state)
             else:
-                self.parent = parent if parent.get_span_context().is_valid else None
-                _take_lane(self, thread)
+                valid = isinstance(parent, Span) and parent.get_span_context().is_valid
+                self.parent = parent if valid else None
+                _take_lane(self, thread, state)
             self.thread = thread
             self.task = task
             # current as a frame over the OTel context: no OTel Context is built for it
             self._token = _frame_set([self, ctx, None])
-            self.start_ns = now_ns()
-            if STATE.on_start is not None:
+            self.start_ns = state.now_ns()
+            if state.on_start is not None:
                 _call_on_start(self, effective_context(frame, ctx))
         except Exception as exc:  # pragma: no cover - defensive
             internal_error("trace_scope enter", exc)
         return self
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        end = now_ns()
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        state = STATE
+        end = state.now_ns()
         try:
             token = self._token  # unset only if __enter__ failed: the except below logs it
             if token is not None:
@@ -397,7 +423,6 @@ class ScopeCore:
                     lanes = self.lanes
                     if lanes is not None:
                         heappush(lanes, self.lane)
-                    state = STATE
                     buf = state.buffer
                     if len(buf) < state.mark:  # inlined push: the common case
                         buf.append(self)
@@ -412,14 +437,15 @@ class ScopeCore:
         thread = self.thread = _get_ident()
         loop = _get_running_loop()
         task = self.task = None if loop is None else _current_task(loop)
+        state = STATE
         if share_lane and parent is not None and parent.thread == thread and parent.task is task:
             self.lane = parent.lane
             self.lanes = None
         else:
-            _take_lane(self, thread)
-        self.start_ns = now_ns()
-        if STATE.on_start is not None:
-            _call_on_start(self, effective_context(_frame_get(), _ctx_get()))
+            _take_lane(self, thread, state)
+        self.start_ns = state.now_ns()
+        if state.on_start is not None:
+            _call_on_start(self, effective_context(_frame_get(), state.ctx_get()))
 
     def finish(self, end_ns: int, exc: BaseException | None = None, keep: bool = False,
                hold: bool = False) -> None:
@@ -448,7 +474,8 @@ class ScopeCore:
         parent = self.parent if hasattr(self, "parent") else None
         # sampled or not is decided once per trace, by its root (rltrace.sampling); spans under
         # an rltrace parent inherit its flags, spans under a foreign span follow the sampler
-        sampling = STATE.sampling
+        state = STATE
+        sampling = state.sampling
         if parent is None:
             trace_id = 0
             flags = _SAMPLED
@@ -460,13 +487,14 @@ class ScopeCore:
             psc = parent.get_span_context()
             trace_id = psc.trace_id
             flags = psc.trace_flags if psc.trace_flags.sampled else _UNSAMPLED
-        with _ID_LOCK:  # ids are drawn once, whichever thread asks first
+        with state.id_lock:  # ids are drawn once, whichever thread asks first
             sc = getattr(self, "_sc", None)
             if sc is None:
-                trace_id = trace_id or rand_bits(128) or 1
+                bits = state.rand_bits
+                trace_id = trace_id or bits(128) or 1
                 if sampling is not None and not isinstance(parent, RecordBase):
                     flags = sampling.flags(self, trace_id, parent)
-                sc = self._sc = new_span_context(trace_id, rand_bits(64) or 1, flags)
+                sc = self._sc = new_span_context(trace_id, bits(64) or 1, flags)
         return sc
 
 
@@ -492,7 +520,8 @@ class Scope(ScopeCore, Span):
     async def __aenter__(self) -> Scope:
         return self.__enter__()
 
-    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
         self.__exit__(exc_type, exc, tb)
 
     def begin_detached(self, parent: Any = None, *, from_context: bool = True,
@@ -567,7 +596,7 @@ class Scope(ScopeCore, Span):
     # (one warning, then counted in ``diagnostics()["span_api"]``): the record may already be
     # on its way to the exporters.
 
-    def set_attribute(self, key: str, value: Any) -> None:
+    def set_attribute(self, key: str, value: object) -> None:
         if self.end_ns:
             _after_end(self, "set_attribute")
             return
@@ -575,13 +604,14 @@ class Scope(ScopeCore, Span):
             key = text(key)  # OTel keys are strings; an object's own __hash__/__str__ never runs
         self.extras().setdefault("attrs", {})[key] = recorded_value(value)
 
-    def set_attributes(self, attributes: Any) -> None:
+    def set_attributes(self, attributes: Mapping[str, object] | None) -> None:
         if attributes is None:
             return
         for k, v in recorded(attributes).items():  # any mapping, read without running its code
             self.set_attribute(k, v)
 
-    def add_event(self, name: str, attributes: Any = None, timestamp: int | None = None) -> None:
+    def add_event(self, name: str, attributes: Mapping[str, object] | None = None,
+                  timestamp: int | None = None) -> None:
         if self.end_ns:
             _after_end(self, "add_event")
             return
@@ -592,10 +622,11 @@ class Scope(ScopeCore, Span):
             span_api.dropped_events += 1  # bounded memory: the span limits' event count
             return
         self._event(name if type(name) is str else text(name),
-                    timestamp if timestamp is not None else now_ns(),
+                    timestamp if timestamp is not None else STATE.now_ns(),
                     recorded(attributes) if attributes is not None else None, None)
 
-    def _event(self, name: str, ts: int, attrs: Any, category: Any) -> None:
+    def _event(self, name: str, ts: int, attrs: Mapping[str, object] | None,
+               category: object) -> None:
         self.extras().setdefault("events", []).append((name, ts, attrs, category))
 
     def update_name(self, name: str) -> None:
@@ -604,7 +635,7 @@ class Scope(ScopeCore, Span):
             return
         self.name = name if type(name) is str else text(name)  # its own __str__ never runs
 
-    def set_status(self, status: Any, description: str | None = None) -> None:
+    def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
         if self.end_ns:
             _after_end(self, "set_status")
             return
@@ -613,7 +644,7 @@ class Scope(ScopeCore, Span):
         self.extras()["status"] = status
 
     def record_exception(
-        self, exception: BaseException, attributes: Any = None,
+        self, exception: BaseException, attributes: Mapping[str, object] | None = None,
         timestamp: int | None = None, escaped: bool = False,
     ) -> None:
         if self.end_ns:
@@ -623,7 +654,7 @@ class Scope(ScopeCore, Span):
 
     def end(self, end_time: int | None = None) -> None:
         if self.end_ns == 0 and hasattr(self, "start_ns"):
-            self.finish(end_time if end_time is not None else now_ns())
+            self.finish(end_time if end_time is not None else STATE.now_ns())
 
     def __repr__(self) -> str:
         return f"<rltrace scope {self.name!r}>"
@@ -657,13 +688,13 @@ class NoopScope(NonRecordingSpan):
     def __enter__(self) -> NoopScope:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         return None
 
     async def __aenter__(self) -> NoopScope:
         return self
 
-    async def __aexit__(self, *exc: Any) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         return None
 
 
@@ -689,7 +720,7 @@ def attach(span: Any) -> Any:
     """Make ``span`` (an rltrace record) the current span, as a frame over the OTel context
     (what ``opentelemetry.context.get_current()`` then answers has it as its span); returns
     the token for :func:`detach`."""
-    return _frame_set([span, _ctx_get(), None])
+    return _frame_set([span, STATE.ctx_get(), None])
 
 
 def detach(token: Any) -> None:
@@ -712,15 +743,15 @@ def current_span() -> Any:
     """The current span (rltrace's or another instrumentation's): the frame's record while
     the OTel context is the one it was made current over, else the OTel context's span."""
     frame = _frame_get()
-    ctx = _ctx_get()
+    ctx = STATE.ctx_get()
     if frame is not None and frame[1] is ctx:
         return frame[0]
     return ctx.get(_SPAN_KEY)
 
 
-def record_instant(name: str, category: Any, args: dict[str, Any] | None) -> None:
+def record_instant(name: str, category: object, args: dict[str, object] | None) -> None:
     """Attach an instant to the current span, or queue it as a zero-length span if none."""
-    ts = now_ns()
+    ts = STATE.now_ns()
     span = current_span()
     if isinstance(span, RecordBase) and span.end_ns == 0:
         span._event(name, ts, args, category)

@@ -9,22 +9,27 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Callable, Generator
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import TypeVar
 
 __all__ = ["adrive", "drive"]
 
+_Y = TypeVar("_Y")
+_S = TypeVar("_S")
+_R = TypeVar("_R")
 
 Finish = Callable[[BaseException | None], None]
+#: what each resumption runs inside (a span made current, a stats scope)
+Around = Callable[[], AbstractContextManager[object]]
 
 
-def drive(gen: Generator[Any, Any, Any], around: Callable[[], AbstractContextManager[Any]],
-          finish: Finish | None = None) -> Generator[Any, Any, Any]:
+def drive(gen: Generator[_Y, _S, _R], around: Around,
+          finish: Finish | None = None) -> Generator[_Y, _S, _R]:
     """Yield what ``gen`` yields, each resumption of ``gen`` inside ``around()``.
 
     ``finish(error)`` runs once when ``gen`` is done: exhausted or closed (``None``), or
     raising (the exception, which propagates).
     """
-    value: Any = None
+    value: _S | None = None
     pending: BaseException | None = None
     error: BaseException | None = None
     try:
@@ -34,10 +39,11 @@ def drive(gen: Generator[Any, Any, Any], around: Callable[[], AbstractContextMan
                     if pending is not None:
                         exc, pending = pending, None
                         item = gen.throw(exc)
-                    else:
-                        item = gen.send(value)
+                    else:  # next(gen) is gen.send(None)
+                        item = next(gen) if value is None else gen.send(value)
                 except StopIteration as stop:
-                    return stop.value
+                    result: _R = stop.value  # what ``gen`` returned
+                    return result
             try:
                 value = yield item
             except GeneratorExit:
@@ -55,10 +61,10 @@ def drive(gen: Generator[Any, Any, Any], around: Callable[[], AbstractContextMan
             finish(error)
 
 
-async def adrive(agen: AsyncGenerator[Any, Any], around: Callable[[], AbstractContextManager[Any]],
-                 finish: Finish | None = None) -> AsyncGenerator[Any, Any]:
+async def adrive(agen: AsyncGenerator[_Y, _S], around: Around,
+                 finish: Finish | None = None) -> AsyncGenerator[_Y, _S]:
     """Async form of :func:`drive`."""
-    value: Any = None
+    value: _S | None = None
     pending: BaseException | None = None
     error: BaseException | None = None
     try:
@@ -69,7 +75,8 @@ async def adrive(agen: AsyncGenerator[Any, Any], around: Callable[[], AbstractCo
                         exc, pending = pending, None
                         item = await agen.athrow(exc)
                     else:
-                        item = await agen.asend(value)
+                        # agen.__anext__() is agen.asend(None)
+                        item = await (agen.__anext__() if value is None else agen.asend(value))
                 except StopAsyncIteration:
                     return
             try:

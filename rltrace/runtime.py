@@ -1,8 +1,11 @@
 """The runtime: the one object that owns a process's tracing state and its lifecycle.
 
-``configure()`` builds a :class:`~rltrace.pipeline.Pipeline` (the export loop) and switches the
-recorder and the session registry on; ``shutdown()`` (also at interpreter exit and on SIGTERM)
-flushes and switches them off; a fork re-arms everything in the child through one ordered hook.
+``configure()`` builds a :class:`~rltrace.pipeline.Pipeline` (the export loop), switches the
+recorder and the session registry on and wraps OpenTelemetry's runtime context so that OTel code
+sees rltrace's records as current spans; ``shutdown()`` (also at interpreter exit and on SIGTERM)
+flushes, switches them off and gives OpenTelemetry its own runtime context back; a fork re-arms
+everything in the child through one ordered hook, registered at the first ``configure()``.
+Importing rltrace changes nothing outside it.
 The module functions at the bottom (``configure``, ``flush``, ``register_session``,
 ``register_phase``, ...) are bound to the process's runtime, :data:`RUNTIME`.
 """
@@ -14,14 +17,15 @@ import logging
 import os
 import sys
 import weakref
-from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from opentelemetry import trace
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.id_generator import IdGenerator
+
+from rltrace.exporters.defaults import default_sinks  # the composition point of the sinks
 
 from . import flight, otel_compat, recorder
 from . import logdir as logdir_room
@@ -32,15 +36,21 @@ from .device import HeldEvents
 from .locks import FairRLock
 from .materialize import bound
 from .phases import PhaseRegistry
-from .pipeline import HELP_AT, WAKE_AT, Pipeline
+from .pipeline import Pipeline
 from .provider import DelegatingTracerProvider
 from .ranks import detect_rank
-from .recorder import _noop, follow_runtime_context, internal_error
+from .recorder import _noop, internal_error
 from .sessions import SessionRegistry
 from .signals import TerminationHandler
 from .summary import Counters
 
+if TYPE_CHECKING:
+    from opentelemetry.sdk.metrics.export import MetricReader
+    from opentelemetry.sdk.trace.sampling import Sampler
+
 logger = logging.getLogger("rltrace")
+
+_PartT = TypeVar("_PartT")
 
 _FINAL_SWITCH_INTERVAL = 1e6  # seconds: no other thread is scheduled until this one blocks
 
@@ -86,7 +96,26 @@ class Runtime:
         self._global_set = False
         self._atexit = False
         self._mp_hooked = False
-        _register_fork_hooks(self)
+        self._parts: dict[type[Any], Any] = {}
+        #: unknown RLTRACE_* variables already warned about (once per name and process)
+        self.env_warned: set[str] = set()
+        #: whether this process registered the runtime's fork hook (at the first ``configure``;
+        #: ``os.register_at_fork`` cannot be undone, and a forked child inherits it)
+        self._fork_hooked = False
+
+    def part(self, kind: type[_PartT]) -> _PartT:
+        """The runtime's one instance of ``kind``, made (``kind()``) on first use.
+
+        This is how a room above the runtime (statistics, the AReaL namespace, Ray, the framework
+        integrations) keeps process state without a module-level object: its state is a small
+        class of its own, and the runtime holds the one instance.  A part with an
+        ``after_fork_in_child()`` method has it called in a forked child, after the runtime's own.
+        """
+        try:
+            return self._parts[kind]  # type: ignore[no-any-return]
+        except KeyError:
+            with self.lock:
+                return self._parts.setdefault(kind, kind())  # type: ignore[no-any-return]
 
     def _current_provider(self) -> TracerProvider | None:
         p = self.pipeline
@@ -100,8 +129,8 @@ class Runtime:
         *,
         rank: int | None = None,
         role: str | None = None,
-        metric_readers: list[Any] | None = None,
-        sampler: Any = None,
+        metric_readers: list[MetricReader] | None = None,
+        sampler: Sampler | None = None,
         clock: Callable[[], int] | None = None,
         id_generator: IdGenerator | None = None,
         **overrides: Any,
@@ -125,6 +154,7 @@ class Runtime:
         :class:`~rltrace.config.ConfigError` for bad input; the previous pipeline is left
         intact in that case.
         """
+        self._arm_fork_hook()
         try:
             return self._configure(config, rank=rank, role=role, metric_readers=metric_readers,
                                    sampler=sampler, clock=clock, id_generator=id_generator,
@@ -134,24 +164,25 @@ class Runtime:
                 self.termination.resume_pending()
 
     def _configure(self, config: Any, *, rank: int | None, role: str | None,
-                   metric_readers: list[Any] | None, sampler: Any = None,
+                   metric_readers: list[MetricReader] | None, sampler: Sampler | None = None,
                    clock: Callable[[], int] | None = None,
                    id_generator: IdGenerator | None = None, **overrides: Any) -> TracerConfig:
         reg, state = self.sessions, self.state
         with self.lock:
             _check_injected(clock, id_generator)
-            follow_runtime_context()
-            cfg = load_config(config, rank=rank, role=role, **overrides)
+            state.follow_context(install=False)
+            cfg = load_config(config, rank=rank, role=role, warned=self.env_warned, **overrides)
             rk, world = detect_rank(cfg.rank, cfg.world_size)
             new: Pipeline | None = None
             if cfg.enabled or cfg.session_tracer.enabled:
                 logdir = logdir_room.prepare(cfg)
-                _recover_killed_runs(logdir)
+                ring = self.pipeline.flight if self.pipeline is not None else None
+                _recover_killed_runs(logdir, () if ring is None else (ring.ring_id,))
                 new = Pipeline(cfg, rk, world, logdir, self.user_processors, metric_readers,
                                sampler, clock=clock, id_generator=id_generator, registry=reg,
                                state=state, counters=self.counters,
                                user_record_processors=self.user_record_processors,
-                               on_unlock=self.termination.resume_pending)
+                               on_unlock=self.termination.resume_pending, sinks=default_sinks())
                 if rk == 0 and not cfg.per_process_files:
                     logdir_room.write_config(logdir, cfg, world)
             old = self.pipeline
@@ -159,12 +190,13 @@ class Runtime:
                 state.enabled = False
                 old.close()
             self.pipeline, self.config = new, cfg
-            _use_injected(new, old)
+            _use_injected(state, new, old)
             state.sampling = new.head_sampling if new is not None else None
             state.on_start = new.on_start_hooks if new is not None else None
             reg.switched_off(None if cfg.session_tracer.enabled or new is None else
                              "session_tracer.enabled is false in the config")
             if new is None:
+                state.release_context()
                 state.enabled = False
                 state.device = None
                 reg.enabled = False
@@ -176,13 +208,15 @@ class Runtime:
             state.dropped = 0  # counts are per pipeline; the old one reported its own at close
             state.held_events.reset_counts()
             reg.misuse.clear()
-            state.wake_at = max(1, min(WAKE_AT, cfg.max_queue_size // 4))
-            state.help_at = HELP_AT
-            state.mark = min(state.wake_at, HELP_AT)
+            tuning = cfg.export_tuning
+            state.wake_at = max(1, min(tuning.wake_at, cfg.max_queue_size // 4))
+            state.help_at = tuning.help_at
+            state.mark = min(state.wake_at, tuning.help_at)
             state.wake = new.wake
             state.help = new.help
             state.overflow = new.overflow
             state.span_api.max_events = bound(new.builder.limits.max_events)
+            state.follow_context(install=True)  # OTel code sees rltrace's records from now on
             new.start()
             state.device = new.device_defaults
             state.enabled = cfg.enabled
@@ -329,7 +363,8 @@ class Runtime:
             state.wake = state.help = _noop
             if p is not None:
                 p.close(timeout)  # (its last records still draw ids under its sampler)
-                _use_injected(None, p)
+                _use_injected(state, None, p)
+            state.release_context()  # OpenTelemetry's own runtime context again
             state.overflow = None
             state.sampling = state.on_start = state.device = None
             self.pipeline = None
@@ -385,9 +420,7 @@ class Runtime:
             self.user_record_processors.append(processor)
             p = self.pipeline
             if p is not None:
-                with p._lock:
-                    p.user_record_processors.append(processor)
-                    p.record_processors.append(processor)
+                p.add_record_processor(processor)
 
     def remove_record_processor(self, processor: Any) -> None:
         """Stop calling ``processor`` (counterpart of :meth:`add_record_processor`)."""
@@ -395,10 +428,8 @@ class Runtime:
             if processor in self.user_record_processors:
                 self.user_record_processors.remove(processor)
             p = self.pipeline
-            if p is not None and processor in p.user_record_processors:
-                with p._lock:
-                    p.user_record_processors.remove(processor)
-                    p.record_processors.remove(processor)
+            if p is not None:
+                p.remove_record_processor(processor)
 
     def summary(self) -> str:
         """The run summary so far: per-scope count/total/mean/p50/p99/share of wall, counters."""
@@ -428,6 +459,17 @@ class Runtime:
             self.shutdown()
         self.children.remove_secrets()  # none in a forked child: the parent's file is the parent's
 
+    def _arm_fork_hook(self) -> None:
+        """Register the runtime's fork hook, once per process (at the first ``configure``: importing
+        rltrace registers nothing).  A process forked before that, from a parent that never
+        configured, has no hook run for it: it re-arms here, as the hook would have."""
+        if self.state.pid != os.getpid():
+            self._after_fork_child()  # (replaces the lock: before it is taken)
+        with self.lock:
+            if not self._fork_hooked:
+                _register_fork_hooks(self)
+                self._fork_hooked = True
+
     def _before_fork(self) -> None:
         p = self.pipeline
         if p is not None:
@@ -444,10 +486,7 @@ class Runtime:
         runtime's own locks and lifecycle, then the pipeline (re-armed on files of the child's
         own, or switched off by ``fork_mode``) and the user's record processors."""
         state = self.state
-        if state is recorder.STATE:  # the recorder's module-level pieces are the default's
-            recorder.after_fork_in_child(state)
-        else:
-            state.buffer = deque()
+        state.after_fork_in_child()
         state.held_events.after_fork_in_child()
         self.counters.after_fork()
         self.phases.after_fork()
@@ -455,6 +494,13 @@ class Runtime:
         self.lock = FairRLock()  # another thread may have held it at fork time
         self.children.after_fork_in_child()
         self.termination.after_fork_in_child()
+        for part in list(self._parts.values()):
+            reset_part = getattr(part, "after_fork_in_child", None)
+            if reset_part is not None:
+                try:
+                    reset_part()
+                except Exception as exc:
+                    internal_error(f"{type(part).__name__}.after_fork_in_child", exc)
         for proc in self.user_record_processors:
             reset = getattr(proc, "reset_after_fork", None)
             if reset is not None:
@@ -477,11 +523,12 @@ class Runtime:
             self.pipeline = None
 
 
-def _recover_killed_runs(logdir: Path) -> None:
+def _recover_killed_runs(logdir: Path, own: tuple[tuple[int, int], ...]) -> None:
     """Sessions a killed process of this log dir had finalized but not written (its flight
-    recorder's ring): appended to its records file, marked recovered, with one warning."""
+    recorder's ring): appended to its records file, marked recovered, with one warning.
+    ``own``: the ring this process has open (never recovered by it)."""
     try:
-        back = flight.recover(logdir)
+        back = flight.recover(logdir, own=own)
     except Exception as exc:  # never in the way of configure (recover reports what it finds)
         internal_error("flight recorder recovery", exc)
         return
@@ -492,7 +539,7 @@ def _recover_killed_runs(logdir: Path) -> None:
         logger.warning("rltrace: flight recorder ring %s", line)
 
 
-def _check_injected(clock: Any, id_generator: Any) -> None:
+def _check_injected(clock: object, id_generator: object) -> None:
     if clock is not None and not callable(clock):
         raise ConfigError(f"rltrace.configure: clock must be a callable returning epoch nanoseconds "
                           f"(like time.time_ns), got {type(clock).__name__} {clock!r}")
@@ -504,19 +551,20 @@ def _check_injected(clock: Any, id_generator: Any) -> None:
                           f"{type(id_generator).__name__}")
 
 
-def _use_injected(new: Pipeline | None, old: Pipeline | None) -> None:
+def _use_injected(state: recorder.RecorderState, new: Pipeline | None,
+                  old: Pipeline | None) -> None:
     """Point the recorder at ``new``'s clock and ids; back to the defaults when the pipeline that
     injected them goes (a clock set by ``testing.deterministic`` is left alone otherwise)."""
     clock = new.clock if new is not None else None
     if clock is not None:
-        recorder.set_clock(clock)
+        state.now_ns = clock
     elif old is not None and old.clock is not None:
-        recorder.set_clock(recorder.DEFAULT_CLOCK)
+        state.now_ns = recorder.DEFAULT_CLOCK
     gen = new.id_generator if new is not None else None
     if gen is not None:
-        recorder.set_id_source(recorder.id_source_of(gen))
+        state.rand_bits = recorder.id_source_of(gen)
     elif old is not None and old.id_generator is not None:
-        recorder.set_id_source(recorder.DEFAULT_ID_SOURCE)
+        state.default_ids()
 
 
 def _register_fork_hooks(runtime: Runtime) -> None:
@@ -524,7 +572,7 @@ def _register_fork_hooks(runtime: Runtime) -> None:
     processor registers its own): a runtime that is gone costs a dead reference, nothing more."""
     ref = weakref.WeakMethod
 
-    def call(method: Any) -> Callable[[], None]:
+    def call(method: Callable[[], Callable[[], None] | None]) -> Callable[[], None]:
         def hook() -> None:
             bound = method()
             if bound is not None:

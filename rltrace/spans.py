@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable, Generator, Mapping
 from enum import Enum
-from typing import Any, TypeVar, overload
+from types import TracebackType
+from typing import TypeVar, overload
 
 from rltrace.exporters.values import category_name, recorded
 
@@ -22,7 +23,12 @@ from .resumptions import adrive, drive
 
 __all__ = ["Category", "TracedScope", "atrace_scope", "instant", "trace_perf", "trace_scope"]
 
-F = TypeVar("F", bound=Callable[..., Any])
+F = TypeVar("F", bound=Callable[..., object])
+_Y = TypeVar("_Y")
+_S = TypeVar("_S")
+_R = TypeVar("_R")
+#: a scope's ``args``: names to values (copied and converted when recorded, never modified)
+Args = Mapping[str, object]
 
 
 class Category(str, Enum):
@@ -39,15 +45,13 @@ class Category(str, Enum):
         return self.value
 
 
-def _check_name(name: Any, api: str) -> None:
+def _check_name(name: object, api: str) -> None:
     check_scope_args(api, name, None)
 
 
-_NO_OPTS: dict[str, Any] = {"device_sync": None, "device_timing": None, "annotate": None}
-
-
-def _device_scope(name: str, category: Any, args: Any, sync: Any, timing: Any,
-                  annotate: Any) -> TracedScope:
+def _device_scope(name: str, category: Category | str | None, args: Args | None,
+                  sync: bool | str | None, timing: str | None,
+                  annotate: bool | None) -> TracedScope:
     d = STATE.device
     cat = category_name(category) or "misc"  # never the category object's own code
     if sync is None:
@@ -65,7 +69,7 @@ def _device_scope(name: str, category: Any, args: Any, sync: Any, timing: Any,
 
 
 def trace_scope(
-    name: str, category: Category | str | None = None, args: dict[str, Any] | None = None,
+    name: str, category: Category | str | None = None, args: Args | None = None,
     *, device_sync: bool | str | None = None, device_timing: str | None = None,
     annotate: bool | None = None,
 ) -> TracedScope:
@@ -97,7 +101,7 @@ def trace_scope(
 
 
 def atrace_scope(
-    name: str, category: Category | str | None = None, args: dict[str, Any] | None = None,
+    name: str, category: Category | str | None = None, args: Args | None = None,
     *, device_sync: bool | str | None = None, device_timing: str | None = None,
     annotate: bool | None = None,
 ) -> TracedScope:
@@ -115,7 +119,7 @@ def atrace_scope(
 
 
 def instant(
-    name: str, category: Category | str | None = None, args: dict[str, Any] | None = None
+    name: str, category: Category | str | None = None, args: Args | None = None
 ) -> None:
     """Mark a point in time: a span event on the current span and a Chrome ``i`` event.
 
@@ -144,10 +148,10 @@ class _GeneratorSpan:
 
     __slots__ = ("begun", "scope", "token")
 
-    def __init__(self, name: str, category: Any) -> None:
+    def __init__(self, name: str, category: Category | str | None) -> None:
         self.scope = Scope(name, category, None)
         self.begun = False
-        self.token: Any = None
+        self.token: object = None
 
     def around(self) -> _GeneratorSpan:
         return self
@@ -158,7 +162,8 @@ class _GeneratorSpan:
             self.begun = True
         self.token = attach(self.scope)
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         detach(self.token)
 
     def finish(self, error: BaseException | None) -> None:
@@ -166,98 +171,104 @@ class _GeneratorSpan:
             self.scope.finish(recorder.now_ns(), error)
 
 
-def _traced_generator(gen: Any, name: str, category: Any) -> Any:
+def _traced_generator(gen: Generator[_Y, _S, _R], name: str,
+                      category: Category | str | None) -> Generator[_Y, _S, _R]:
     span = _GeneratorSpan(name, category)
     return drive(gen, span.around, span.finish)
 
 
-def _traced_async_generator(agen: Any, name: str, category: Any) -> Any:
+def _traced_async_generator(agen: AsyncGenerator[_Y, _S], name: str,
+                            category: Category | str | None) -> AsyncGenerator[_Y, _S]:
     span = _GeneratorSpan(name, category)
     return adrive(agen, span.around, span.finish)
 
 
-def _decorate_device(fn: Callable[..., Any], name: str, category: Any, opts: dict[str, Any]
-                     ) -> Callable[..., Any]:
+def _decorate_device(fn: Callable[..., object], name: str, category: Category | str | None,
+                     sync: bool | str | None, timing: str | None,
+                     annotate: bool | None) -> Callable[..., object]:
     """Wrapper for ``trace_perf`` with device options: JAX syncs on the function's outputs."""
     if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
         raise TypeError(f"rltrace.trace_perf: device options are not supported on generator "
                         f"function {fn.__qualname__}; wrap the consuming loop in trace_scope")
 
-    def scope() -> Any:
-        return _device_scope(name, category, None, opts["device_sync"], opts["device_timing"],
-                             opts["annotate"])
+    def scope() -> TracedScope:
+        return _device_scope(name, category, None, sync, timing, annotate)
 
     if inspect.iscoroutinefunction(fn):
+        afn = fn
 
         @functools.wraps(fn)
-        async def async_wrapper(*a: Any, **k: Any) -> Any:
+        async def async_wrapper(*a: object, **k: object) -> object:
             if not STATE.enabled:
-                return await fn(*a, **k)
+                return await afn(*a, **k)
             ds = scope()
             with ds:
-                out = await fn(*a, **k)
-                if type(ds) is not Scope:
+                out = await afn(*a, **k)
+                if isinstance(ds, DeviceScope):
                     ds.outputs = out
                 return out
 
         return async_wrapper
 
     @functools.wraps(fn)
-    def wrapper(*a: Any, **k: Any) -> Any:
+    def wrapper(*a: object, **k: object) -> object:
         if not STATE.enabled:
             return fn(*a, **k)
         ds = scope()
         with ds:
             out = fn(*a, **k)
-            if type(ds) is not Scope:
+            if isinstance(ds, DeviceScope):
                 ds.outputs = out
             return out
 
     return wrapper
 
 
-def _decorate(fn: Callable[..., Any], name: str, category: Any) -> Callable[..., Any]:
+def _decorate(fn: Callable[..., object], name: str,
+              category: Category | str | None) -> Callable[..., object]:
     if category is not None and type(category) is not str and type(category) is not Category:
         category = category_name(category)  # its own __hash__/__str__ must not run at export
     if inspect.isasyncgenfunction(fn):
+        agfn = fn
 
         @functools.wraps(fn)
-        def agen_wrapper(*a: Any, **k: Any) -> Any:
-            agen = fn(*a, **k)
+        def agen_wrapper(*a: object, **k: object) -> AsyncGenerator[object, object]:
+            agen = agfn(*a, **k)
             if not STATE.enabled:
                 return agen
             return _traced_async_generator(agen, name, category)
 
         return agen_wrapper
     if inspect.isgeneratorfunction(fn):
+        gfn = fn
 
         @functools.wraps(fn)
-        def gen_wrapper(*a: Any, **k: Any) -> Any:
-            gen = fn(*a, **k)
+        def gen_wrapper(*a: object, **k: object) -> Generator[object, object, object]:
+            gen = gfn(*a, **k)
             if not STATE.enabled:
                 return gen
             return _traced_generator(gen, name, category)
 
         return gen_wrapper
     if inspect.iscoroutinefunction(fn):
-
-        device = _decorate_device(fn, name, category, _NO_OPTS)
+        afn = fn
+        device = _decorate_device(fn, name, category, None, None, None)
 
         @functools.wraps(fn)
-        async def async_wrapper(*a: Any, **k: Any) -> Any:
+        async def async_wrapper(*a: object, **k: object) -> object:
             if not STATE.enabled:
-                return await fn(*a, **k)
+                return await afn(*a, **k)
             if STATE.device is not None:  # config-wide device options for this category
-                return await device(*a, **k)
+                return await device(*a, **k)  # type: ignore[misc]
             with Scope(name, category):
-                return await fn(*a, **k)
+                return await afn(*a, **k)
 
         return async_wrapper
 
-    device = _decorate_device(fn, name, category, _NO_OPTS)
+    device = _decorate_device(fn, name, category, None, None, None)
 
     @functools.wraps(fn)
-    def wrapper(*a: Any, **k: Any) -> Any:
+    def wrapper(*a: object, **k: object) -> object:
         if not STATE.enabled:
             return fn(*a, **k)
         if STATE.device is not None:
@@ -276,9 +287,10 @@ def trace_perf(name: str | None = None, category: Category | str | None = None, 
                annotate: bool | None = None) -> Callable[[F], F]: ...
 
 
-def trace_perf(name: Any = None, category: Category | str | None = None, *,
+def trace_perf(name: str | Callable[..., object] | None = None,
+               category: Category | str | None = None, *,
                device_sync: bool | str | None = None, device_timing: str | None = None,
-               annotate: bool | None = None) -> Any:
+               annotate: bool | None = None) -> Callable[..., object]:
     """Decorator tracing every call of a sync, async, generator or async-generator function.
 
     ``@trace_perf("fsdp_engine.train_batch", category="compute")``; with no name the
@@ -293,14 +305,14 @@ def trace_perf(name: Any = None, category: Category | str | None = None, *,
         return _decorate(fn, fn.__qualname__, None)
     if name is not None and type(name) is not str:
         _check_name(name, "trace_perf")
-
-    opts = {"device_sync": device_sync, "device_timing": device_timing, "annotate": annotate}
+    label = name if isinstance(name, str) else None
 
     def deco(fn: F) -> F:
         if not callable(fn):
             raise TypeError(f"rltrace.trace_perf must decorate a function, got {type(fn).__name__}")
         if device_sync or device_timing or annotate:
-            return _decorate_device(fn, name or fn.__qualname__, category, opts)  # type: ignore[return-value]
-        return _decorate(fn, name or fn.__qualname__, category)  # type: ignore[return-value]
+            return _decorate_device(fn, label or fn.__qualname__, category,  # type: ignore[return-value]
+                                    device_sync, device_timing, annotate)
+        return _decorate(fn, label or fn.__qualname__, category)  # type: ignore[return-value]
 
     return deco

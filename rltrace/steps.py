@@ -8,8 +8,9 @@ their spans and session records, which is what per-step analyses group by.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
+from types import TracebackType
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -40,7 +41,8 @@ class _StepContext:
         self._token = _STEP_CV.set(self.n)
         return self.scope.__enter__() if self.scope is not None else NOOP
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         if self.scope is not None:
             self.scope.__exit__(exc_type, exc, tb)
         _STEP_CV.reset(self._token)
@@ -48,12 +50,13 @@ class _StepContext:
     async def __aenter__(self) -> Span:
         return self.__enter__()
 
-    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
         self.__exit__(exc_type, exc, tb)
 
 
-def step(n: int, name: str = "train.step", category: Any = "compute",
-         args: dict[str, Any] | None = None) -> TracedScope:
+def step(n: int, name: str = "train.step", category: object = "compute",
+         args: Mapping[str, object] | None = None) -> TracedScope:
     """Scope training step ``n``: ``with rltrace.step(global_step): rollout(); train()``.
 
     Usable with ``with`` and ``async with``; yields the step's span (a no-op span when span
@@ -64,7 +67,7 @@ def step(n: int, name: str = "train.step", category: Any = "compute",
     scope = None
     if STATE.enabled:
         scope = Scope(name, category, dict(args) if args else None)
-        attrs: dict[str, Any] = {ATTR_STEP: n}
+        attrs: dict[str, object] = {ATTR_STEP: n}
         if STATE.policy_version is not None:
             attrs[ATTR_POLICY_VERSION] = STATE.policy_version
         scope.extra = {"attrs": attrs}

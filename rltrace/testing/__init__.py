@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -79,19 +79,18 @@ class SequentialIdGenerator(IdGenerator):
 
 @contextlib.contextmanager
 def deterministic(
-    clock: Any | None = None, ids: Any | None = None
-) -> Iterator[tuple[Any, Any]]:
+    clock: Callable[[], int] | None = None, ids: Callable[[int], int] | None = None
+) -> Iterator[tuple[Callable[[], int], Callable[[int], int]]]:
     """Use a deterministic clock and id source inside the block (restored afterwards)."""
     clock = clock or IncrementingClock()
     ids = ids or SequentialIds()
-    old_clock, old_ids = recorder.now_ns, recorder.rand_bits
-    recorder.set_clock(clock)
-    recorder.set_id_source(ids)
+    state = recorder.STATE
+    old_clock, old_ids = state.now_ns, state.rand_bits
+    state.now_ns, state.rand_bits = clock, ids
     try:
         yield clock, ids
     finally:
-        recorder.set_clock(old_clock)
-        recorder.set_id_source(old_ids)
+        state.now_ns, state.rand_bits = old_clock, old_ids
 
 
 class CapturedSpans:

@@ -20,20 +20,21 @@ def test_span_key_is_where_the_api_keeps_the_current_span() -> None:
     assert ctx.get(otel_compat.SPAN_KEY) is span
     token = context.attach(ctx)
     try:
-        assert otel_compat.ctx_get() is context.get_current()  # the fast path reads the same
+        assert otel_compat.ContextAccess().get() is context.get_current()  # the fast path reads the same
         assert trace.get_current_span() is span
     finally:
         context.detach(token)
 
 
 def test_the_fast_context_path_is_the_default_runtime_contexts_contextvar() -> None:
-    assert otel_compat.FAST_CONTEXT
+    access = otel_compat.ContextAccess()
+    assert access.fast
     ctx = context.set_value("rltrace-probe", 1)
-    token = otel_compat.ctx_set(ctx)
+    token = access.set(ctx)
     try:
         assert context.get_value("rltrace-probe") == 1  # set by us, seen by the public API
     finally:
-        otel_compat.ctx_reset(token)
+        access.reset(token)
     assert context.get_value("rltrace-probe") is None
 
 

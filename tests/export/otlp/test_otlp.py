@@ -278,7 +278,7 @@ def test_a_span_whose_ids_cannot_be_drawn_is_counted_and_the_others_are_sent(
         return n
 
     _configure(tmp_path, receiver, "grpc", flush_interval_s=3600)
-    old = recorder.rand_bits
+    old = recorder.STATE.rand_bits
     recorder.set_id_source(ids)
     try:
         for i in range(6):
