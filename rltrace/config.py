@@ -21,15 +21,20 @@ import os
 import re
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 from urllib.parse import urlsplit
+
+if typing.TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 __all__ = [
     "ConfigError",
     "DeviceConfig",
+    "ExportTuning",
     "ExportersConfig",
     "OTLPConfig",
     "SamplingConfig",
@@ -58,6 +63,7 @@ _USERINFO_IN_TEXT = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/?#\s@]*(?:@[^/?#
 
 
 _T = typing.TypeVar("_T")
+_Section = typing.TypeVar("_Section", bound="DataclassInstance")
 
 
 def redact_endpoint(endpoint: _T) -> _T:
@@ -182,9 +188,43 @@ class ExportersConfig:
     #: per-rank Chrome-trace JSONL file ``perf_tracer/traces-r{rank}.jsonl``
     chrome: bool = True
     #: per-rank native Perfetto trace ``perf_tracer/traces-r{rank}.pftrace`` written as the run
-    #: goes, from the Chrome lines (needs ``chrome`` and the ``perfetto`` extra;
+    #: goes, from the records the Chrome exporter writes (needs ``chrome`` and the ``perfetto`` extra;
     #: :mod:`rltrace.timeline.stream`)
     native: bool = False
+    #: sessions whose counter samples a rank's native trace keeps for its end (about 50 bytes
+    #: each; the slices are drawn for every session)
+    native_counter_cap: int = 1_000_000
+
+
+@dataclass
+class ExportTuning:
+    """How the export loop shares work between recording threads and its exporter thread.
+
+    The defaults suit a training loop on a GIL build; tests and unusual workloads set them here
+    (``export_tuning: {help_rate: 0}``, ``RLTRACE_EXPORT_TUNING_HELP_RATE=0``) instead of
+    patching module constants.  See :meth:`rltrace.pipeline.Pipeline.help` for the policy.
+    """
+
+    #: queued records at which the exporter thread is woken (at most a quarter of
+    #: ``max_queue_size``)
+    wake_at: int = 8192
+    #: queued records from which a recording thread offers to run export cycles itself
+    help_at: int = 512
+    #: records per second from which a recording thread exports them itself instead of waking
+    #: the exporter thread (0: at any rate): that fast, the recording thread holds the GIL most
+    #: of the time, so the exporter thread's cycle would stall it just as long
+    help_rate: float = 10_000
+    #: queued records past which a recording thread helps whatever the rate (the exporter
+    #: thread is not keeping up)
+    help_backlog: int = 16384
+    #: records per export cycle of the exporter thread and of a helping thread (the lock is
+    #: free between cycles); an explicit flush takes everything
+    cycle_max: int = 2048
+    #: how long a helping thread waits for a running cycle before backing off (seconds)
+    help_wait_s: float = 0.1
+    #: whether threads share one GIL; None: ask the interpreter (False on a free-threaded build
+    #: running without it, where a recording thread never helps)
+    shared_gil: bool | None = None
 
 
 @dataclass
@@ -221,6 +261,8 @@ class TracerConfig:
     device: DeviceConfig = field(default_factory=DeviceConfig)
     #: the background exporter wakes at least this often (seconds)
     flush_interval_s: float = 1.0
+    #: how recording threads and the exporter thread share the export work
+    export_tuning: ExportTuning = field(default_factory=ExportTuning)
     #: with session tracing on, publish this rank's live state (open sessions, current step) to
     #: ``live/live-r{rank}.json`` at most this often, for ``rltrace top`` (seconds; 0: off)
     live_interval_s: float = 2.0
@@ -244,7 +286,7 @@ class TracerConfig:
     user: str | None = None
 
 
-_SECRET_KEYS = {("otlp", "headers")}
+_SECRET_KEYS: frozenset[tuple[str, str]] = frozenset({("otlp", "headers")})
 
 
 # --------------------------------------------------------------------------------------------
@@ -252,19 +294,22 @@ _SECRET_KEYS = {("otlp", "headers")}
 
 
 def load_config(
-    config: TracerConfig | Mapping[str, Any] | str | os.PathLike[str] | Any | None = None,
+    config: object = None,
     *,
     env: Mapping[str, str] | None = None,
-    **overrides: Any,
+    warned: set[str] | None = None,
+    **overrides: object,
 ) -> TracerConfig:
     """Build a validated :class:`TracerConfig` from ``config``, ``RLTRACE_*`` env and overrides.
 
     ``config`` may be a :class:`TracerConfig`, any dataclass with the same keys (e.g. AReaL's
     ``PerfTracerConfig``), a mapping, a path to a YAML file (whose top level is either the
     tracer section itself or a document with a ``perf_tracer``/``rltrace`` section), or None.
-    Raises :class:`ConfigError` naming the offending key and the fix.
+    Raises :class:`ConfigError` naming the offending key and the fix.  An unknown ``RLTRACE_*``
+    variable is ignored with a warning, once per name in ``warned`` (the caller's record of the
+    names already warned about; None: warn on every call).
     """
-    data: dict[str, Any] = {}
+    data: dict[str, object] = {}
     source = "config"
     if config is None:
         pass
@@ -272,7 +317,11 @@ def load_config(
         source = str(config)
         data = _read_yaml(Path(config))
     elif _is_omegaconf(config):  # before Mapping: a DictConfig is one, with lazy interpolation
-        data = _plain(_omegaconf_plain(config))
+        plain = _omegaconf_plain(config)
+        if not isinstance(plain, Mapping):
+            raise ConfigError("rltrace.configure: an OmegaConf config must be a mapping (DictConfig), "
+                              f"got {type(config).__name__}")
+        data = _plain(plain)
     elif dataclasses.is_dataclass(config) and not isinstance(config, type):
         data = dataclass_to_dict(config)
     elif isinstance(config, Mapping):
@@ -283,7 +332,8 @@ def load_config(
             f"YAML file, got {type(config).__name__}"
         )
     cfg = _build(TracerConfig, data, prefix="", source=source)
-    for path, raw in _env_overrides(env if env is not None else os.environ):
+    for path, raw in _env_overrides(env if env is not None else os.environ,
+                                    set() if warned is None else warned):
         _apply(cfg, path, raw, source="environment variable " + ENV_PREFIX + "_".join(path).upper())
     for key, value in overrides.items():
         if value is None:
@@ -291,11 +341,10 @@ def load_config(
         path = tuple(key.split("__")) if "__" in key else (key,)
         _apply(cfg, path, value, source=f"keyword argument {key}=")
     _check_values(cfg)
-    built: TracerConfig = cfg
-    return built
+    return cfg
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+def _read_yaml(path: Path) -> dict[str, object]:
     import yaml
 
     try:
@@ -313,14 +362,14 @@ def _read_yaml(path: Path) -> dict[str, Any]:
             f"rltrace config file {str(path)!r} must hold a mapping, got {type(doc).__name__}"
         )
     section = next((s for s in ("rltrace", "perf_tracer") if isinstance(doc.get(s), dict)), None)
-    mapping: dict[str, Any] = _interpolate(doc if section is None else doc[section], doc, str(path))
-    return mapping
+    mapping = _interpolate(doc if section is None else doc[section], doc, str(path))
+    return mapping if isinstance(mapping, dict) else {}
 
 
 _REF = re.compile(r"\$\{([^}]*)\}")
 
 
-def _interpolate(node: Any, root: dict[str, Any], source: str, depth: int = 0) -> Any:
+def _interpolate(node: object, root: Mapping[str, object], source: str, depth: int = 0) -> object:
     """Resolve OmegaConf-style ``${a.b}`` and ``${oc.env:VAR[,default]}`` as AReaL files use."""
     if isinstance(node, dict):
         return {k: _interpolate(v, root, source, depth) for k, v in node.items()}
@@ -331,7 +380,7 @@ def _interpolate(node: Any, root: dict[str, Any], source: str, depth: int = 0) -
     if depth > 16:
         raise ConfigError(f"rltrace config file {source!r}: interpolation loop in {node!r}")
 
-    def lookup(ref: str) -> Any:
+    def lookup(ref: str) -> object:
         ref = ref.strip()
         if ref.startswith("oc.env:"):
             name, _, default = ref[len("oc.env:"):].partition(",")
@@ -340,7 +389,7 @@ def _interpolate(node: Any, root: dict[str, Any], source: str, depth: int = 0) -
                 raise ConfigError(f"rltrace config file {source!r}: ${{{ref}}} names an unset "
                                   f"environment variable; set {name.strip()} or give a default")
             return value
-        cur: Any = root
+        cur: object = root
         for part in ref.split("."):
             if not isinstance(cur, dict) or part not in cur:
                 raise ConfigError(f"rltrace config file {source!r}: cannot resolve ${{{ref}}} "
@@ -354,19 +403,19 @@ def _interpolate(node: Any, root: dict[str, Any], source: str, depth: int = 0) -
     return _REF.sub(lambda m: str(lookup(m.group(1))), node)
 
 
-def _is_omegaconf(obj: Any) -> bool:
+def _is_omegaconf(obj: object) -> bool:
     """An OmegaConf ``DictConfig``/``ListConfig`` (checked by name: omegaconf is optional)."""
     return type(obj).__name__ in ("DictConfig", "ListConfig") and \
         type(obj).__module__.startswith("omegaconf")
 
 
-def _omegaconf_plain(obj: Any) -> Any:
+def _omegaconf_plain(obj: object) -> object:
     from omegaconf import OmegaConf
 
     return OmegaConf.to_container(obj, resolve=True)
 
 
-def dataclass_to_dict(obj: Any) -> dict[str, Any]:
+def dataclass_to_dict(obj: DataclassInstance) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for f in dataclasses.fields(obj):
         v = getattr(obj, f.name)
@@ -378,8 +427,8 @@ def dataclass_to_dict(obj: Any) -> dict[str, Any]:
     return out
 
 
-def _plain(m: Mapping[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _plain(m: Mapping[object, object]) -> dict[str, object]:
+    out: dict[str, object] = {}
     for k, v in m.items():
         if _is_omegaconf(v):
             v = _omegaconf_plain(v)
@@ -387,10 +436,10 @@ def _plain(m: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _build(cls: type, data: Mapping[str, Any], *, prefix: str, source: str) -> Any:
+def _build(cls: type[_Section], data: Mapping[str, object], *, prefix: str, source: str) -> _Section:
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = {}  # checked against the annotations by _coerce
     for key, value in data.items():
         full = f"{prefix}{key}"
         if key not in names:
@@ -404,7 +453,7 @@ def _build(cls: type, data: Mapping[str, Any], *, prefix: str, source: str) -> A
     return cls(**kwargs)
 
 
-def _coerce(tp: Any, value: Any, key: str, source: str) -> Any:
+def _coerce(tp: object, value: object, key: str, source: str) -> object:
     """Check ``value`` against annotation ``tp``; convert strings from env/YAML where safe."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
@@ -426,7 +475,7 @@ def _coerce(tp: Any, value: Any, key: str, source: str) -> Any:
     return value
 
 
-def _coerce_union(args: tuple[Any, ...], value: Any, key: str, source: str) -> Any:
+def _coerce_union(args: tuple[object, ...], value: object, key: str, source: str) -> object:
     """An ``X | Y | None`` value: ``None`` where allowed, else the first member type that accepts it.
 
     When no member accepts the value, the first member's error is raised.
@@ -444,7 +493,7 @@ def _coerce_union(args: tuple[Any, ...], value: Any, key: str, source: str) -> A
     raise errors[0]
 
 
-def _coerce_section(tp: type, value: Any, key: str, source: str) -> Any:
+def _coerce_section(tp: type[_Section], value: object, key: str, source: str) -> _Section:
     """A nested config section (dataclass ``tp``) from an instance, ``None``, a dataclass or a mapping."""
     if isinstance(value, tp):
         return value
@@ -457,7 +506,7 @@ def _coerce_section(tp: type, value: Any, key: str, source: str) -> Any:
     return _build(tp, value, prefix=key + ".", source=source)
 
 
-def _coerce_bool(value: Any, key: str, source: str) -> bool:
+def _coerce_bool(value: object, key: str, source: str) -> bool:
     """A boolean, or one of the words in ``_BOOLS`` (any case, surrounding blanks ignored)."""
     if isinstance(value, bool):
         return value
@@ -466,7 +515,7 @@ def _coerce_bool(value: Any, key: str, source: str) -> bool:
     raise _type_error(key, value, "a boolean (true/false)", source)
 
 
-def _coerce_int(value: Any, key: str, source: str) -> int:
+def _coerce_int(value: object, key: str, source: str) -> int:
     """An integer (not a bool), or a string that parses as one."""
     if isinstance(value, int) and not isinstance(value, bool):
         return value
@@ -478,7 +527,7 @@ def _coerce_int(value: Any, key: str, source: str) -> int:
     raise _type_error(key, value, "an integer", source)
 
 
-def _coerce_float(value: Any, key: str, source: str) -> float:
+def _coerce_float(value: object, key: str, source: str) -> float:
     """A number (int or float, not a bool) as a float, or a string that parses as one."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
@@ -490,16 +539,18 @@ def _coerce_float(value: Any, key: str, source: str) -> float:
     raise _type_error(key, value, "a number", source)
 
 
-def _coerce_str(value: Any, key: str, source: str) -> Any:
+def _coerce_str(value: object, key: str, source: str) -> str:
     """A string, or a path-like object as its ``os.fspath``."""
     if isinstance(value, str):
         return value
     if isinstance(value, os.PathLike):
-        return os.fspath(value)
+        path = os.fspath(value)
+        if isinstance(path, str):
+            return path
     raise _type_error(key, value, "a string", source)
 
 
-def _coerce_str_dict(value: Any, key: str, source: str) -> dict[str, str]:
+def _coerce_str_dict(value: object, key: str, source: str) -> dict[str, str]:
     """A ``dict[str, str]`` from a mapping or a ``"k1=v1,k2=v2"`` string (keys and values stringified)."""
     if isinstance(value, str):  # "k1=v1,k2=v2" as in OTEL_EXPORTER_OTLP_HEADERS
         value = _parse_kv(value, key, source)
@@ -508,7 +559,7 @@ def _coerce_str_dict(value: Any, key: str, source: str) -> dict[str, str]:
     return {str(k): str(v) for k, v in value.items()}
 
 
-def _coerce_list(item_tp: Any, value: Any, key: str, source: str) -> list[Any]:
+def _coerce_list(item_tp: object, value: object, key: str, source: str) -> list[object]:
     """A list of ``item_tp`` from a list, a tuple or a comma/blank separated string; items coerced."""
     if isinstance(value, str):
         value = [v for v in value.replace(",", " ").split() if v]
@@ -517,8 +568,10 @@ def _coerce_list(item_tp: Any, value: Any, key: str, source: str) -> list[Any]:
     return [_coerce(item_tp, v, f"{key}[{i}]", source) for i, v in enumerate(value)]
 
 
-_BOOLS = {"1": True, "true": True, "yes": True, "on": True,
-          "0": False, "false": False, "no": False, "off": False}
+_BOOLS: Mapping[str, bool] = MappingProxyType({
+    "1": True, "true": True, "yes": True, "on": True,
+    "0": False, "false": False, "no": False, "off": False,
+})
 
 
 def _parse_kv(text: str, key: str, source: str) -> dict[str, str]:
@@ -534,7 +587,7 @@ def _parse_kv(text: str, key: str, source: str) -> dict[str, str]:
     return out
 
 
-def _type_error(key: str, value: Any, expected: str, source: str) -> ConfigError:
+def _type_error(key: str, value: object, expected: str, source: str) -> ConfigError:
     shown = "<redacted>" if key.startswith("otlp.headers") else repr(redact_endpoint(value))
     return ConfigError(
         f"rltrace config key {key!r} (in {source}) must be {expected}, "
@@ -555,10 +608,10 @@ def _env_paths(cls: type = TracerConfig, prefix: tuple[str, ...] = ()) -> dict[s
     return out
 
 
-_ENV_PATHS = _env_paths()
+_ENV_PATHS: Mapping[str, tuple[str, ...]] = MappingProxyType(_env_paths())
 
 
-def _env_overrides(env: Mapping[str, str]) -> list[tuple[tuple[str, ...], str]]:
+def _env_overrides(env: Mapping[str, str], warned: set[str]) -> list[tuple[tuple[str, ...], str]]:
     out = []
     for name, value in env.items():
         if not name.startswith(ENV_PREFIX):
@@ -567,8 +620,8 @@ def _env_overrides(env: Mapping[str, str]) -> list[tuple[tuple[str, ...], str]]:
         if path is None:
             if name in _ENV_IGNORED:
                 continue
-            if name not in _ENV_WARNED:  # a stray variable must not stop training: warn once
-                _ENV_WARNED.add(name)
+            if name not in warned:  # a stray variable must not stop training: warn once
+                warned.add(name)
                 close = difflib.get_close_matches(name, list(_ENV_PATHS), n=1)
                 hint = f"; did you mean {close[0]}?" if close else ""
                 logger.warning("rltrace: ignoring unknown environment variable %s%s", name, hint)
@@ -578,12 +631,12 @@ def _env_overrides(env: Mapping[str, str]) -> list[tuple[tuple[str, ...], str]]:
 
 
 #: RLTRACE_* variables used by tools rather than the config (e.g. the test-suite)
-_ENV_IGNORED = {"RLTRACE_PERFETTO_CHECK", "RLTRACE_PARENT_CONFIG", "RLTRACE_PARENT_SECRETS",
-                "RLTRACE_AREAL_WHEEL", "RLTRACE_OPENRLHF_SITE", "RLTRACE_WHEELHOUSE"}
-_ENV_WARNED: set[str] = set()
+_ENV_IGNORED = frozenset({"RLTRACE_PERFETTO_CHECK", "RLTRACE_PARENT_CONFIG",
+                          "RLTRACE_PARENT_SECRETS", "RLTRACE_AREAL_WHEEL", "RLTRACE_OPENRLHF_SITE",
+                          "RLTRACE_WHEELHOUSE"})
 
 
-def _apply(cfg: Any, path: tuple[str, ...], value: Any, *, source: str) -> None:
+def _apply(cfg: DataclassInstance, path: tuple[str, ...], value: object, *, source: str) -> None:
     obj = cfg
     for i, part in enumerate(path):
         names = [f.name for f in dataclasses.fields(obj)]
@@ -656,6 +709,16 @@ def _check_values(cfg: TracerConfig) -> None:
     statuses = ("accepted", "rejected", "failed", "dropped", "pending")
     bad = [x for x in smp.keep_statuses if x not in statuses]
     need(not bad, "sampling.keep_statuses", f"must be among {', '.join(statuses)}, got {bad}")
+    _check_tuning(cfg.export_tuning, need)
+
+
+def _check_tuning(t: ExportTuning, need: Callable[[bool, str, str], None]) -> None:
+    for key in ("wake_at", "help_at", "help_backlog", "cycle_max"):
+        v = getattr(t, key)
+        need(v >= 1, f"export_tuning.{key}", f"must be >= 1, got {v}")
+    need(t.help_rate >= 0, "export_tuning.help_rate",
+         f"must be >= 0 (0: a recording thread helps at any rate), got {t.help_rate}")
+    need(t.help_wait_s >= 0, "export_tuning.help_wait_s", f"must be >= 0, got {t.help_wait_s}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -708,7 +771,7 @@ def current_user() -> str:
         return "unknown"
 
 
-def _suggest(value: Any, choices: tuple[str, ...]) -> str:
+def _suggest(value: object, choices: tuple[str, ...]) -> str:
     close = difflib.get_close_matches(str(value), choices, n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 

@@ -9,12 +9,12 @@ job; so JAX is consulted only once it has a backend or a distributed client of i
 from __future__ import annotations
 
 import sys
-from typing import Any
+from types import ModuleType
 
 __all__ = ["jax_in_use", "jax_process", "torch_cuda", "torch_dist"]
 
 
-def torch_cuda() -> Any:
+def torch_cuda() -> ModuleType | None:
     """torch, when it has initialised CUDA in this process (else no CUDA work can be queued)."""
     torch = sys.modules.get("torch")
     if torch is None:
@@ -39,7 +39,7 @@ def torch_dist() -> tuple[int, int] | None:
     return None
 
 
-def jax_in_use() -> Any:
+def jax_in_use() -> ModuleType | None:
     """jax, when it has initialised a backend in this process (else no JAX work is queued).
 
     Where jax does not say (the check is private to it), it counts as in use.

@@ -34,10 +34,11 @@ import socket
 import time
 from bisect import bisect_left
 from collections import Counter, deque
+from collections.abc import Sequence
 from itertools import chain, compress, islice, repeat
 from operator import attrgetter, eq, itemgetter, sub
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
@@ -54,6 +55,11 @@ from .goodput import (
     truncated_of,
 )
 from .sessions import SessionRegistry
+
+if TYPE_CHECKING:
+    from .session_metrics import SessionMetricsProcessor
+
+_V = TypeVar("_V")
 
 __all__ = ["EDGES", "FORMAT", "LIST_CAP", "STEPS_KEPT", "LivePublisher", "bucket_upper"]
 
@@ -79,8 +85,8 @@ RECENT_CAP = 8_192
 AGGREGATE_AT = 2_048
 #: histogram bucket upper edges in seconds: 1 ms × 2^(k/4), k = 0..119 (19% wide, up to ~10 days);
 #: bucket i holds durations in (EDGES[i-1], EDGES[i]], bucket len(EDGES) everything longer
-EDGES: list[float] = [0.001 * 2 ** (k / 4) for k in range(120)]
-_EDGES_NS: list[int] = [round(e * 1e9) for e in EDGES]
+EDGES: tuple[float, ...] = tuple(0.001 * 2 ** (k / 4) for k in range(120))
+_EDGES_NS: tuple[int, ...] = tuple(round(e * 1e9) for e in EDGES)
 
 _OPEN_PHASES = attrgetter("open_phases")
 _NAME = attrgetter("name")
@@ -120,7 +126,7 @@ _R_STATUS = itemgetter(1)
 _R_TOTAL = itemgetter(2)
 
 
-def _keep(kept: dict[int, Any], step: int, value: Any) -> Any:
+def _keep(kept: dict[int, _V], step: int, value: _V) -> _V | None:
     """Put ``value`` under ``step`` in ``kept`` if ``step`` is among the ``STEPS_KEPT`` highest
     (dropping the lowest); returns it, or None when ``step`` is too old to keep."""
     if step not in kept and len(kept) >= STEPS_KEPT:
@@ -137,7 +143,7 @@ def bucket_upper(i: int) -> float:
     return EDGES[i] if i < len(EDGES) else EDGES[-1] * 2
 
 
-def _histogram(ascending: list[Any], edges: list[Any]) -> list[tuple[int, int]]:
+def _histogram(ascending: Sequence[float], edges: Sequence[float]) -> list[tuple[int, int]]:
     """Non-empty buckets of sorted values: bucket i holds ``edges[i-1] <= v < edges[i]`` (bucket 0
     everything below ``edges[0]``, bucket ``len(edges)`` everything from ``edges[-1]`` on), as
     ``bisect_right(edges, v)`` numbers them; one binary search per edge."""
@@ -156,13 +162,14 @@ def _histogram(ascending: list[Any], edges: list[Any]) -> list[tuple[int, int]]:
     return out
 
 
-def _jsonable_id(v: Any) -> Any:
-    if v is None or type(v) in (int, str):
-        return v if type(v) is not str or len(v) <= 64 else v[:61] + "..."
-    return _jsonable_id(str(v))
+def _jsonable_id(v: object) -> int | str | None:
+    if v is None or type(v) is int:
+        return v
+    text = v if type(v) is str else str(v)
+    return text if len(text) <= 64 else text[:61] + "..."
 
 
-def _step_key(step: Any) -> float:
+def _step_key(step: object) -> float:
     return step if type(step) is int else float("-inf")
 
 
@@ -185,8 +192,9 @@ class LivePublisher:
     or under the pipeline's lock, and none raises.
     """
 
-    def __init__(self, path: Path, *, interval_s: float, session_processor: Any, rank: int,
-                 world_size: int, role: str | None = None, host: str | None = None,
+    def __init__(self, path: Path, *, interval_s: float,
+                 session_processor: SessionMetricsProcessor, rank: int, world_size: int,
+                 role: str | None = None, host: str | None = None,
                  experiment: str | None = None, trial: str | None = None,
                  registry: SessionRegistry, step_scopes: StepScopeCollector | None = None) -> None:
         self.path = Path(path)

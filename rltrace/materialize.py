@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from opentelemetry.attributes import BoundedAttributes
@@ -92,7 +94,7 @@ def span_attributes(rec: Scope) -> dict[str, Any]:
     return attrs
 
 
-def event_attributes(name: str, args: Any, category: Any) -> dict[str, Any]:
+def event_attributes(name: str, args: Mapping[str, object] | None, category: object) -> dict[str, Any]:
     """A recorded span event's OTel attributes: its category, then its args as ``args.<key>``;
     a GenAI evaluation's (``gen_ai.evaluation.result``) keep their convention's keys.  Shared by
     :meth:`SpanBuilder.build` and the direct OTLP encoder."""
@@ -120,8 +122,10 @@ def _genai_attrs(name: str, attrs: dict[str, Any]) -> None:
 
 
 #: GenAI operation -> the attribute that completes its span name (``{operation} {target}``)
-_NAME_TARGET = {OP_INVOKE_AGENT: GEN_AI_AGENT_NAME, OP_INVOKE_WORKFLOW: GEN_AI_WORKFLOW_NAME,
-                OP_EXECUTE_TOOL: GEN_AI_TOOL_NAME}
+_NAME_TARGET: Mapping[str, str] = MappingProxyType({
+    OP_INVOKE_AGENT: GEN_AI_AGENT_NAME, OP_INVOKE_WORKFLOW: GEN_AI_WORKFLOW_NAME,
+    OP_EXECUTE_TOOL: GEN_AI_TOOL_NAME,
+})
 
 
 def genai_span_name(name: str, attrs: dict[str, Any]) -> str:

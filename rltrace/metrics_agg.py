@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 import time
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from opentelemetry.sdk.metrics.export import (
@@ -195,5 +195,16 @@ def make_aggregates(readers: list[Any], resource: Resource,
     states = [_ReaderState(bounds, mm, hd, cd) for bounds, mm, hd, cd in settings]
     agg = SessionAggregates(states, resource, scope)
     for reader, state in zip(readers, states, strict=True):
-        otel_compat.add_collect_source(reader, lambda data, st=state: agg._merge(st, data))
+        otel_compat.add_collect_source(reader, _merger(agg, state))
     return agg
+
+
+def _merger(agg: SessionAggregates, state: _ReaderState) -> Callable[[object], object]:
+    """What one reader's collection passes through: its session metrics merged in."""
+
+    def merge(data: object) -> object:
+        if data is None or isinstance(data, MetricsData):
+            return agg._merge(state, data)
+        return data
+
+    return merge

@@ -5,12 +5,15 @@ from __future__ import annotations
 import logging
 import os
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry.sdk.trace.export import SpanExporter
 
 from .config import ConfigError, OTLPConfig, endpoint_problem, redact_endpoint, redact_urls
 from .otel_compat import encoded_exporter_class
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.metrics.export import MetricExporter
 
 logger = logging.getLogger("rltrace")
 
@@ -87,16 +90,18 @@ def sdk_cause(msg: str) -> str | None:
     return text[:300]
 
 
-#: the process's fold (see :class:`SdkLogFold`)
-SDK_LOGS = SdkLogFold()
-
-
-def fold_sdk_logs() -> None:
-    """Put :data:`SDK_LOGS` on the SDK exporters' loggers (once)."""
+def fold_sdk_logs(fold: SdkLogFold) -> None:
+    """Put ``fold`` on the SDK exporters' loggers (once)."""
     for name in _SDK_LOGGERS:
         lg = logging.getLogger(name)
-        if SDK_LOGS not in lg.filters:
-            lg.addFilter(SDK_LOGS)
+        if fold not in lg.filters:
+            lg.addFilter(fold)
+
+
+def unfold_sdk_logs(fold: SdkLogFold) -> None:
+    """Take ``fold`` off the SDK exporters' loggers (its pipeline closed)."""
+    for name in _SDK_LOGGERS:
+        logging.getLogger(name).removeFilter(fold)
 
 
 def otlp_endpoint(cfg: OTLPConfig) -> str | None:
@@ -157,7 +162,7 @@ def _exporter_kwargs(cfg: OTLPConfig, proto: str) -> dict[str, Any]:
     return kwargs
 
 
-def _pinned_verify_session(certificate_file: str) -> Any:
+def _pinned_verify_session(certificate_file: str) -> object:
     """A ``requests`` session that verifies against ``certificate_file`` whatever the environment.
 
     requests lets ``REQUESTS_CA_BUNDLE`` / ``CURL_CA_BUNDLE`` (set on many clusters and by conda)
@@ -184,16 +189,17 @@ def _http_endpoint(cfg: OTLPConfig, path: str) -> dict[str, Any]:
     return {"endpoint": ep if ep.endswith(path) else ep + path}
 
 
-def make_span_exporter(cfg: OTLPConfig) -> SpanExporter | None:
+def make_span_exporter(cfg: OTLPConfig, sdk_logs: SdkLogFold) -> SpanExporter | None:
     """Build an OTLP span exporter, or None when no endpoint is configured.
 
     The SDK's exporter, subclassed (:func:`rltrace.otel_compat.encoded_exporter_class`) so that
-    it also sends requests rltrace encoded from its records directly.
+    it also sends requests rltrace encoded from its records directly.  Its own log lines (and
+    the metric exporter's) are folded into ``sdk_logs`` from now on.
     """
     if not otlp_endpoint(cfg):
         return None
     proto = otlp_protocol(cfg)
-    fold_sdk_logs()
+    fold_sdk_logs(sdk_logs)
     kwargs = _exporter_kwargs(cfg, proto)
     if proto == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
@@ -206,7 +212,7 @@ def make_span_exporter(cfg: OTLPConfig) -> SpanExporter | None:
     return cls(**_http_endpoint(cfg, "/v1/traces"), **kwargs)  # type: ignore[no-any-return]
 
 
-def make_metric_exporter(cfg: OTLPConfig) -> Any:
+def make_metric_exporter(cfg: OTLPConfig) -> MetricExporter | None:
     """An OTLP metric exporter for the same endpoint, or None when none is configured.
 
     None as well when ``otlp.metrics`` is false or ``OTEL_METRICS_EXPORTER=none``.
@@ -228,7 +234,7 @@ def make_metric_exporter(cfg: OTLPConfig) -> Any:
     return HTTPMetricExporter(**_http_endpoint(cfg, "/v1/metrics"), **kwargs)
 
 
-def _compression(name: str, proto: str) -> Any:
+def _compression(name: str, proto: str) -> object:
     name = name.strip().lower()
     if proto == "grpc":
         from grpc import Compression

@@ -114,10 +114,10 @@ class RecordEncoder:
         self._envelope = envelope.SerializeToString()
         self._heads: dict[str, bytes] = {}
         self._genai_names = builder.genai_names
-        self._kv: dict[tuple[str, type, Any], bytes] = {}
+        self._kv: dict[tuple[str, type, object], bytes] = {}
         #: a plain scope's first four attributes, serialized, by its category (type and
         #: value), thread, thread name and lane
-        self._prefixes: dict[tuple[type, Any, int, str, int], bytes] = {}
+        self._prefixes: dict[tuple[type, object, int, str, int], bytes] = {}
         #: spans encoded on the fast path / through the SDK's encoder (diagnostics)
         self.fast = 0
         self.slow = 0

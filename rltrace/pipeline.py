@@ -16,7 +16,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,6 @@ from opentelemetry.sdk.trace import (
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from rltrace.exporters.sessions import SessionRecordWriter
 from rltrace.exporters.values import refresh_thread_names
 
 from . import device, otel_compat
@@ -42,11 +41,27 @@ from .live import LivePublisher, live_path
 from .locks import FairRLock
 from .materialize import SpanBuilder
 from .metrics_agg import make_aggregates
-from .otlp import SDK_LOGS, make_metric_exporter, make_span_exporter, otlp_endpoint
+from .otlp import (
+    SdkLogFold,
+    make_metric_exporter,
+    make_span_exporter,
+    otlp_endpoint,
+    unfold_sdk_logs,
+)
 from .otlp_encode import RecordEncoder
-from .processors import BoundedBatchProcessor, QueuedExportProcessor
+from .processors import BoundedBatchProcessor, QueuedExportProcessor, RecordSinkProcessor
 from .recorder import RecordBase, RecorderState, follow_runtime_context, internal_error
 from .sampling import HeadSampling, TaskTailSampler, head_sampler
+from .seams import (
+    ChromeSink,
+    Record,
+    RecordExporter,
+    RecordProcessor,
+    RecordSink,
+    Sinks,
+    SupportsOnRecord,
+    as_record_processor,
+)
 from .session_metrics import SessionMetricsProcessor
 from .sessions import SessionRegistry
 from .summary import Counters, ScopeSummary
@@ -58,30 +73,6 @@ TRACES_DIR = "perf_tracer"
 SESSIONS_DIR = "session_tracer"
 
 
-#: queued records at which the exporter thread is woken (at most a quarter of the queue's cap)
-WAKE_AT = 8192
-#: queued records from which a recording thread offers to run export cycles itself, every
-#: ``recorder.HELP_EVERY`` records (:meth:`Pipeline.help`): it does when they came at
-#: ``HELP_RATE`` or faster, or once ``HELP_BACKLOG`` are queued
-HELP_AT = 512
-#: records per second from which the recording thread exports them itself, in cycles of a few
-#: hundred, instead of waking the exporter thread: past this rate the recording thread holds
-#: the GIL most of the time, so the exporter thread's cycle would stall it just as long, and
-#: its records, handed to another core and collected by the GC as survivors first, would cost
-#: it more
-HELP_RATE = 10_000  # (0: at any rate)
-#: queued records past which a recording thread helps whatever the rate (the exporter thread,
-#: sharing its GIL, is not keeping up)
-HELP_BACKLOG = 16384
-#: records per export cycle of the exporter thread and of :meth:`Pipeline.help` (the lock is
-#: free between cycles); an explicit flush takes everything
-CYCLE_MAX = 2048
-#: how long :meth:`Pipeline.help` waits for a running cycle before backing off
-HELP_WAIT_S = 0.1
-#: whether threads share one GIL (False on a free-threaded build that runs without it)
-_GIL: bool = getattr(sys, "_is_gil_enabled", lambda: True)()
-
-
 class Pipeline:
     """One configured tracing pipeline (see module docstring)."""
 
@@ -90,10 +81,18 @@ class Pipeline:
         user_processors: list[SpanProcessor], metric_readers: list[Any] | None = None,
         sampler: Any = None, *, clock: Callable[[], int] | None = None,
         id_generator: IdGenerator | None = None, registry: SessionRegistry, state: RecorderState,
-        counters: Counters | None = None, user_record_processors: list[Any] | None = None,
-        on_unlock: Callable[[], None] | None = None,
+        counters: Counters | None = None,
+        user_record_processors: Sequence[RecordProcessor | SupportsOnRecord] | None = None,
+        on_unlock: Callable[[], None] | None = None, sinks: Sinks,
     ) -> None:
         self.cfg = cfg
+        #: what the Chrome file and the session records are written with
+        self.sinks = sinks
+        #: how recording threads and the exporter thread share the export work
+        self.tuning = cfg.export_tuning
+        #: whether this interpreter's threads share one GIL (False on a free-threaded build that
+        #: runs without it), unless ``tuning.shared_gil`` says
+        self._interpreter_gil: bool = getattr(sys, "_is_gil_enabled", lambda: True)()
         #: the session registry whose open tasks and misuse ``diagnostics`` reports
         self.registry = registry
         #: the recorder state whose queue this pipeline drains
@@ -140,11 +139,12 @@ class Pipeline:
         self.builder = SpanBuilder(self.resource, InstrumentationScope("rltrace", __version__),
                                    limits)
         self.queued: list[QueuedExportProcessor] = []
-        self.owned: list[SpanProcessor] = []
+        self.owned: list[RecordSinkProcessor] = []
         self.user_processors = list(user_processors)
         self.chrome_path: Path | None = None
         self.sessions_path: Path | None = None
-        self.record_processors: list[Any] = []
+        #: every record processor, rltrace's then the user's, in the order they are fed
+        self.record_processors: list[RecordProcessor] = []
         self.session_processor: SessionMetricsProcessor | None = None
         self.metric_readers: list[Any] = []
         self.meter_provider = self._meter_provider(cfg, metric_readers or [])
@@ -153,7 +153,7 @@ class Pipeline:
         #: the live state ``rltrace top`` reads (open sessions, current step), when enabled
         self.live: LivePublisher | None = None
         #: the live state's step scope collector, until the process records a step scope
-        self._step_scopes: StepScopeCollector | None = None
+        self._step_scopes: RecordProcessor | None = None
         if cfg.session_tracer.enabled:
             self._session_side(cfg, registry)
         self.summary: ScopeSummary | None = None
@@ -161,29 +161,29 @@ class Pipeline:
             self.summary = ScopeSummary(counters=self.counters)
             self.record_processors.append(self.summary)
         self._counters_seen: dict[str, float] = {}
-        self.user_record_processors = list(user_record_processors or ())
+        self.user_record_processors = [as_record_processor(p) for p in user_record_processors or ()]
         #: called after each flush released the pipeline's lock (a deferred SIGTERM resumes)
         self._on_unlock = on_unlock
         self.record_processors.extend(self.user_record_processors)
-        self.chrome: Any = None
+        self.chrome: ChromeSink | None = None
         #: the rank's native trace written as the run goes (``exporters.native``)
         self.native: Any = None
         if cfg.enabled and cfg.exporters.chrome:
-            from rltrace.exporters import ChromeTraceExporter
-
             self.chrome_path = logdir / TRACES_DIR / self._file_name("traces", os.getpid())
-            self.chrome = ChromeTraceExporter(
+            self.chrome = sinks.chrome(
                 self.chrome_path, rank=rank, world_size=world_size, role=cfg.role,
                 host=self.host, experiment=cfg.experiment_name, trial=cfg.trial_name,
             )
             self.add_queued(self.chrome)
             if cfg.exporters.native:
-                self._native_side()
+                self._native_side(cfg.exporters.native_counter_cap)
         self.otlp: BoundedBatchProcessor | None = None
         #: the thread sending for the last ``wait_otlp`` (one at a time), and its lock
         self._otlp_flusher: threading.Thread | None = None
         self._otlp_flush_lock = threading.Lock()
         self.tail_sampler: TaskTailSampler | None = None
+        #: the SDK exporters' own log lines, folded into this pipeline's warning about OTLP loss
+        self.sdk_logs = SdkLogFold()
         self._otlp_side(cfg)
         if self.chrome is not None:  # slices name their OTel ids when the spans go out over OTLP
             self.chrome.encoder.with_ids = self.otlp is not None
@@ -199,7 +199,7 @@ class Pipeline:
         self.backpressure = 0
         #: export cycles run on a recording thread that found the queue past ``help_at``
         self.helped = 0
-        #: offers to help that found a cycle running past ``HELP_WAIT_S`` (then backed off)
+        #: offers to help that found a cycle running past ``help_wait_s`` (then backed off)
         self.help_timeouts = 0
         self._help_after = 0
         #: when the last export cycle ended (monotonic): the queue is what came since
@@ -214,14 +214,15 @@ class Pipeline:
         if self.session_processor is not None and cfg.session_tracer.flight_recorder:
             self._new_flight(os.getpid())  # last: a configure that fails above leaves no ring
 
-    def _native_side(self) -> None:
-        """The rank's native Perfetto trace, drawn from its Chrome lines as they are written."""
+    def _native_side(self, counter_cap: int) -> None:
+        """The rank's native Perfetto trace, drawn from the records the Chrome exporter writes."""
         from rltrace.exporters.files import open_fresh
 
         from .timeline.stream import SUFFIX, RankTraceWriter
 
-        assert self.chrome_path is not None
-        self.native = RankTraceWriter(self.chrome_path.with_suffix(SUFFIX), open_fresh)
+        assert self.chrome_path is not None and self.chrome is not None
+        self.native = RankTraceWriter(self.chrome_path.with_suffix(SUFFIX), open_fresh,
+                                      counter_cap=counter_cap)
         self.chrome.tap = self.native.lines
 
     def _session_side(self, cfg: TracerConfig, registry: SessionRegistry) -> None:
@@ -236,14 +237,15 @@ class Pipeline:
             if aggregates is None:
                 meter = self.meter_provider.get_meter("rltrace", __version__)
         self.session_processor = SessionMetricsProcessor(
-            SessionRecordWriter(self.sessions_path, cfg.session_tracer.flush_threshold),
+            self.sinks.session_records(self.sessions_path, cfg.session_tracer.flush_threshold),
             rank=self.rank, meter=meter, role=cfg.role, aggregates=aggregates,
             phases=registry.phases,
         )
         self.record_processors.append(self.session_processor)
         if cfg.live_interval_s > 0:
             step_scopes = StepScopeCollector()  # the scope side of top's goodput split
-            self._step_scopes = step_scopes  # fed records once the process records steps
+            # fed records once the process records steps
+            self._step_scopes = as_record_processor(step_scopes)
             self.live = LivePublisher(
                 live_path(self.log_dir, self._file_name("live", os.getpid())),
                 interval_s=cfg.live_interval_s, session_processor=self.session_processor,
@@ -254,7 +256,7 @@ class Pipeline:
 
     def _otlp_side(self, cfg: TracerConfig) -> None:
         """The OTLP sender (behind session-aware sampling when that is the mode), if configured."""
-        otlp = make_span_exporter(cfg.otlp)
+        otlp = make_span_exporter(cfg.otlp, self.sdk_logs)
         if otlp is None:
             return
         self.otlp = BoundedBatchProcessor(
@@ -323,7 +325,7 @@ class Pipeline:
         if self.registry.flight is flight:
             self.registry.flight = None
         sp = self.session_processor
-        whole = sp is not None and sp.writer.failed == 0 and sp.writer.file.lost_lines == 0
+        whole = sp is not None and sp.writer.failed == 0 and sp.writer.lost == 0
         flight.close(remove=remove and whole)
 
     def _file_name(self, kind: str, pid: int, per_process: bool | None = None) -> str:
@@ -350,15 +352,30 @@ class Pipeline:
                              shutdown_on_exit=False)
 
     # -- composition ----------------------------------------------------------------------
-    def _own(self, processor: SpanProcessor) -> None:
+    def _own(self, processor: RecordSinkProcessor) -> None:
         self.owned.append(processor)
         self.processor.add_span_processor(processor)
 
-    def add_queued(self, exporter: Any) -> QueuedExportProcessor:
+    def add_queued(self, exporter: RecordExporter) -> QueuedExportProcessor:
         proc = QueuedExportProcessor(exporter)
         self.queued.append(proc)
         self._own(proc)
         return proc
+
+    def add_record_processor(self, processor: RecordProcessor | SupportsOnRecord) -> None:
+        """Feed ``processor`` too, from the next cycle on (a user's: kept across reconfiguration
+        by the runtime, never shut down here)."""
+        proc = as_record_processor(processor)
+        with self._lock:
+            self.user_record_processors.append(proc)
+            self.record_processors.append(proc)
+
+    def remove_record_processor(self, processor: RecordProcessor | SupportsOnRecord) -> None:
+        """Stop feeding a processor given to :meth:`add_record_processor` (if it was)."""
+        with self._lock:
+            if processor in self.user_record_processors:
+                self.user_record_processors.remove(as_record_processor(processor))
+                self.record_processors.remove(as_record_processor(processor))
 
     def add_user_processor(self, processor: SpanProcessor) -> None:
         self.user_processors.append(processor)
@@ -373,15 +390,9 @@ class Pipeline:
     def _refresh_direct(self) -> None:
         # When every consumer is one of rltrace's queued exporters, they take the records
         # themselves and no ReadableSpan needs to be built (the common offline case).
-        self._direct = not self.user_processors and all(
-            isinstance(p, QueuedExportProcessor) or getattr(p, "takes_records", False)
-            for p in self.owned
-        )
+        self._direct = not self.user_processors and all(p.takes_records for p in self.owned)
         #: in direct mode, everything that is handed the records themselves
-        self._record_sinks: list[Any] = [
-            p for p in self.owned
-            if isinstance(p, QueuedExportProcessor) or getattr(p, "takes_records", False)
-        ]
+        self._record_sinks: list[RecordSink] = [p for p in self.owned if p.takes_records]
 
     # -- the exporter thread ------------------------------------------------------------------
     def start(self) -> None:
@@ -393,51 +404,53 @@ class Pipeline:
         self._wake.set()
 
     def help(self) -> None:
-        """The queue passed ``help_at`` on a recording thread: export a cycle of ``CYCLE_MAX``
-        records here, after the exporter's running cycle if there is one, when the records
-        came at ``HELP_RATE`` or faster, or ``HELP_BACKLOG`` of them are queued.
+        """The queue passed ``help_at`` on a recording thread: export a cycle of ``cycle_max``
+        records here (the knobs are :class:`rltrace.config.ExportTuning`), after the exporter's
+        running cycle if there is one, when the records came at ``help_rate`` or faster, or
+        ``help_backlog`` of them are queued.
 
         With the GIL, a recording thread that records that fast holds the GIL most of the
         time: the exporter thread would take it for its cycle all the same (the loop waits as
         long), and the records it is handed were made on another core and survived the GC's
-        young collections by then (each collection walked them, a full one every queued
-        record).  Exported here, a few hundred at a time, they are still in this core's cache
-        and die young.  Records
-        that trickle in are left to the exporter thread (woken at ``wake_at``, or its timed
-        cycle), which can then run while the recording thread waits on something else; so is
-        everything when threads run in parallel (a free-threaded build), or when span or
-        record processors of the user's are in the cycle (their code, which may block, stays
-        off the training loop).  The live state's publish (a snapshot of every open session:
-        1-45 ms) stays the exporter thread's too, where the loop interleaves with it: a
-        helping cycle that finds it due wakes that thread for it.
+        young collections by then.  Exported here, a few hundred at a time, they are still in
+        this core's cache and die young.  Records that trickle in are left to the exporter
+        thread (woken at ``wake_at``, or its timed cycle), which can then run while the
+        recording thread waits on something else; so is everything when threads run in
+        parallel (a free-threaded build), or when span or record processors of the user's are
+        in the cycle (their code, which may block, stays off the training loop).  The live
+        state's publish (a snapshot of every open session) stays the exporter thread's too,
+        where the loop interleaves with it: a helping cycle that finds it due wakes that
+        thread for it.
 
         Waiting for the lock gives a running cycle the GIL to finish.  The wait is bounded
-        (``HELP_WAIT_S``): a cycle that does not end in that time (a stalled disk) is left
-        alone until the queue has grown by another ``HELP_BACKLOG`` records, so the training
-        loop waits that long at most once per ``HELP_BACKLOG`` records (and fully only at
-        twice the queue's cap, as before).
+        (``help_wait_s``): a cycle that does not end in that time (a stalled disk) is left
+        alone until the queue has grown by another ``help_backlog`` records, so the training
+        loop waits that long at most once per ``help_backlog`` records (and fully only at
+        twice the queue's cap).
         """
-        lock = self._lock
+        lock, tuning = self._lock, self.tuning
         n = len(self.state.buffer)
         if n < self._help_after or lock.held_by_me():
             return
-        if n < HELP_BACKLOG and (not _GIL or not self._direct or self.user_record_processors
-                                 or (time.monotonic() - self._cycled_at) * HELP_RATE > n):
+        gil = self._interpreter_gil if tuning.shared_gil is None else tuning.shared_gil
+        if n < tuning.help_backlog and (
+                not gil or not self._direct or self.user_record_processors
+                or (time.monotonic() - self._cycled_at) * tuning.help_rate > n):
             return  # records trickling in, threads that run in parallel, or processors of the
         # user's in the cycle (their code stays off the recording thread): the exporter's
         # wake at ``wake_at`` or its timed cycle takes them
-        if lock.acquire(timeout=HELP_WAIT_S):
+        if lock.acquire(timeout=tuning.help_wait_s):
             try:
                 self.helped += 1
                 self._help_after = 0
                 self._helping = True
-                self.flush(everything=False, batch=CYCLE_MAX)
+                self.flush(everything=False, batch=tuning.cycle_max)
             finally:
                 self._helping = False
                 lock.release()
         else:
             self.help_timeouts += 1
-            self._help_after = len(self.state.buffer) + HELP_BACKLOG
+            self._help_after = len(self.state.buffer) + tuning.help_backlog
         if self._on_unlock is not None:  # a SIGTERM deferred while this thread waited or held
             self._on_unlock()
 
@@ -458,10 +471,11 @@ class Pipeline:
             self._wake.clear()
             if self._stop.is_set():
                 break
-            self.flush(everything=False, batch=CYCLE_MAX)
+            cycle = self.tuning.cycle_max
+            self.flush(everything=False, batch=cycle)
             buf = self.state.buffer
-            while len(buf) >= CYCLE_MAX and not self._stop.is_set():  # between batches the
-                self.flush(everything=False, batch=CYCLE_MAX)  # lock is free: help() may run
+            while len(buf) >= cycle and not self._stop.is_set():  # between batches the
+                self.flush(everything=False, batch=cycle)  # lock is free: help() may run
 
     def flush(self, *, everything: bool = True, timeout: float | None = None,
               final: bool = False, batch: int | None = None) -> None:
@@ -487,9 +501,7 @@ class Pipeline:
                         for q in self.queued:  # lines a disk fault held back are retried now
                             q.force_flush()
                         for rp in self.record_processors:
-                            flush = getattr(rp, "force_flush", None)
-                            if flush is not None:
-                                flush()
+                            rp.force_flush()
                         if self.live is not None:
                             self.live.aggregate()  # what finished is counted, nothing held
             except Exception as exc:  # pragma: no cover - defensive
@@ -522,18 +534,10 @@ class Pipeline:
                 taken = self._feed(rp, taken)
         if self._direct:
             for q in self._record_sinks:  # the whole cycle at once (queued exporters take it)
-                take = getattr(q, "on_end_batch", None)
-                if take is not None:
-                    try:
-                        take(taken, self._sink_error)  # a record that fails is counted there
-                    except Exception as exc:  # the sink itself failed: the next one goes on
-                        self._sink_error(exc)
-                    continue
-                for rec in taken:
-                    try:
-                        q.on_end(rec)
-                    except Exception as exc:
-                        self._sink_error(exc)
+                try:
+                    q.on_end_batch(taken, self._sink_error)  # a record that fails is counted there
+                except Exception as exc:  # the sink itself failed: the next one goes on
+                    self._sink_error(exc)
         else:
             build = self.builder.build
             on_end = self.processor.on_end
@@ -545,26 +549,16 @@ class Pipeline:
         self._drain()
         self._cycled_at = time.monotonic()
 
-    def _feed(self, rp: Any, records: list[Any]) -> list[Any]:
-        """Give a cycle's records to record processor ``rp`` (``on_records`` when it takes a
-        whole cycle, else ``on_record`` one by one); return those it did not fail on (a record a
-        processor raised for is counted and not exported)."""
-        failed: list[Any] = []
+    def _feed(self, rp: RecordProcessor, records: list[Any]) -> list[Any]:
+        """Give a cycle's records to record processor ``rp``; return those it did not fail on (a
+        record a processor raised for is counted and not exported)."""
+        failed: list[Record] = []
 
-        def on_error(rec: Any, exc: Exception) -> None:
+        def on_error(rec: Record, exc: Exception) -> None:
             failed.append(rec)
             self._sink_error(exc)
 
-        take = getattr(rp, "on_records", None)
-        if take is not None:
-            take(records, on_error)
-        else:
-            on_record = rp.on_record
-            for rec in records:
-                try:
-                    on_record(rec)
-                except Exception as exc:
-                    on_error(rec, exc)
+        rp.on_records(records, on_error)
         if not failed:
             return records
         gone = {id(rec) for rec in failed}
@@ -622,7 +616,7 @@ class Pipeline:
             self._lost_warned_at = now  # when the loss was first seen
         if not final and (self._lost_reported or now - self._lost_warned_at < self.OTLP_WARN_AFTER_S):
             return
-        last = SDK_LOGS.last
+        last = self.sdk_logs.last
         reason = f"; last error: {last.rstrip('.')}" if last else ""
         if final:
             logger.warning(
@@ -667,8 +661,9 @@ class Pipeline:
             meters = threading.Thread(target=self._shutdown_meters, args=(mp, timeout),
                                       name="rltrace-metrics-shutdown", daemon=True)
             meters.start()
-        for p in [*self.owned, *(r for r in self.record_processors
-                                 if r not in self.user_record_processors)]:
+        ours: list[RecordSinkProcessor | RecordProcessor] = [
+            *self.owned, *(r for r in self.record_processors if r not in self.user_record_processors)]
+        for p in ours:
             try:
                 p.shutdown()
             except Exception as exc:
@@ -678,6 +673,7 @@ class Pipeline:
         if meters is not None:
             meters.join(timeout + 1.0)
         self._report_otlp_loss(final=True)
+        unfold_sdk_logs(self.sdk_logs)
         self._close_flight(remove=True)
         if self.live is not None:
             self.live.close()

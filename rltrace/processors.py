@@ -20,9 +20,9 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from itertools import islice
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
@@ -30,6 +30,14 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from .otel_compat import EncodedBatch, instrumentation_suppressed
 from .recorder import RecordBase
+from .seams import Record, RecordExporter, SinkErrorHandler
+
+if TYPE_CHECKING:
+    from .otlp_encode import RecordEncoder
+
+#: what a sink queues and an exporter is handed: rltrace's records, or other instrumentation's
+#: ``ReadableSpan``s
+Item = Record | ReadableSpan
 
 logger = logging.getLogger("rltrace")
 
@@ -104,7 +112,38 @@ class BatchQueue:
         return stuck
 
 
-def _export_result(exporter: Any, batch: Any, count: int, name: str) -> int:
+class RecordSinkProcessor(SpanProcessor):
+    """A span processor of rltrace's that the pipeline can also hand its records directly
+    (:class:`rltrace.seams.RecordSink`): a whole export cycle at once, no ``ReadableSpan`` built
+    when :attr:`takes_records`."""
+
+    @property
+    def takes_records(self) -> bool:
+        """Whether records can be handed over as they are (else the pipeline builds spans)."""
+        return False
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        return None
+
+    def on_end(self, span: Item) -> None:
+        """An ended span, or one of rltrace's records (subclasses queue it)."""
+
+    def on_end_batch(self, records: Sequence[Item],
+                     on_error: SinkErrorHandler | None = None) -> None:
+        """:meth:`on_end` for each of an export cycle's ``records``; one that raises is handed to
+        ``on_error`` (the pipeline counts it) and the others go on."""
+        on_end = self.on_end
+        for rec in records:
+            try:
+                on_end(rec)
+            except Exception as exc:
+                if on_error is None:
+                    raise
+                on_error(exc)
+
+
+def _export_result(exporter: RecordExporter | SpanExporter, batch: Any, count: int,
+                   name: str) -> int:
     """``exporter.export(batch)`` as the number of spans accepted: all or none (an exporter
     that raises has failed: it must never take tracing down)."""
     try:
@@ -115,15 +154,18 @@ def _export_result(exporter: Any, batch: Any, count: int, name: str) -> int:
     return count if ok else 0
 
 
-class QueuedExportProcessor(SpanProcessor):
-    """Collects ended spans; :meth:`drain` exports them on the calling thread (the pipeline's
-    exporter thread, or a flush), through a :class:`BatchQueue`."""
+class QueuedExportProcessor(RecordSinkProcessor):
+    """Collects ended spans and records; :meth:`drain` exports them on the calling thread (the
+    pipeline's exporter thread, or a flush), through a :class:`BatchQueue`."""
 
-    def __init__(self, exporter: SpanExporter, max_batch: int = 16_384) -> None:
+    def __init__(self, exporter: RecordExporter, max_batch: int = 16_384) -> None:
         self.exporter = exporter
-        self.batches = BatchQueue(max_batch,
-                                  holds_on_failure=getattr(exporter, "holds_on_failure", False))
+        self.batches = BatchQueue(max_batch, holds_on_failure=exporter.holds_on_failure)
         self._closed = False
+
+    @property
+    def takes_records(self) -> bool:
+        return True
 
     @property
     def exported(self) -> int:
@@ -137,15 +179,12 @@ class QueuedExportProcessor(SpanProcessor):
     def held(self) -> int:
         return self.batches.held
 
-    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
-        return None
-
-    def on_end(self, span: ReadableSpan) -> None:
+    def on_end(self, span: Item) -> None:
         if not self._closed:
             self.batches.items.append(span)
 
-    def on_end_batch(self, spans: list[Any],
-                     on_error: Callable[[Exception], None] | None = None) -> None:
+    def on_end_batch(self, spans: Sequence[Item],
+                     on_error: SinkErrorHandler | None = None) -> None:
         """:meth:`on_end` for each of ``spans`` (the pipeline's export cycle hands them over
         at once; queueing them cannot fail, so ``on_error`` is never called)."""
         if not self._closed:
@@ -158,8 +197,7 @@ class QueuedExportProcessor(SpanProcessor):
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         self.drain()
-        flush = getattr(self.exporter, "force_flush", None)
-        ok = bool(flush(timeout_millis)) if flush is not None else True
+        ok = bool(self.exporter.force_flush(timeout_millis))
         if ok and self.batches.held:  # what a disk fault held back has now been written
             self.batches.settle_held()
         return ok
@@ -176,16 +214,14 @@ class QueuedExportProcessor(SpanProcessor):
         """
         self.batches.reset()
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, int]:
         b = self.batches
         out = {"exported": b.exported, "failed": b.failed, "held": b.held, "queued": len(b)}
-        extra = getattr(self.exporter, "stats", None)
-        if extra is not None:
-            out.update(extra())
+        out.update(self.exporter.stats())
         return out
 
 
-class BoundedBatchProcessor(SpanProcessor):
+class BoundedBatchProcessor(RecordSinkProcessor):
     """Batches spans to a (network) exporter on its own thread; never blocks the caller.
 
     Like the SDK's ``BatchSpanProcessor`` but it *counts* what it loses: spans refused because
@@ -198,13 +234,13 @@ class BoundedBatchProcessor(SpanProcessor):
         self, exporter: SpanExporter, *, max_queue_size: int = 65_536,
         max_export_batch_size: int = 512, schedule_delay_s: float = 1.0,
         shutdown_timeout_s: float = 5.0, name: str = "rltrace-otlp",
-        encoder: Any = None,
+        encoder: RecordEncoder | None = None,
     ) -> None:
         self.exporter = exporter
-        #: builds requests from rltrace's records (:class:`rltrace.otlp_encode.RecordEncoder`)
-        #: when the exporter takes them; otherwise records become ``ReadableSpan``s first
+        #: builds requests from rltrace's records when the exporter takes them (an SDK OTLP
+        #: exporter that ``accepts_encoded``); otherwise records become ``ReadableSpan``s first
         self.encoder = encoder if getattr(exporter, "accepts_encoded", False) else None
-        self._builder = getattr(encoder, "builder", None)
+        self._builder = encoder.builder if encoder is not None else None
         self.max_queue_size = max_queue_size
         self.max_export_batch_size = max_export_batch_size
         self.schedule_delay_s = schedule_delay_s
@@ -239,9 +275,6 @@ class BoundedBatchProcessor(SpanProcessor):
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._thread.start()
 
-    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
-        return None
-
     @property
     def takes_records(self) -> bool:
         """Whether rltrace's records can be queued as they are (no ``ReadableSpan`` built)."""
@@ -267,32 +300,32 @@ class BoundedBatchProcessor(SpanProcessor):
         if len(q) >= self.max_export_batch_size and not self._wake.is_set():
             self._wake.set()  # once: the sender clears it, then empties the queue
 
-    # One pass over a cycle's records with the queue's free room and the next batch mark kept
-    # in locals, so the OTLP intake costs no Python call per span;
-    # the per-record steps are on_end's (its unit tests and the OTLP tests cover both paths).
-    def on_end_batch(self, records: list[Any],
-                     on_error: Callable[[Exception], None] | None = None) -> None:
+    def on_end_batch(self, records: Sequence[Item],
+                     on_error: SinkErrorHandler | None = None) -> None:
         """:meth:`on_end` for each of the pipeline's ``records`` (one export cycle at once):
         unsampled records are counted, the rest queued up to ``max_queue_size``, the sender
         woken as the queue reaches a batch.  A record that raises is handed to ``on_error``
         (the pipeline counts it) and the others go on, as with one ``on_end`` each."""
-        q = self.batches.items
         if self.encoder is None:  # records become ReadableSpans: one at a time, as on_end
-            for rec in records:
-                try:
-                    self.on_end(rec)
-                except Exception as exc:
-                    if on_error is None:
-                        raise
-                    on_error(exc)
+            super().on_end_batch(records, on_error)
             return
-        limit, batch, wake = self.max_queue_size, self.max_export_batch_size, self._wake
+        q, wake = self.batches.items, self._wake
+        if len(q) >= self.max_export_batch_size and not wake.is_set():
+            wake.set()
+        self._queue_records(records, on_error)
+        if len(q) >= self.max_export_batch_size and not wake.is_set():
+            wake.set()
+
+    def _queue_records(self, records: Sequence[Item], on_error: SinkErrorHandler | None) -> None:
+        """The intake of :meth:`on_end_batch` for an encoding exporter: one pass with the queue's
+        free room and the next batch mark kept in locals, so it costs no Python call per span
+        (the per-record steps are :meth:`on_end`'s)."""
+        q = self.batches.items
+        limit, wake = self.max_queue_size, self._wake
         room = 0 if self._stop else limit - len(q)
-        due = batch - len(q)  # records until the sender has a batch to send
+        due = self.max_export_batch_size - len(q)  # records until the sender has a batch
         keep = q.append
         unsampled = 0
-        if due <= 0 and not wake.is_set():
-            wake.set()
         try:
             for rec in records:
                 try:
@@ -321,8 +354,6 @@ class BoundedBatchProcessor(SpanProcessor):
                     on_error(exc)
         finally:
             self.unsampled += unsampled
-        if len(q) >= batch and not wake.is_set():
-            wake.set()
 
     def _run(self) -> None:
         while not self._stop:

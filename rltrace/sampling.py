@@ -37,12 +37,12 @@ import logging
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.sdk.trace import SpanProcessor
 from opentelemetry.sdk.trace.sampling import (
     ALWAYS_OFF,
     ALWAYS_ON,
@@ -54,6 +54,7 @@ from opentelemetry.sdk.trace.sampling import (
 from opentelemetry.trace import SpanKind, TraceFlags
 
 from .config import SAMPLING_MODES, ConfigError, SamplingConfig
+from .processors import RecordSinkProcessor
 from .recorder import _SAMPLED as SAMPLED
 from .recorder import _UNSAMPLED as UNSAMPLED
 from .recorder import RecordBase, Scope
@@ -62,14 +63,14 @@ logger = logging.getLogger("rltrace")
 MODES = SAMPLING_MODES
 #: the decision that keeps a trace (``Decision.is_sampled`` is untyped)
 _SAMPLED_DECISIONS = frozenset({Decision.RECORD_AND_SAMPLE})
-_ENV_SAMPLERS: dict[str, Callable[[float], Sampler]] = {
+_ENV_SAMPLERS: Mapping[str, Callable[[float], Sampler]] = MappingProxyType({
     "always_on": lambda arg: ALWAYS_ON,
     "always_off": lambda arg: ALWAYS_OFF,
     "traceidratio": lambda arg: TraceIdRatioBased(arg),
     "parentbased_always_on": lambda arg: ParentBased(ALWAYS_ON),
     "parentbased_always_off": lambda arg: ParentBased(ALWAYS_OFF),
     "parentbased_traceidratio": lambda arg: ParentBased(TraceIdRatioBased(arg)),
-}
+})
 
 
 def _ratio(value: float | None, where: str) -> float:
@@ -135,7 +136,7 @@ class HeadSampling:
         self.sampled = 0
         self.unsampled = 0
 
-    def flags(self, rec: Scope, trace_id: int, parent: Any) -> TraceFlags:
+    def flags(self, rec: Scope, trace_id: int, parent: trace.Span | None) -> TraceFlags:
         """The flags of ``rec``'s new context: a root (``parent`` None) or under a foreign span.
 
         A root's sampler is given an empty context, not None: with None, OTel's samplers read
@@ -155,7 +156,7 @@ class HeadSampling:
         self.unsampled += 1
         return UNSAMPLED
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, object]:
         return {"sampler": self.sampler.get_description(), "traces_sampled": self.sampled,
                 "traces_unsampled": self.unsampled}
 
@@ -170,11 +171,11 @@ def _root(rec: Scope) -> Scope:
     return node
 
 
-class TaskTailSampler(SpanProcessor):
+class TaskTailSampler(RecordSinkProcessor):
     """In front of the OTLP processor: holds each task trace until its task ends, then sends it
     whole or drops it (mode ``sessions``; see the module docstring)."""
 
-    def __init__(self, target: Any, cfg: SamplingConfig) -> None:
+    def __init__(self, target: RecordSinkProcessor, cfg: SamplingConfig) -> None:
         from .sessions import RemoteTaskScope, SessionScope, TaskScope
 
         self.target = target
@@ -203,10 +204,7 @@ class TaskTailSampler(SpanProcessor):
 
     @property
     def takes_records(self) -> bool:
-        return bool(getattr(self.target, "takes_records", False))
-
-    def on_start(self, span: Any, parent_context: Any = None) -> None:
-        return None
+        return self.target.takes_records
 
     def on_end(self, span: Any) -> None:
         rec = getattr(span, "rltrace_record", span)
@@ -330,7 +328,7 @@ class TaskTailSampler(SpanProcessor):
         self._n_held = 0
         self._lock = threading.Lock()
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, object]:
         return {"mode": "sessions", "ratio": self.ratio, "tasks_kept": dict(self.kept),
                 "tasks_dropped": self.dropped_tasks, "task_spans_sent": self.roots_sent,
                 "spans_kept": self.spans_kept,

@@ -19,13 +19,14 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from operator import itemgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 
 from .phases import BUILTIN, PhaseRegistry
 from .recorder import RecordBase, Scope
+from .seams import RecordProcessor
 from .semconv import (
     ATTR_INTERRUPTED,
     ATTR_PHASE,
@@ -41,34 +42,44 @@ from .semconv import (
     SESSION_SPAN,
 )
 from .sessions.records import Execution, PhaseScope, SessionScope, SyncedPhaseScope, TaskScope
+from .sessions.schema import SESSION_RECORD
+from .sessions.schema import copied as copied_fields
+
+if TYPE_CHECKING:
+    from .metrics_agg import SessionAggregates
 
 _BUILTIN_SET = frozenset(p.name for p in BUILTIN)
+#: the record's fields copied from span attributes as they are (the schema's ``attr`` fields)
+COPIED = copied_fields(SESSION_RECORD)
 #: session-span attributes holding per-session counters (``rl.session.counter.<name>``)
 COUNTER_PREFIX = ATTR_SESSION_COUNTER_PREFIX
 _COUNTER_LEN = len(COUNTER_PREFIX)
 _DONE_GEN = 4_096
 _EXEC_TIMES = itemgetter(1, 2)  # an execution's (start, end)
-_NO_PHASES: dict[str, list[Execution]] = {}  # read only, never stored into
 #: token counts of a phase execution (``gen_ai.usage.*``; AReaL's ``input_tokens`` /
 #: ``output_tokens`` payloads are recorded under these names)
 IN_TOKENS, OUT_TOKENS = "gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens"
 
 
-def _reraise(rec: Any, exc: Exception) -> None:
+def _reraise(rec: object, exc: Exception) -> None:
     raise exc
 
 
-def build_record(attrs: Mapping[str, Any], start: int, end: int, trace_id: int,
+def build_record(attrs: Mapping[str, object], start: int, end: int, trace_id: int,
                  phases: dict[str, list[Execution]], rank: int, role: str | None,
                  custom: tuple[str, ...], counters_possible: bool = True,
-                 tokens: list[float] | None = None) -> dict[str, Any]:
+                 tokens: list[float] | None = None,
+                 copied: tuple[tuple[str, str], ...] = COPIED) -> dict[str, Any]:
     """One session's record (AReaL's fields in AReaL's order, then rltrace's): its span's
     attributes and times, its phase executions (:data:`~rltrace.sessions.records.Execution`) by phase,
     and the ``[input, output]`` tokens its phases reported (``input_tokens`` /
-    ``output_tokens``; absent when none did), and ``policy_version`` when it was set."""
+    ``output_tokens``; absent when none did), and ``policy_version`` when it was set.
+    Its fields are those of :data:`rltrace.sessions.schema.SESSION_RECORD`; the schema's fields
+    copied from a span attribute (``copied``, :func:`~rltrace.sessions.schema.copied`)
+    come last, each when its attribute is set."""
     status = attrs.get(ATTR_STATUS, "pending")
     totals: dict[str, float] = {}
-    out_phases: dict[str, list[dict[str, Any]]] = {}
+    out_phases: dict[str, list[dict[str, object]]] = {}
     counts: dict[str, int] = {}
     turns = -1
     for p, execs in phases.items():
@@ -78,7 +89,7 @@ def build_record(attrs: Mapping[str, Any], start: int, end: int, trace_id: int,
         items = []
         for _, s, e, turn, interrupted in execs:
             total += e - s
-            item: dict[str, Any] = {"start_ts": s / 1e9, "end_ts": e / 1e9}
+            item: dict[str, object] = {"start_ts": s / 1e9, "end_ts": e / 1e9}
             if turn is not None:
                 item["turn"] = turn
                 if turn > turns:
@@ -125,6 +136,10 @@ def build_record(attrs: Mapping[str, Any], start: int, end: int, trace_id: int,
         moved = attrs.get(ATTR_VERSION_AT_FINALIZE)
         if moved is not None:
             record["policy_version_at_finalize"] = moved
+    for name, attr in copied:
+        value = attrs.get(attr)
+        if value is not None:
+            record[name] = value
     return record
 
 
@@ -142,11 +157,12 @@ def group_phases(logged: Sequence[Execution],
     return out
 
 
-class SessionMetricsProcessor(SpanProcessor):
+class SessionMetricsProcessor(SpanProcessor, RecordProcessor):
     """Builds one record per finished session; writes it and records OTel metrics."""
 
     def __init__(self, writer: Any = None, *, rank: int = 0, meter: Any = None,
-                 max_open: int = 65_536, role: str | None = None, aggregates: Any = None,
+                 max_open: int = 65_536, role: str | None = None,
+                 aggregates: SessionAggregates | None = None,
                  phases: PhaseRegistry | None = None) -> None:
         self.writer = writer
         #: the registered phases: each custom one gets its ``<phase>_s`` field in every record
@@ -269,7 +285,9 @@ class SessionMetricsProcessor(SpanProcessor):
         session's) and those held for it by attribute, written and aggregated (and its figures
         added to ``writable``: an rltrace record's attributes)."""
         sid = attrs[ATTR_SESSION]
-        phases = self._acc.pop(sid, _NO_PHASES) if self._acc else _NO_PHASES
+        phases = self._acc.pop(sid, None) if self._acc else None
+        if phases is None:
+            phases = {}  # none held by attribute (the common case): logged ones only
         if writable is not None and span.__class__ is SessionScope:
             # what ended before now; an execution ending from now on is a late one
             logged = span.phase_log = tuple(span.phase_log)

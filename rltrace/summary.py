@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from .quantiles import quantile
+from .seams import Record, RecordProcessor
 
 __all__ = ["Counter", "Counters", "ScopeSummary"]
 
@@ -87,7 +88,7 @@ class _Stat:
         self.sample: list[int] = []
 
 
-class ScopeSummary:
+class ScopeSummary(RecordProcessor):
     """Record processor aggregating scope durations by name (bounded memory)."""
 
     def __init__(self, max_names: int = 10_000, counters: Counters | None = None) -> None:
@@ -98,7 +99,7 @@ class ScopeSummary:
         self._stats: dict[str, _Stat] = {}
         self._rng = random.Random(0)
 
-    def on_record(self, rec: Any) -> None:
+    def on_record(self, rec: Record) -> None:
         extra = rec.extra
         if extra is not None and extra.get("instant"):
             return
@@ -120,9 +121,6 @@ class ScopeSummary:
             j = self._rng.randrange(st.count)
             if j < _RESERVOIR:
                 st.sample[j] = d
-
-    def shutdown(self) -> None:
-        return None
 
     def rows(self, now_ns: int | None = None) -> list[dict[str, Any]]:
         """Per scope name: count, total_s, mean_s, p50_s, p99_s, min_s, max_s, share of wall."""

@@ -274,9 +274,9 @@ def test_unknown_rltrace_env_var_is_ignored_with_a_warning_naming_the_fix(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A stray RLTRACE_* variable must not stop training: configure works and warns once."""
-    from rltrace import config as config_mod
+    from rltrace.runtime import RUNTIME
 
-    config_mod._ENV_WARNED.discard("RLTRACE_SAVE_INTERVL")
+    RUNTIME.env_warned.discard("RLTRACE_SAVE_INTERVL")  # warned once per process
     monkeypatch.setenv("RLTRACE_SAVE_INTERVL", "5")
     with caplog.at_level("WARNING", logger="rltrace"):
         cfg = configure(tmp_path)
@@ -470,3 +470,19 @@ def test_rltrace_rank_env_var_wins_over_generic_rank_env(
     configure(tmp_path)
     assert get_pipeline().rank == 5
     assert get_pipeline().world_size >= 6
+
+
+def test_export_tuning_is_read_from_config_and_env_and_validated() -> None:
+    """The export loop's knobs are configuration: set by key or ``RLTRACE_EXPORT_TUNING_*``, and
+    a value that cannot work is refused naming the key."""
+    from rltrace.config import ExportTuning, load_config
+
+    assert load_config(env={}).export_tuning == ExportTuning()
+    cfg = load_config({"export_tuning": {"help_rate": 0, "shared_gil": False}},
+                      env={"RLTRACE_EXPORT_TUNING_CYCLE_MAX": "64"})
+    assert (cfg.export_tuning.help_rate, cfg.export_tuning.shared_gil,
+            cfg.export_tuning.cycle_max) == (0, False, 64)
+    with pytest.raises(rltrace.ConfigError, match=r"'export_tuning\.wake_at'"):
+        load_config(env={}, export_tuning__wake_at=0)
+    with pytest.raises(rltrace.ConfigError, match=r"'export_tuning\.help_rate'"):
+        load_config(env={}, export_tuning__help_rate=-1)

@@ -170,3 +170,58 @@ def test_a_record_processor_with_on_records_takes_each_cycle_whole_and_reports_f
     assert [n for n, _, _ in last.seen] == good
     assert diag["errors"] == len(names) - len(good) == 5
     _assert_only_exported(tmp_path, names, good)
+
+
+class _Hooks:
+    """A user's processor with every optional hook, counting the calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def on_record(self, rec: Any) -> None:
+        self.calls.append("record")
+
+    def shutdown(self) -> None:
+        self.calls.append("shutdown")
+
+    def reset_after_fork(self) -> None:
+        self.calls.append("reset")
+
+
+def test_a_users_processor_gets_the_whole_contract_and_is_found_by_its_own_object() -> None:
+    """Only ``on_record`` is required: the hooks it lacks do nothing, those it has are called,
+    and the pipeline's wrapped entry compares equal to the user's object (so removal finds it)."""
+    from rltrace.seams import RecordProcessor, as_record_processor
+
+    class OnlyRecord:
+        def on_record(self, rec: Any) -> None:
+            return None
+
+    bare = as_record_processor(OnlyRecord())
+    assert bare.force_flush() is True
+    bare.shutdown()
+    bare.reset_after_fork()
+    hooks = _Hooks()
+    wrapped = as_record_processor(hooks)
+    wrapped.on_records([object(), object()], lambda rec, exc: None)
+    wrapped.shutdown()
+    wrapped.reset_after_fork()
+    assert hooks.calls == ["record", "record", "shutdown", "reset"]
+    assert wrapped == hooks and hooks in [wrapped]
+    own = RecordProcessor()
+    assert as_record_processor(own) is own
+
+
+def test_pipeline_close_leaves_the_users_record_processor_running(tmp_path: Path) -> None:
+    """A user's processor outlives the pipeline (it is kept across reconfiguration): closing
+    the pipeline shuts down rltrace's own processors, never the user's."""
+    hooks = _Hooks()
+    rltrace.add_record_processor(hooks)
+    try:
+        rltrace.configure(fileroot=str(tmp_path), flush_at_exit=False)
+        with rltrace.trace_scope("one"):
+            pass
+        rltrace.shutdown()
+    finally:
+        rltrace.remove_record_processor(hooks)
+    assert hooks.calls == ["record"]

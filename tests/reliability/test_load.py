@@ -9,6 +9,7 @@ duplicated) with the phases it ran, no state left behind, memory bounded.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import random
 import sys
@@ -26,7 +27,7 @@ from opentelemetry.sdk.metrics.export import MetricReader
 
 import rltrace
 from rltrace import pipeline, runtime, sessions
-from rltrace.config import TracerConfig
+from rltrace.config import ExportTuning, TracerConfig
 from rltrace.locks import FairRLock
 from rltrace.recorder import HELP_EVERY, STATE, Scope
 from rltrace.sessions import PhaseScope
@@ -469,10 +470,10 @@ def test_a_burst_beyond_the_queue_keeps_one_record_per_session_with_the_queue_bo
     """Before: past twice ``max_queue_size`` session spans were dropped like any span, so a
     burst lost session records (51,151 of 400,000 in the issue).  Now plain spans are dropped
     and counted, and a recording thread meeting a full queue of session data exports a batch
-    itself (backpressure) instead of losing it.  (Twice the cap stays below ``HELP_AT``, where
+    itself (backpressure) instead of losing it.  (Twice the cap stays below ``help_at``, where
     the recording thread would export cycles itself before the queue fills.)"""
     cap, n = 200, 30_000
-    assert 2 * cap < pipeline.HELP_AT
+    assert 2 * cap < _TUNING.help_at
     rltrace.configure(fileroot=str(tmp_path), flush_at_exit=False, max_queue_size=cap,
                       flush_interval_s=3600, session_tracer={"enabled": True, "flush_threshold": 1000})
     peak = 0
@@ -522,7 +523,7 @@ def test_a_burst_on_the_default_queue_is_exported_by_the_recording_thread_past_h
     """The default queue (cap 262,144) and a loop faster than the exporter thread, which shares
     its GIL: that burst used to queue most of itself (71k of 80k records in bench_compare's
     20k-session run), and the GC's full collections walked every queued record.  Past
-    ``HELP_AT`` the recording thread exports cycles itself, so the queue stays near it."""
+    ``help_at`` the recording thread exports cycles itself, so the queue stays near it."""
     rltrace.configure(fileroot=str(tmp_path), flush_at_exit=False,
                       session_tracer={"enabled": True})
     n, peak = 40_000, 0
@@ -536,10 +537,14 @@ def test_a_burst_on_the_default_queue_is_exported_by_the_recording_thread_past_h
     rltrace.shutdown()
     assert diag["helped_cycles"] > 0 and diag["dropped"] == 0 and diag["backpressure_cycles"] == 0
     assert written == n
-    # bounded: past HELP_AT a cycle every HELP_EVERY records while they come fast, and past
-    # HELP_BACKLOG whatever the rate (one back-off of HELP_BACKLOG allowed for a cycle that
-    # outlasted HELP_WAIT_S on a loaded machine)
-    assert peak <= 3 * pipeline.HELP_BACKLOG, peak
+    # bounded: past help_at a cycle every HELP_EVERY records while they come fast, and past
+    # help_backlog whatever the rate (one back-off of help_backlog allowed for a cycle that
+    # outlasted help_wait_s on a loaded machine)
+    assert peak <= 3 * _TUNING.help_backlog, peak
+
+
+#: the export loop's default tuning (``TracerConfig.export_tuning``)
+_TUNING = ExportTuning()
 
 
 def _scopes(n: int) -> None:
@@ -549,18 +554,18 @@ def _scopes(n: int) -> None:
 
 
 def test_records_that_come_fast_are_exported_by_the_recording_thread_a_few_hundred_at_a_time(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """At ``HELP_RATE`` or faster (here: any rate) the recording thread exports the queue
-    itself once ``HELP_AT`` records wait, and the exporter thread is not needed for it."""
-    monkeypatch.setattr(pipeline, "HELP_RATE", 0)
-    rltrace.configure(fileroot=str(tmp_path), flush_at_exit=False, flush_interval_s=3600)
+        tmp_path: Path) -> None:
+    """At ``help_rate`` or faster (here: any rate) the recording thread exports the queue
+    itself once ``help_at`` records wait, and the exporter thread is not needed for it."""
+    rltrace.configure(fileroot=str(tmp_path), flush_at_exit=False, flush_interval_s=3600,
+                      export_tuning={"help_rate": 0})
     p = runtime.get_pipeline()
-    assert p is not None and STATE.help_at == pipeline.HELP_AT < STATE.wake_at
-    _scopes(pipeline.HELP_AT)
-    assert (p.helped, len(STATE.buffer)) == (0, pipeline.HELP_AT)
-    _scopes(1)  # queued at HELP_AT: this thread runs a cycle, which takes the queue
+    assert p is not None and STATE.help_at == _TUNING.help_at < STATE.wake_at
+    _scopes(_TUNING.help_at)
+    assert (p.helped, len(STATE.buffer)) == (0, _TUNING.help_at)
+    _scopes(1)  # queued at help_at: this thread runs a cycle, which takes the queue
     assert (p.helped, len(STATE.buffer)) == (1, 0)
-    assert p.chrome is not None and p.chrome.lines_written >= pipeline.HELP_AT + 1
+    assert p.chrome is not None and p.chrome.lines_written >= _TUNING.help_at + 1
     rltrace.shutdown()
 
 
@@ -568,9 +573,8 @@ def test_a_helping_cycle_leaves_the_live_publish_to_the_exporter_thread(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The live state's publish (a snapshot of every open session, up to tens of ms) is not
     run by a recording thread's cycle: finding it due, that cycle wakes the exporter thread."""
-    monkeypatch.setattr(pipeline, "HELP_RATE", 0)
     rltrace.configure(fileroot=str(tmp_path), flush_at_exit=False, flush_interval_s=3600,
-                      session_tracer={"enabled": True})
+                      session_tracer={"enabled": True}, export_tuning={"help_rate": 0})
     p = runtime.get_pipeline()
     assert p is not None and p.live is not None
     live, publish, threads = p.live, p.live.publish, []
@@ -581,7 +585,7 @@ def test_a_helping_cycle_leaves_the_live_publish_to_the_exporter_thread(
 
     monkeypatch.setattr(live, "publish", recorded_publish)
     live._next = 0.0  # due
-    _scopes(pipeline.HELP_AT + 1)
+    _scopes(_TUNING.help_at + 1)
     assert p.helped == 1
     deadline = time.monotonic() + 30
     while not threads and time.monotonic() < deadline:  # the exporter thread's cycle publishes
@@ -591,26 +595,25 @@ def test_a_helping_cycle_leaves_the_live_publish_to_the_exporter_thread(
 
 
 def test_records_that_trickle_in_are_left_to_the_exporter_thread(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Slower than ``HELP_RATE`` the recording thread leaves the queue to the exporter thread
+        tmp_path: Path) -> None:
+    """Slower than ``help_rate`` the recording thread leaves the queue to the exporter thread
     (which can run while the loop waits on something else); so it does on a build without the
-    GIL, where the exporter thread runs beside it.  Past ``HELP_BACKLOG`` it helps whatever the
+    GIL, where the exporter thread runs beside it.  Past ``help_backlog`` it helps whatever the
     rate (the exporter is not keeping up)."""
-    monkeypatch.setattr(runtime, "WAKE_AT", 1 << 40)  # the exporter thread is never woken here
-    rltrace.configure(fileroot=str(tmp_path), flush_at_exit=False, flush_interval_s=3600)
+    rltrace.configure(fileroot=str(tmp_path), flush_at_exit=False, flush_interval_s=3600,
+                      export_tuning={"wake_at": 1 << 40})  # the exporter thread is never woken
     p = runtime.get_pipeline()
-    assert p is not None and STATE.wake_at > pipeline.HELP_BACKLOG
-    _scopes(pipeline.HELP_AT)
-    time.sleep(2 * pipeline.HELP_AT / pipeline.HELP_RATE)  # what makes them slow, not a wait
+    assert p is not None and STATE.wake_at > _TUNING.help_backlog
+    _scopes(_TUNING.help_at)
+    time.sleep(2 * _TUNING.help_at / _TUNING.help_rate)  # what makes them slow, not a wait
     _scopes(1)
-    assert (p.helped, len(STATE.buffer)) == (0, pipeline.HELP_AT + 1)
-    monkeypatch.setattr(pipeline, "HELP_RATE", 0)
-    monkeypatch.setattr(pipeline, "_GIL", False)  # as on a free-threaded build
+    assert (p.helped, len(STATE.buffer)) == (0, _TUNING.help_at + 1)
+    p.tuning = dataclasses.replace(p.tuning, help_rate=0, shared_gil=False)  # free-threaded
     _scopes(2 * HELP_EVERY)
     assert p.helped == 0
-    monkeypatch.setattr(pipeline, "HELP_RATE", 1e18)  # no rate is fast enough now
-    _scopes(pipeline.HELP_BACKLOG - len(STATE.buffer) + 1)  # queued at HELP_BACKLOG: helps
-    assert p.helped == 1 and len(STATE.buffer) < pipeline.HELP_BACKLOG
+    p.tuning = dataclasses.replace(p.tuning, help_rate=1e18)  # no rate is fast enough now
+    _scopes(_TUNING.help_backlog - len(STATE.buffer) + 1)  # queued at help_backlog: helps
+    assert p.helped == 1 and len(STATE.buffer) < _TUNING.help_backlog
     rltrace.shutdown()
 
 
@@ -622,14 +625,13 @@ class _RecordProcessor:
 
 
 def test_processors_of_the_users_keep_the_cycles_off_the_recording_thread(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path) -> None:
     """With a span or record processor of the user's in the cycle (code that may block), records
-    that come fast are left to the exporter thread all the same (below ``HELP_BACKLOG``)."""
+    that come fast are left to the exporter thread all the same (below ``help_backlog``)."""
     from opentelemetry.sdk.trace import SpanProcessor
 
-    monkeypatch.setattr(pipeline, "HELP_RATE", 0)
-    monkeypatch.setattr(runtime, "WAKE_AT", 1 << 40)  # the exporter thread is never woken here
-    rltrace.configure(fileroot=str(tmp_path), flush_at_exit=False, flush_interval_s=3600)
+    rltrace.configure(fileroot=str(tmp_path), flush_at_exit=False, flush_interval_s=3600,
+                      export_tuning={"help_rate": 0, "wake_at": 1 << 40})  # never woken here
     p = runtime.get_pipeline()
     assert p is not None
     rt = runtime.RUNTIME
@@ -637,22 +639,22 @@ def test_processors_of_the_users_keep_the_cycles_off_the_recording_thread(
                                _RecordProcessor()),
                               (rt.add_span_processor, rt.remove_span_processor, SpanProcessor())):
         add(proc)
-        _scopes(2 * pipeline.HELP_AT + 1)
-        assert p.helped == 0 and len(STATE.buffer) == 2 * pipeline.HELP_AT + 1
+        _scopes(2 * _TUNING.help_at + 1)
+        assert p.helped == 0 and len(STATE.buffer) == 2 * _TUNING.help_at + 1
         remove(proc)
         rltrace.flush()
-    _scopes(pipeline.HELP_AT + 1)  # none of the user's left: this thread helps again
+    _scopes(_TUNING.help_at + 1)  # none of the user's left: this thread helps again
     assert p.helped == 1 and len(STATE.buffer) == 0
     rltrace.shutdown()
 
 
 def test_help_waits_a_bounded_time_for_a_stalled_cycle_then_backs_off(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path) -> None:
     """A cycle that does not end (a stalled disk, here a thread holding the pipeline's lock):
-    the recording thread waits at most ``HELP_WAIT_S`` once, then leaves the exporter alone
-    until the queue has grown by another ``HELP_BACKLOG`` records."""
-    monkeypatch.setattr(pipeline, "HELP_RATE", 0)  # it helps at any rate: the wait is tested
-    rltrace.configure(fileroot=str(tmp_path), flush_at_exit=False, flush_interval_s=3600)
+    the recording thread waits at most ``help_wait_s`` once, then leaves the exporter alone
+    until the queue has grown by another ``help_backlog`` records."""
+    rltrace.configure(fileroot=str(tmp_path), flush_at_exit=False, flush_interval_s=3600,
+                      export_tuning={"help_rate": 0})  # it helps at any rate: the wait is tested
     p = runtime.get_pipeline()
     assert p is not None
     _scopes(100)
@@ -667,9 +669,9 @@ def test_help_waits_a_bounded_time_for_a_stalled_cycle_then_backs_off(
     stuck.start()
     try:
         assert held.wait(10)
-        p.help()  # waits HELP_WAIT_S for the lock, then gives up
+        p.help()  # waits help_wait_s for the lock, then gives up
         assert (p.help_timeouts, p.helped) == (1, 0)
-        p.help()  # backed off: the queue has not grown by HELP_BACKLOG since
+        p.help()  # backed off: the queue has not grown by help_backlog since
         assert (p.help_timeouts, p.helped) == (1, 0)
         assert len(STATE.buffer) == 100
     finally:

@@ -103,10 +103,9 @@ signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the defaults, whatever was inhe
 signal.signal(signal.SIGINT, signal.default_int_handler)
 from rltrace import runtime
 import rltrace
-from rltrace import pipeline
-pipeline.HELP_RATE = 0  # it helps at any rate: the wait is what is tested
 rltrace.configure(fileroot=sys.argv[1], flush_interval_s=3600, flush_at_exit=False,
-                  session_tracer={"enabled": True})
+                  session_tracer={"enabled": True},
+                  export_tuning={"help_rate": 0})  # it helps at any rate: the wait is tested
 p = runtime.get_pipeline()
 sid = rltrace.register_session(rltrace.register_task())
 rltrace.trace_session_event("mark_finalized", session_id=sid, status="accepted")
