@@ -29,15 +29,17 @@ Names rltrace adds beyond AReaL (``trace_perf`` on generators, ``register_phase`
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, ClassVar
+from types import MappingProxyType, TracebackType
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from . import runtime as _runtime
 from .config import SessionTracerConfig
@@ -59,6 +61,7 @@ from .runtime import (
 )
 from .semconv import ATTR_POLICY_VERSION
 from .sessions import get_session_id, get_task_id, set_session_id, set_task_id
+from .sessions.schema import SESSION_RECORD, Kind, RecordSchema, areal
 from .spans import atrace_scope as _atrace_scope
 from .spans import instant as _instant
 from .spans import trace_perf
@@ -126,14 +129,14 @@ class PerfTraceCategory(str, Enum):
 Category = PerfTraceCategory
 
 #: AReaL's spelled-out aliases (``"communication"`` is ``comm``...), matched case-insensitively
-_ALIASES = {
+_ALIASES: Mapping[str, str] = MappingProxyType({
     "compute": "compute", "communication": "comm", "comm": "comm", "io": "io",
     "synchronization": "sync", "sync": "sync", "scheduling": "scheduler",
     "scheduler": "scheduler", "instrumentation": "instr", "instr": "instr", "misc": "misc",
-}
+})
 
 
-def _category(category: Any) -> Any:
+def _category(category: PerfTraceCategory | str) -> PerfTraceCategory | str | None:
     if type(category) is str:
         found = _ALIASES.get(category)
         if found is None:
@@ -145,8 +148,8 @@ def _category(category: Any) -> Any:
 # ---- spans, with AReaL's per-scope torch.profiler ----------------------------------------------
 
 def trace_scope(
-    name: str, category: PerfTraceCategory | str | None = None, args: dict[str, Any] | None = None,
-    *, enable_profiler: bool = False, profiler_args: dict[str, Any] | None = None,
+    name: str, category: PerfTraceCategory | str | None = None, args: dict[str, object] | None = None,
+    *, enable_profiler: bool = False, profiler_args: dict[str, object] | None = None,
     device_sync: bool | str | None = None, device_timing: str | None = None,
     annotate: bool | None = None,
 ) -> Any:
@@ -167,8 +170,8 @@ def trace_scope(
 
 
 def atrace_scope(
-    name: str, category: PerfTraceCategory | str | None = None, args: dict[str, Any] | None = None,
-    *, enable_profiler: bool = False, profiler_args: dict[str, Any] | None = None,
+    name: str, category: PerfTraceCategory | str | None = None, args: dict[str, object] | None = None,
+    *, enable_profiler: bool = False, profiler_args: dict[str, object] | None = None,
     device_sync: bool | str | None = None, device_timing: str | None = None,
     annotate: bool | None = None,
 ) -> Any:
@@ -187,6 +190,20 @@ def atrace_scope(
 AREAL_WEIGHT_UPDATE = "train.update_weights"
 
 
+class _ScopeManager(Protocol):
+    """A scope as a sync and async context manager (what :class:`_WeightUpdate` wraps)."""
+
+    def __enter__(self) -> object: ...
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> bool | None: ...
+
+    async def __aenter__(self) -> object: ...
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> bool | None: ...
+
+
 class _WeightUpdate:
     """AReaL's ``train.update_weights`` scope: when it ends without an error, the policy version
     becomes ``version`` (as AReaL's engines' do inside it), unless the process sets its own
@@ -194,37 +211,39 @@ class _WeightUpdate:
 
     __slots__ = ("scope", "version")
 
-    def __init__(self, scope: Any, version: int) -> None:
+    def __init__(self, scope: _ScopeManager, version: int) -> None:
         self.scope = scope
         self.version = version
 
     def __getattr__(self, name: str) -> Any:  # the scope's own API (set_attribute, ...)
         return getattr(self.scope, name)
 
-    def __enter__(self) -> Any:
+    def __enter__(self) -> object:
         return self.scope.__enter__()
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Any:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> bool | None:
         try:
             return self.scope.__exit__(exc_type, exc, tb)
         finally:
             self._updated(exc_type)
 
-    async def __aenter__(self) -> Any:
+    async def __aenter__(self) -> object:
         return await self.scope.__aenter__()
 
-    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> Any:
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> bool | None:
         try:
             return await self.scope.__aexit__(exc_type, exc, tb)
         finally:
             self._updated(exc_type)
 
-    def _updated(self, exc_type: Any) -> None:
+    def _updated(self, exc_type: type[BaseException] | None) -> None:
         if exc_type is None and not STATE.policy_version_set:
             STATE.policy_version = self.version
 
 
-def _areal_version(scope: Any, name: str, args: dict[str, Any]) -> Any:
+def _areal_version(scope: _ScopeManager, name: str, args: dict[str, object]) -> _ScopeManager:
     """AReaL's own notion of the policy version, where it is at hand: a scope of step
     ``args["global_step"]`` records the version in effect (``rl.policy.version``; the report
     takes a step's lowest as the version it trained with), and AReaL's weight update scope moves
@@ -241,7 +260,7 @@ def _areal_version(scope: Any, name: str, args: dict[str, Any]) -> Any:
 
 
 def instant(name: str, category: PerfTraceCategory | str | None = None,
-            args: dict[str, Any] | None = None) -> None:
+            args: dict[str, object] | None = None) -> None:
     """AReaL's ``instant``: a point in time (see :func:`rltrace.instant`); args are not modified."""
     if category is not None:
         category = _category(category)
@@ -268,15 +287,15 @@ def _event_method(event: SessionTraceEvent | str) -> str:
     return f"mark_{value}"
 
 
-def increment_counter(name: str, value: int | float = 1, *, session_id: Any = None,
-                      task_id: Any = None) -> int:
+def increment_counter(name: str, value: int | float = 1, *, session_id: Hashable | None = None,
+                      task_id: Hashable | None = None) -> int:
     """Add ``value`` to counter ``name`` of one open session (or of every open session of a task);
     the process's session registry's :meth:`~rltrace.sessions.registry.SessionRegistry.increment_counter`."""
     return RUNTIME.sessions.increment_counter(name, value, session_id=session_id, task_id=task_id)
 
 
-def trace_session_event(method: str, session_id: Any = None, task_id: Any = None,
-                        **payload: Any) -> Any:
+def trace_session_event(method: str, session_id: Hashable | None = None,
+                        task_id: Hashable | None = None, **payload: Any) -> Any:
     """AReaL's ``trace_session_event``: rltrace's (see :func:`rltrace.trace_session_event`),
     ``"increment_counter"`` with ``name=`` and ``value=`` (default 1) included."""
     return _runtime.trace_session_event(method, session_id=session_id, task_id=task_id, **payload)
@@ -310,7 +329,7 @@ class PhaseSpec:
     end_event: SessionTraceEvent
     allow_multiple: bool = False
     ready_on_complete: bool = False
-    on_end: Callable[[SessionRecord, dict[str, Any]], None] | None = None
+    on_end: Callable[[SessionRecord, dict[str, object]], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -321,7 +340,7 @@ class EventBinding:
     phase: str | None = None
     role: str | None = None
     allow_multiple: bool = False
-    payload_handler: Callable[[SessionRecord, dict[str, Any]], None] | None = None
+    payload_handler: Callable[[SessionRecord, dict[str, object]], None] | None = None
     mark_ready: bool = False
 
 
@@ -331,10 +350,10 @@ class FieldSpec:
 
     attr: str | None = None
     key: str | None = None
-    compute: Callable[[SessionRecord], Any] | None = None
+    compute: Callable[[SessionRecord], object] | None = None
     omit_if_none: bool = True
 
-    def resolve(self, record: SessionRecord) -> Any:
+    def resolve(self, record: SessionRecord) -> object:
         """The field's value for ``record``."""
         if self.compute is not None:
             return self.compute(record)
@@ -351,6 +370,10 @@ class FieldSpec:
         return self.attr
 
 
+def _total(record: SessionRecord) -> float | None:
+    return None if record.finalized_ts is None else record.finalized_ts - record.submit_ts
+
+
 def _phase_total(record: SessionRecord, phase: str) -> float | None:
     spans = [s.end_ts - s.start_ts for s in record.phases.get(phase, []) if s.end_ts is not None]
     return sum(spans) if spans else None
@@ -365,8 +388,8 @@ class SessionRecord:
     (``trace_id``, ``turns``, ``phase_counts``, ``<phase>_s``...) are kept in ``extra``.
     """
 
-    task_id: Any
-    session_id: Any
+    task_id: Hashable | None
+    session_id: Hashable
     rank: int
     role: str | None
     submit_ts: float
@@ -375,7 +398,7 @@ class SessionRecord:
     finalized_ts: float | None = None
     phases: dict[str, list[PhaseSpan]] = field(default_factory=dict)
     counters: dict[str, int | float] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict, repr=False)
+    extra: dict[str, object] = field(default_factory=dict, repr=False)
 
     PHASE_CONFIGS: ClassVar[tuple[PhaseSpec, ...]] = ()
     FIELD_SPECS: ClassVar[tuple[FieldSpec, ...]] = ()
@@ -389,18 +412,22 @@ class SessionRecord:
                 PhaseSpec("toolcall", E.TOOLCALL_START, E.TOOLCALL_END, allow_multiple=True))
 
     @classmethod
-    def default_field_specs(cls) -> tuple[FieldSpec, ...]:
-        """AReaL's serialised fields, in AReaL's order."""
-        def total(r: SessionRecord) -> float | None:
-            return None if r.finalized_ts is None else r.finalized_ts - r.submit_ts
-
-        return (FieldSpec("task_id"), FieldSpec("session_id"), FieldSpec("rank"),
-                FieldSpec("role"), FieldSpec("status"), FieldSpec("reason"),
-                FieldSpec("submit_ts"), FieldSpec("finalized_ts"),
-                FieldSpec(compute=total, key="total_s"),
-                FieldSpec(compute=lambda r: _phase_total(r, "generate"), key="generate_s"),
-                FieldSpec(compute=lambda r: _phase_total(r, "reward"), key="reward_s"),
-                FieldSpec(compute=lambda r: _phase_total(r, "toolcall"), key="toolcall_s"))
+    def default_field_specs(cls, schema: RecordSchema = SESSION_RECORD) -> tuple[FieldSpec, ...]:
+        """AReaL's serialised fields, in AReaL's order: the ``areal`` fields of the session
+        record's schema (:mod:`rltrace.sessions.schema`) but ``phases`` and ``counters``, which
+        :meth:`to_dict` writes itself."""
+        specs = []
+        for f in areal(schema):
+            if f.kind is Kind.PHASES or f.kind is Kind.COUNTERS:
+                continue
+            if not f.derived:
+                specs.append(FieldSpec(f.name))
+            elif f.name == "total_s":
+                specs.append(FieldSpec(compute=_total, key=f.name))
+            else:  # ``<phase>_s``
+                specs.append(FieldSpec(compute=functools.partial(_phase_total, phase=f.name[:-2]),
+                                       key=f.name))
+        return tuple(specs)
 
     def is_ready_to_flush(self) -> bool:
         """Whether the session is final (AReaL's rule)."""
@@ -411,9 +438,9 @@ class SessionRecord:
         """Add to a counter of this (in-memory) record."""
         self.counters[name] = self.counters.get(name, 0) + value
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """AReaL's serialised form (``None`` fields omitted, ``phases``/``counters`` when set)."""
-        data: dict[str, Any] = {}
+        data: dict[str, object] = {}
         for spec in self.FIELD_SPECS:
             value = spec.resolve(self)
             if not (spec.omit_if_none and value is None):
@@ -453,7 +480,7 @@ class SessionTracer:
     ``output_path`` is accepted for AReaL's signature and reported as ``_output_path``.
     """
 
-    def __init__(self, config: Any = None, *, output_path: str | None = None, rank: int = 0,
+    def __init__(self, config: object = None, *, output_path: str | None = None, rank: int = 0,
                  role: str | None = None) -> None:
         self._config = config
         self._output_path = output_path
@@ -461,23 +488,23 @@ class SessionTracer:
         self._role = role
         self._flush_threshold = max(1, int(getattr(config, "flush_threshold", 1) or 1))
 
-    def register_task(self, task_id: Any) -> None:
+    def register_task(self, task_id: Hashable | None) -> None:
         """Register a task (one dataset item)."""
         register_task(task_id)
 
-    def register_session(self, task_id: Any) -> Any:
+    def register_session(self, task_id: Hashable | None) -> Hashable:
         """Register a session under ``task_id``; returns the new session id."""
         return register_session(task_id)
 
-    def get_session_ids(self, task_id: Any) -> list[Any]:
+    def get_session_ids(self, task_id: Hashable) -> list[Hashable]:
         """Ids of the task's sessions that are still open."""
         return [s.session_id for s in RUNTIME.sessions.open_sessions(task_id)]
 
-    def record_event(self, session_id: Any, event: SessionTraceEvent | str, **payload: Any) -> None:
+    def record_event(self, session_id: Hashable, event: SessionTraceEvent | str, **payload: object) -> None:
         """Apply one lifecycle event (``FINALIZED`` takes ``status=`` and ``reason=``)."""
         trace_session_event(_event_method(event), session_id=session_id, **payload)
 
-    def increment_counter(self, session_id: Any, name: str, value: int = 1) -> None:
+    def increment_counter(self, session_id: Hashable, name: str, value: int = 1) -> None:
         """Add ``value`` to counter ``name`` of one open session."""
         increment_counter(name, value, session_id=session_id)
 
@@ -499,7 +526,7 @@ class PerfTracer:
     path); ``rank`` defaults from the environment as in :func:`rltrace.configure`.
     """
 
-    def __init__(self, config: Any = None, *, rank: int | None = None, role: str | None = None,
+    def __init__(self, config: object = None, *, rank: int | None = None, role: str | None = None,
                  **overrides: Any) -> None:
         if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
             raise ValueError(f"rank must be a non-negative integer, got {rank!r}")
@@ -513,7 +540,7 @@ class PerfTracer:
         obj._bind(cfg, cfg)  # type: ignore[arg-type]
         return obj
 
-    def _bind(self, config: Any, cfg: PerfTracerConfig) -> None:
+    def _bind(self, config: object, cfg: PerfTracerConfig) -> None:
         p = RUNTIME.pipeline
         self._config = config
         self._cfg = cfg
@@ -549,21 +576,21 @@ class PerfTracer:
         return self._session_tracer
 
     def trace_scope(self, name: str, *, category: PerfTraceCategory | str | None = None,
-                    enable_profiler: bool = False, profiler_args: dict[str, Any] | None = None,
-                    args: dict[str, Any] | None = None) -> Any:
+                    enable_profiler: bool = False, profiler_args: dict[str, object] | None = None,
+                    args: dict[str, object] | None = None) -> Any:
         """See the module-level :func:`trace_scope`."""
         return trace_scope(name, category, args, enable_profiler=enable_profiler,
                            profiler_args=profiler_args)
 
     def atrace_scope(self, name: str, *, category: PerfTraceCategory | str | None = None,
-                     enable_profiler: bool = False, profiler_args: dict[str, Any] | None = None,
-                     args: dict[str, Any] | None = None) -> Any:
+                     enable_profiler: bool = False, profiler_args: dict[str, object] | None = None,
+                     args: dict[str, object] | None = None) -> Any:
         """See the module-level :func:`atrace_scope`."""
         return atrace_scope(name, category, args, enable_profiler=enable_profiler,
                             profiler_args=profiler_args)
 
     def instant(self, name: str, *, category: PerfTraceCategory | str | None = None,
-                args: dict[str, Any] | None = None) -> None:
+                args: dict[str, object] | None = None) -> None:
         """See the module-level :func:`instant`."""
         instant(name, category, args)
 
@@ -573,15 +600,15 @@ class PerfTracer:
 
     def reset(self) -> None:
         """Write everything recorded so far and shut this tracer's pipeline down."""
-        global GLOBAL_TRACER
-        with _GLOBAL_LOCK:
-            if GLOBAL_TRACER is self:
-                GLOBAL_TRACER = None
+        active = RUNTIME.part(_ActiveTracer)
+        with active.lock:
+            if active.tracer is self:
+                active.tracer = None
         if self._active():
             shutdown()
 
     def merge_profiler_trace(self, profiler_traces: dict[str, Any], base_time_ns: int, *,
-                             args: dict[str, Any] | None = None) -> Path | None:
+                             args: dict[str, object] | None = None) -> Path | None:
         """Add a ``torch.profiler`` Chrome trace (a loaded dict) to this run's output.
 
         ``base_time_ns`` is the ``time.perf_counter_ns()`` at which profiling started (AReaL's
@@ -604,11 +631,20 @@ class PerfTracer:
         return path
 
 
-GLOBAL_TRACER: PerfTracer | None = None
-_GLOBAL_LOCK = threading.Lock()
+class _ActiveTracer:
+    """The tracer this namespace configured (AReaL's ``GLOBAL_TRACER``), held by the runtime
+    (``RUNTIME.part``) so that the module keeps no state of its own."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.tracer: PerfTracer | None = None
+
+    def after_fork_in_child(self) -> None:
+        """Another thread may have held the lock at fork time."""
+        self.lock = threading.Lock()
 
 
-def configure(config: Any = None, *, rank: int | None = None, role: str | None = None,
+def configure(config: object = None, *, rank: int | None = None, role: str | None = None,
               **overrides: Any) -> PerfTracer:
     """AReaL's ``configure``: set up the process's tracer once and return it.
 
@@ -616,13 +652,13 @@ def configure(config: Any = None, *, rank: int | None = None, role: str | None =
     active: call :func:`reset` first (AReaL's rule; :func:`rltrace.configure` reconfigures
     instead).  A pipeline set up with :func:`rltrace.configure` is replaced.
     """
-    global GLOBAL_TRACER
-    with _GLOBAL_LOCK:
-        if GLOBAL_TRACER is not None and GLOBAL_TRACER._active():
+    active = RUNTIME.part(_ActiveTracer)
+    with active.lock:
+        if active.tracer is not None and active.tracer._active():
             raise RuntimeError("PerfTracer has already been configured. Call perf_tracer.reset() "
                                "before configuring again (or rltrace.configure() to reconfigure).")
-        GLOBAL_TRACER = PerfTracer(config, rank=rank, role=role, **overrides)
-        return GLOBAL_TRACER
+        tracer = active.tracer = PerfTracer(config, rank=rank, role=role, **overrides)
+        return tracer
 
 
 def is_configured() -> bool:
@@ -632,7 +668,7 @@ def is_configured() -> bool:
 
 def get_tracer() -> PerfTracer:
     """The configured tracer; ``RuntimeError`` when none is (call :func:`configure` first)."""
-    tracer = GLOBAL_TRACER
+    tracer = RUNTIME.part(_ActiveTracer).tracer
     if tracer is not None and tracer._active():
         return tracer
     if _runtime.is_configured():
@@ -649,14 +685,23 @@ def get_session_tracer() -> SessionTracer | None:
 
 def reset() -> None:
     """Write everything recorded so far and shut tracing down, so ``configure`` may run again."""
-    global GLOBAL_TRACER
-    with _GLOBAL_LOCK:
-        GLOBAL_TRACER = None
+    active = RUNTIME.part(_ActiveTracer)
+    with active.lock:
+        active.tracer = None
     shutdown()
 
 
-def __getattr__(name: str) -> Any:
-    """``profiler`` is ``torch.profiler``, imported on first use (AReaL's module exposes it)."""
+if TYPE_CHECKING:
+    #: the tracer :func:`configure` set up (None before, or after :func:`reset`)
+    GLOBAL_TRACER: PerfTracer | None
+
+
+def __getattr__(name: str) -> object:
+    """``GLOBAL_TRACER`` is the tracer :func:`configure` set up (None before, or after
+    :func:`reset`), read from the runtime; ``profiler`` is ``torch.profiler``, imported on first
+    use (AReaL's module exposes both)."""
+    if name == "GLOBAL_TRACER":
+        return RUNTIME.part(_ActiveTracer).tracer
     if name == "profiler":  # AReaL's module exposes ``torch.profiler`` as ``profiler``
         import torch.profiler
 

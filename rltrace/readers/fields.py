@@ -9,7 +9,7 @@ bad one through ``note`` (a reader counts the notes as fields ignored).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeGuard
 
 #: the longest string copied from a file into a report, a live view or a message
@@ -34,24 +34,23 @@ def cap_text(s: str, limit: int = MAX_TEXT) -> str:
     return f"{s[:limit]}…(+{len(s) - limit} chars)"
 
 
-def preview(v: Any) -> str:
+def preview(v: object) -> str:
     """A short description of a bad value for a message (never the whole of a big one)."""
     if type(v) is str:
         return repr(cap_text(v, 40))
-    if type(v) in (list, dict):
+    if type(v) is list or type(v) is dict:
         return f"a {type(v).__name__} of {len(v)}"
     return cap_text(repr(v), 40)
 
 
-def is_number(v: Any) -> TypeGuard[float]:
+def is_number(v: object) -> TypeGuard[float]:
     """An ``int`` or a finite ``float`` (not a ``bool``)."""
-    t = type(v)
-    return t is int or (t is float and math.isfinite(v))
+    return type(v) is int or (type(v) is float and math.isfinite(v))
 
 
 def number(lo: float, hi: float) -> Check:
     """A number with ``lo <= v <= hi``, returned as it is."""
-    def check(v: Any, note: Note | None = None) -> Any:
+    def check(v: object, note: Note | None = None) -> Any:
         if is_number(v) and lo <= v <= hi:
             return v
         raise Bad(f"expected a number in [{lo:g}, {hi:g}], got {preview(v)}")
@@ -60,7 +59,7 @@ def number(lo: float, hi: float) -> Check:
 
 def integer(lo: int, hi: int) -> Check:
     """An integer (a float with an integral value is taken as one) with ``lo <= v <= hi``."""
-    def check(v: Any, note: Note | None = None) -> int:
+    def check(v: object, note: Note | None = None) -> int:
         if type(v) is float and v.is_integer():
             v = int(v)
         if type(v) is int and lo <= v <= hi:
@@ -69,32 +68,31 @@ def integer(lo: int, hi: int) -> Check:
     return check
 
 
-def text(v: Any, note: Note | None = None) -> str:
+def text(v: object, note: Note | None = None) -> str:
     """A string, capped at ``MAX_TEXT`` characters."""
     if type(v) is str:
         return v if len(v) <= MAX_TEXT else cap_text(v)
     raise Bad(f"expected a string, got {preview(v)}")
 
 
-def boolean(v: Any, note: Note | None = None) -> bool:
+def boolean(v: object, note: Note | None = None) -> bool:
     if type(v) is bool:
         return v
     raise Bad(f"expected true or false, got {preview(v)}")
 
 
-def scalar(v: Any, note: Note | None = None) -> Any:
+def scalar(v: object, note: Note | None = None) -> Any:
     """An id: a string (capped), a number or a boolean, never a list or an object."""
-    t = type(v)
-    if t is str:
+    if type(v) is str:
         return v if len(v) <= MAX_TEXT else cap_text(v)
-    if t is int or t is bool or (t is float and math.isfinite(v)):
+    if type(v) is int or type(v) is bool or (type(v) is float and math.isfinite(v)):
         return v
     raise Bad(f"expected a string or a number, got {preview(v)}")
 
 
 def list_of(item: Check, cap: int) -> Check:
     """A list of at most ``cap`` good items: bad items (and those past the cap) are dropped and noted."""
-    def check(v: Any, note: Note) -> list[Any]:
+    def check(v: object, note: Note) -> list[Any]:
         if type(v) is not list:
             raise Bad(f"expected a list, got {preview(v)}")
         out = []
@@ -112,7 +110,7 @@ def list_of(item: Check, cap: int) -> Check:
 
 def dict_of(value: Check, cap: int) -> Check:
     """A JSON object of at most ``cap`` entries, keys capped, bad values dropped and noted."""
-    def check(v: Any, note: Note) -> dict[str, Any]:
+    def check(v: object, note: Note) -> dict[str, Any]:
         if type(v) is not dict:
             raise Bad(f"expected an object, got {preview(v)}")
         out: dict[str, Any] = {}
@@ -131,14 +129,14 @@ def dict_of(value: Check, cap: int) -> Check:
 
 def pair(first: Check, second: Check) -> Check:
     """A two-item list ``[a, b]``, returned as a tuple."""
-    def check(v: Any, note: Note) -> tuple[Any, Any]:
+    def check(v: object, note: Note) -> tuple[Any, Any]:
         if type(v) is not list or len(v) != 2:
             raise Bad(f"expected a pair [a, b], got {preview(v)}")
         return first(v[0], note), second(v[1], note)
     return check
 
 
-Schema = dict[str, Check]
+Schema = Mapping[str, Check]
 
 
 def apply(doc: dict[str, Any], schema: Schema, note: Note, where: str = "") -> None:
@@ -157,7 +155,7 @@ def apply(doc: dict[str, Any], schema: Schema, note: Note, where: str = "") -> N
 
 def obj(schema: Schema) -> Check:
     """A JSON object whose fields named in ``schema`` are checked (see :func:`apply`)."""
-    def check(v: Any, note: Note) -> dict[str, Any]:
+    def check(v: object, note: Note) -> dict[str, Any]:
         if type(v) is not dict:
             raise Bad(f"expected an object, got {preview(v)}")
         apply(v, schema, note, ".")

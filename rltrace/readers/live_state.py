@@ -10,6 +10,7 @@ what the publisher writes (``LIST_CAP`` listed sessions, ``STEPS_KEPT`` steps, .
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any
 
 from ..live import EDGES, FORMAT
@@ -48,15 +49,15 @@ def step_or_older(v: Any, note: Note) -> Any:
     return step(v, note)
 
 
-OPEN: Schema = {
+OPEN: Schema = MappingProxyType({
     "sessions": count, "tasks": count, "between_phases": count, "sampled_every": integer(1, MAX_COUNT),
     "by_phase": dict_of(count, MAX_ITEMS), "oldest_age_s": seconds,
     "by_step": list_of(obj({"step": step_or_older, "open": count, "age_hist": histogram}), MAX_ITEMS),
     "listed": list_of(obj({"session_id": scalar, "task_id": scalar, "step": step, "age_s": seconds,
                            "turn": count, "phases": list_of(text, MAX_ITEMS), "phase_age_s": seconds}),
                       MAX_ITEMS),
-}
-SCHEMA: Schema = {
+})
+SCHEMA: Schema = MappingProxyType({
     "rank": integer(0, (1 << 31) - 1), "world_size": count, "role": text, "host": text,
     "pid": integer(-(1 << 63), (1 << 63) - 1), "experiment": text, "trial": text,
     "ts": number(-MAX_SECONDS, MAX_SECONDS), "started_ts": number(-MAX_SECONDS, MAX_SECONDS),
@@ -71,7 +72,7 @@ SCHEMA: Schema = {
                           "max_s": seconds}), MAX_ITEMS),
     "goodput": list_of(obj({"step": step, "wall_s": seconds, "scoped": boolean,
                             "seconds": dict_of(seconds, MAX_ITEMS)}), MAX_ITEMS),
-}
+})
 
 
 def check_live_state(doc: Any, note: Note) -> str | None:

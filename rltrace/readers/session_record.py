@@ -10,8 +10,22 @@ null (a phase that never ended) is kept as it is: readers already ignore it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
+from ..sessions.schema import (
+    COUNT_MAX,
+    INT32_MAX,
+    SESSION_RECORD,
+    Kind,
+    RecordField,
+    RecordSchema,
+    times,
+)
+from ..sessions.schema import STEP_MAX as STEP_MAX
+from ..sessions.schema import STEP_MIN as STEP_MIN
 from .fields import (
     MAX_SECONDS,
     MAX_TEXT,
@@ -26,36 +40,28 @@ from .fields import (
     text,
 )
 
-#: steps a reader can hold (int32; -2**31 is the report's "no step")
-STEP_MIN, STEP_MAX = -(1 << 31) + 1, (1 << 31) - 1
-RANK_MAX = TURN_MAX = (1 << 31) - 1
-TURNS_MAX = 1 << 63
+RANK_MAX = TURN_MAX = INT32_MAX
+TURNS_MAX = COUNT_MAX
 #: phase names read per record (the rest are dropped and noted)
 MAX_PHASES = 64
-#: the times a record is measured by: a record with a malformed one is refused
-TIMES = ("submit_ts", "finalized_ts", "total_s")
-
-SCALARS: dict[str, Check] = {
-    "rank": integer(0, RANK_MAX), "step": integer(STEP_MIN, STEP_MAX), "status": text, "reason": text,
-    "task_id": scalar, "session_id": scalar, "trace_id": text, "role": text, "turns": integer(0, TURNS_MAX),
-    "input_tokens": number(0, 1e15), "output_tokens": number(0, 1e15),
-    "policy_version": integer(0, TURNS_MAX), "policy_version_at_finalize": integer(0, TURNS_MAX),
-}
 
 
-def _seconds(v: Any) -> bool:
+def _seconds(v: object) -> bool:
     """A number of seconds (NaN and infinities fail the range check)."""
     return (type(v) is float or type(v) is int) and -MAX_SECONDS <= v <= MAX_SECONDS
 
 
-def check_session_record(rec: dict[str, Any], note: Note) -> str | None:
+def check_session_record(rec: dict[str, Any], note: Note, checks: RecordChecks | None = None) -> str | None:
     """Check ``rec`` in place (see the module docstring): None when it can be used, else why not.
-    ``note`` receives one ``"field: why"`` per field removed."""
+    ``note`` receives one ``"field: why"`` per field removed.  ``checks`` are those of the
+    session record's schema unless given (:meth:`RecordChecks.of` another schema)."""
+    c = checks if checks is not None else CHECKS
+    fields, times = c.fields, c.times
     dropped = []
     for key, v in rec.items():
         if v is None:
             continue
-        check = FIELDS.get(key)
+        check = fields.get(key)
         if check is not None:
             try:
                 new = check(v, note)
@@ -65,8 +71,8 @@ def check_session_record(rec: dict[str, Any], note: Note) -> str | None:
                 continue
             if new is not v:
                 rec[key] = new
-        elif (key in TIMES or key[-2:] == "_s") and not _seconds(v):  # the times and <phase>_s
-            if key in TIMES:
+        elif (key in times or key[-2:] == "_s") and not _seconds(v):  # the times and <phase>_s
+            if key in times:
                 return f"{key}: expected a number of seconds, got {preview(v)}"
             dropped.append(key)
             note(f"{cap_text(key, 40)}: expected a number of seconds, got {preview(v)}")
@@ -75,7 +81,7 @@ def check_session_record(rec: dict[str, Any], note: Note) -> str | None:
     return None
 
 
-def _phases(v: Any, note: Note) -> dict[str, list[Any]]:
+def _phases(v: object, note: Note) -> dict[str, list[Any]]:
     """``{phase: [execution, ...]}`` with malformed executions (and phases) dropped; ``v`` itself
     when nothing is."""
     if type(v) is not dict:
@@ -93,7 +99,7 @@ def _phases(v: Any, note: Note) -> dict[str, list[Any]]:
     return v if kept is None else kept
 
 
-def _well_formed(execs: Any) -> bool:
+def _well_formed(execs: object) -> bool:
     """Every execution an object with numbers of seconds (or null) as ends and a valid turn."""
     if type(execs) is not list:
         return False
@@ -109,7 +115,7 @@ def _well_formed(execs: Any) -> bool:
     return True
 
 
-def _repaired(name: str, execs: Any, note: Note) -> list[Any] | None:
+def _repaired(name: str, execs: object, note: Note) -> list[Any] | None:
     """The executions of a phase that has malformed ones, without them (None: not a list); a
     malformed ``turn`` is made null.  Each problem is noted."""
     where = f"phases.{cap_text(name, 40)}"
@@ -127,12 +133,12 @@ def _repaired(name: str, execs: Any, note: Note) -> list[Any] | None:
     return good
 
 
-def _times_ok(start: Any, end: Any) -> bool:
+def _times_ok(start: object, end: object) -> bool:
     """Start and end of an execution: numbers of seconds, or null (a phase that never ended)."""
     return (start is None or _seconds(start)) and (end is None or _seconds(end))
 
 
-def _phase_counts(v: Any, note: Note) -> dict[str, int]:
+def _phase_counts(v: object, note: Note) -> dict[str, int]:
     """``{phase: count}``; any malformed entry makes the whole field unusable."""
     if type(v) is not dict or len(v) > MAX_PHASES:
         raise Bad(f"expected an object of at most {MAX_PHASES} counts, got {preview(v)}")
@@ -146,5 +152,42 @@ def _phase_counts(v: Any, note: Note) -> dict[str, int]:
     return {(k if len(k) <= MAX_TEXT else cap_text(k)): n for k, n in v.items()}
 
 
-#: the fields checked by a :data:`~.fields.Check` (the times and ``<phase>_s`` are checked inline)
-FIELDS: dict[str, Check] = {**SCALARS, "phases": _phases, "phase_counts": _phase_counts}
+@dataclass(frozen=True)
+class RecordChecks:
+    """The checks of a session record, made from its schema (:mod:`rltrace.sessions.schema`)."""
+
+    #: the fields checked by a :data:`~.fields.Check` (the times and ``<phase>_s`` are checked
+    #: inline, ``counters`` is read as it is)
+    fields: Mapping[str, Check]
+    #: the times a record is measured by: a record with a malformed one is refused
+    times: tuple[str, ...]
+
+    @classmethod
+    def of(cls, schema: RecordSchema) -> RecordChecks:
+        """The checks of the records ``schema`` describes."""
+        fields = {f.name: check for f in schema if (check := _check_of(f)) is not None}
+        return cls(MappingProxyType(fields), times(schema))
+
+
+def _check_of(f: RecordField) -> Check | None:
+    """The check of one field by its kind; None for those checked inline or read as they are."""
+    kind = f.kind
+    if kind is Kind.ID:
+        return scalar
+    if kind is Kind.TEXT:
+        return text
+    if kind is Kind.INT:
+        return integer(int(f.lo), int(f.hi))
+    if kind is Kind.NUMBER:
+        return number(f.lo, f.hi)
+    if kind is Kind.PHASES:
+        return _phases
+    if kind is Kind.PHASE_COUNTS:
+        return _phase_counts
+    return None  # SECONDS (inline), COUNTERS
+
+
+#: the checks of :data:`rltrace.sessions.schema.SESSION_RECORD`
+CHECKS = RecordChecks.of(SESSION_RECORD)
+FIELDS = CHECKS.fields
+TIMES = CHECKS.times

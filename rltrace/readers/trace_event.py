@@ -15,6 +15,8 @@ categories and string ``tid`` are capped.  With ``text_pid``, a string ``pid`` i
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from .fields import MAX_TEXT, Note, cap_text, preview
@@ -28,10 +30,10 @@ NO_CAP = 1 << 62
 NAMED = frozenset("XBiICMbn")
 WITH_ID = frozenset("ben")
 #: what the args of a metadata event must hold, by its name
-META_ARGS: dict[str, tuple[str, type]] = {
+META_ARGS: Mapping[str, tuple[str, type]] = MappingProxyType({
     "process_name": ("name", str), "thread_name": ("name", str), "process_labels": ("labels", str),
     "process_sort_index": ("sort_index", int), "thread_sort_index": ("sort_index", int),
-}
+})
 
 
 def check_trace_event(ev: dict[str, Any], note: Note, max_text: int | None = MAX_TEXT,
@@ -144,12 +146,9 @@ def _meta_args(ev: dict[str, Any]) -> str | None:
     return None
 
 
-_NO_ARGS: dict[str, Any] = {}
-
-
 def _optional(ev: dict[str, Any], ph: str, note: Note, max_text: int | None) -> None:
     """Remove (and note) malformed optional fields; cap string ``cat`` and ``tid``."""
-    if type(ev.get("args", _NO_ARGS)) is not dict:
+    if "args" in ev and type(ev["args"]) is not dict:
         note(f"args: expected an object, got {preview(ev.pop('args'))}")
     if type(ev.get("cat", "")) is not str:
         note(f"cat: expected a string, got {preview(ev.pop('cat'))}")

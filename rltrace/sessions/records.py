@@ -4,7 +4,8 @@ whose fields stay in slots until export."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
+from types import MappingProxyType, TracebackType
 from typing import Any, Protocol
 
 from opentelemetry.trace import SpanContext
@@ -40,12 +41,12 @@ THROWN_AWAY = FINAL_SET - {"accepted"}
 STATUSES = ("pending", *FINAL_STATUSES)
 
 
-_GENAI_KEYS = {
+_GENAI_KEYS: Mapping[str, str] = MappingProxyType({
     "model": "gen_ai.request.model",
     "input_tokens": "gen_ai.usage.input_tokens",
     "output_tokens": "gen_ai.usage.output_tokens",
     "tool_name": "gen_ai.tool.name",
-}
+})
 
 _GENAI_OPERATION = "gen_ai.operation.name"
 _GENAI_CONVERSATION = "gen_ai.conversation.id"
@@ -62,11 +63,11 @@ class PhaseHost(Protocol):
     (:class:`rltrace.sessions.registry.SessionRegistry`)."""
 
     enabled: bool
-    sessions: dict[Any, SessionScope]
+    sessions: dict[Hashable, SessionScope]
 
     def count_misuse(self, kind: str, message: str) -> None: ...
 
-    def no_session(self, sid: Any, api: str) -> None: ...
+    def no_session(self, sid: Hashable | None, api: str) -> None: ...
 
 
 class TaskScope(Scope):
@@ -76,7 +77,7 @@ class TaskScope(Scope):
     kept = True
     __slots__ = ("_attrs", "open", "spread", "step", "task_id")
 
-    def __init__(self, task_id: Any, step: Any) -> None:
+    def __init__(self, task_id: Hashable, step: int | None) -> None:
         """A started task; ``step`` is its caller's (see ``SessionRegistry._task_locked``)."""
         self.name = TASK_SPAN
         self.category = _SCHEDULER
@@ -87,7 +88,7 @@ class TaskScope(Scope):
         self._sc = None  # its ids are always drawn (its sessions' records carry its trace id):
         # set, the slot is read without the AttributeError an unset one raises and clears
         self.task_id = task_id
-        self.open: set[Any] | None = set()  # ids of its open sessions; None once it ended
+        self.open: set[Hashable] | None = set()  # ids of its open sessions; None once it ended
         #: its context went to another process (``rltrace.ray``), whose sessions join it there
         self.spread = False
         self.step = step
@@ -102,7 +103,7 @@ class TaskScope(Scope):
             attrs[ATTR_STEP] = self.step
         return _with_user_attrs(self, attrs)
 
-    def own_step(self) -> Any:
+    def own_step(self) -> int | None:
         return self.step
 
 
@@ -118,7 +119,7 @@ class RemoteTaskScope(TaskScope):
 
     __slots__ = ("decision", "parts")
 
-    def __init__(self, task_id: Any, context: SpanContext) -> None:
+    def __init__(self, task_id: Hashable, context: SpanContext) -> None:
         self.name = TASK_SPAN
         self.category = "scheduler"
         self.args = None
@@ -156,7 +157,7 @@ class SessionScope(Scope):
     status: str
     reason: str | None
 
-    def __init__(self, session_id: Any, task: TaskScope, step: Any) -> None:
+    def __init__(self, session_id: Hashable, task: TaskScope, step: int | None) -> None:
         """A started session of ``task``; ``step`` is its caller's (see
         ``SessionRegistry.register_session``)."""
         self.name = SESSION_SPAN
@@ -201,7 +202,7 @@ class SessionScope(Scope):
         return attrs
 
 
-    def own_step(self) -> Any:
+    def own_step(self) -> int | None:
         return self.step
 
 
@@ -224,7 +225,7 @@ def _with_user_attrs(rec: TaskScope | SessionScope | PhaseScope, attrs: dict[str
 # ---- phases ---------------------------------------------------------------------------------
 
 
-def _payload_attrs(attrs: dict[str, Any], prefix: str, payload: dict[str, Any], spec: PhaseSpec) -> None:
+def _payload_attrs(attrs: dict[str, Any], prefix: str, payload: dict[str, object], spec: PhaseSpec) -> None:
     for k, v in payload.items():
         attrs[prefix + str(k)] = v
         genai = _GENAI_KEYS.get(k)
@@ -246,12 +247,12 @@ class PhaseScope(Scope):
     slot_attrs = True
     kept = True
     #: device-synced phases are :class:`SyncedPhaseScope`s (two slots more)
-    device_sync: Any = None
+    device_sync: bool | str | None = None
     __slots__ = ("_attrs", "end_payload", "logged", "reg", "session_id", "spec", "start_payload",
                  "turn")
 
-    def __init__(self, spec: PhaseSpec, start_payload: dict[str, Any] | None,
-                 end_payload: dict[str, Any] | None, turn: int | None, session_id: Any,
+    def __init__(self, spec: PhaseSpec, start_payload: dict[str, object] | None,
+                 end_payload: dict[str, object] | None, turn: int | None, session_id: Hashable | None,
                  reg: PhaseHost) -> None:
         self.name = spec.name
         self.category = spec.category
@@ -280,7 +281,7 @@ class PhaseScope(Scope):
         """Whether this execution has ended."""
         return self.end_ns != 0
 
-    def set_end_payload(self, **payload: Any) -> None:
+    def set_end_payload(self, **payload: object) -> None:
         """Add key/values recorded when the phase ends (``rl.end.<key>``)."""
         if self.end_payload is None:
             self.end_payload = {}
@@ -331,7 +332,7 @@ class PhaseScope(Scope):
         if self.reg.sessions.get(session.session_id) is not session:  # finalized meanwhile
             self._close_if_open(ops, recorder.now_ns(), None, True)
 
-    def end(self, end_time: int | None = None, *, payload: Mapping[str, Any] | None = None,
+    def end(self, end_time: int | None = None, *, payload: Mapping[str, object] | None = None,
             exc: BaseException | None = None, interrupted: bool = False) -> None:
         """Close this execution (idempotent): OTel's ``Span.end(end_time=None)``, plus
         ``payload`` added as ``rl.end.*`` attributes (``mark_<phase>_end(handle=h, ...)``)."""
@@ -394,7 +395,8 @@ class PhaseScope(Scope):
                 self._token = recorder.attach(self)
         return self
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         sess = self.parent
         if sess is not None:
             end = recorder.now_ns()
@@ -418,7 +420,8 @@ class PhaseScope(Scope):
     async def __aenter__(self) -> PhaseScope:
         return self.__enter__()
 
-    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
         self.__exit__(exc_type, exc, tb)
 
 
@@ -427,9 +430,9 @@ class SyncedPhaseScope(PhaseScope):
 
     __slots__ = ("_sync_wait", "device_sync")
 
-    def __init__(self, spec: PhaseSpec, start_payload: dict[str, Any] | None,
-                 end_payload: dict[str, Any] | None, turn: int | None, session_id: Any,
-                 reg: PhaseHost, device_sync: Any) -> None:
+    def __init__(self, spec: PhaseSpec, start_payload: dict[str, object] | None,
+                 end_payload: dict[str, object] | None, turn: int | None, session_id: Hashable | None,
+                 reg: PhaseHost, device_sync: bool | str | None) -> None:
         super().__init__(spec, start_payload, end_payload, turn, session_id, reg)
         self.device_sync = device_sync
         self._sync_wait = 0
@@ -439,7 +442,7 @@ class SyncedPhaseScope(PhaseScope):
 PhaseHandle = PhaseScope
 
 
-def check_status(status: Any) -> str:
+def check_status(status: object) -> str:
     if status not in FINAL_STATUSES:
         raise ValueError(
             f"rltrace mark_finalized: status must be one of {', '.join(FINAL_STATUSES)}, "

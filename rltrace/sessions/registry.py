@@ -9,7 +9,7 @@ import itertools
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any, TypeVar
 
 from opentelemetry.trace import SpanContext
@@ -79,10 +79,10 @@ class SessionRegistry:
         self.flight: Any = None
         #: the phases its sessions may run (default: the built-ins, in a registry of its own)
         self.phases = phases if phases is not None else PhaseRegistry()
-        self.tasks: dict[Any, TaskScope] = {}
-        self.sessions: dict[Any, SessionScope] = {}
-        self.recent_tasks: list[dict[Any, TaskScope]] = [{}, {}]
-        self.recent_sessions: list[dict[Any, TaskScope]] = [{}, {}]
+        self.tasks: dict[Hashable, TaskScope] = {}
+        self.sessions: dict[Hashable, SessionScope] = {}
+        self.recent_tasks: list[dict[Hashable, TaskScope]] = [{}, {}]
+        self.recent_sessions: list[dict[Hashable, TaskScope]] = [{}, {}]
         self.lock = threading.RLock()  # reentrant: the SIGTERM flush may interrupt a holder
         #: misuse that does not raise (unknown/finalized ids, phases outside a session): counted
         self.misuse: dict[str, int] = {}
@@ -112,11 +112,11 @@ class SessionRegistry:
         """Tasks and sessions currently open (finished ones leave no state)."""
         return {"open_tasks": len(self.tasks), "open_sessions": len(self.sessions)}
 
-    def session(self, session_id: Any) -> SessionScope | None:
+    def session(self, session_id: Hashable | None) -> SessionScope | None:
         """The open session ``session_id``, or None."""
         return self.sessions.get(session_id)
 
-    def open_sessions(self, task_id: Any) -> list[SessionScope]:
+    def open_sessions(self, task_id: Hashable | None) -> list[SessionScope]:
         """The open sessions of task ``task_id`` (empty when the task is unknown or ended)."""
         with self.lock:
             task = self.tasks.get(task_id)
@@ -136,7 +136,7 @@ class SessionRegistry:
 
     # ---- tasks and sessions ----------------------------------------------------------------
 
-    def register_task(self, task_id: Any = None) -> Any:
+    def register_task(self, task_id: Hashable | None = None) -> Hashable:
         """Register a task (one dataset item) and return its id (a new int when not given)."""
         if task_id is None:
             task_id = next(self._task_ids)
@@ -163,7 +163,7 @@ class SessionRegistry:
                            "{'enabled': True}) or RLTRACE_SESSION_TRACER_ENABLED=true.",
                            api, self.off_reason)
 
-    def _task_locked(self, task_id: Any) -> TaskScope:
+    def _task_locked(self, task_id: Hashable | None) -> TaskScope:
         """The open task ``task_id``, registered now if needed (caller holds the lock): a
         :class:`RemoteTaskScope` when it is the caller's task in another process."""
         task = self.tasks.get(task_id)
@@ -178,7 +178,7 @@ class SessionRegistry:
             remember(self.recent_tasks, task_id, task, _RECENT_GEN)
         return task
 
-    def task_span_context(self, task_id: Any, spread: bool = False) -> SpanContext | None:
+    def task_span_context(self, task_id: Hashable | None, spread: bool = False) -> SpanContext | None:
         """The ``SpanContext`` of task ``task_id``'s span in this process (open or recently
         finished), for propagation to the processes that run its sessions; None if unknown.
         ``spread``: mark the task as having gone to another process (its span is then sent
@@ -190,7 +190,7 @@ class SessionRegistry:
                 task.spread = True
         return None if task is None else task.get_span_context()
 
-    def register_session(self, task_id: Any = None) -> Any:
+    def register_session(self, task_id: Hashable | None = None) -> Hashable:
         """Register a session (one sample) under ``task_id`` (default: the current task).
 
         Without any task a task is registered implicitly, so the session is never lost.
@@ -225,7 +225,7 @@ class SessionRegistry:
 
     # ---- phases ----------------------------------------------------------------------------
 
-    def no_session(self, sid: Any, api: str) -> None:
+    def no_session(self, sid: Hashable | None, api: str) -> None:
         """Count a phase API called without a live session."""
         if sid is None:
             self.count_misuse("no_session", f"{api} called outside any session (no session_id "
@@ -235,7 +235,7 @@ class SessionRegistry:
             self.count_misuse("unknown_session", f"{api}: session {sid!r} is unknown or already "
                                                  "finalized; the phase is not recorded")
 
-    def _session_for(self, session_id: Any, api: str) -> SessionScope | None:
+    def _session_for(self, session_id: Hashable | None, api: str) -> SessionScope | None:
         sid = session_id if session_id is not None else SESSION_CV.get()
         sess = self.sessions.get(sid) if sid is not None else None
         if sess is None:
@@ -243,9 +243,9 @@ class SessionRegistry:
         return sess
 
     def trace_session_phase(
-        self, phase: str, start_payload: dict[str, Any] | None = None,
-        end_payload: dict[str, Any] | None = None, *, turn: int | None = None,
-        session_id: Any = None, device_sync: bool | str | None = None,
+        self, phase: str, start_payload: dict[str, object] | None = None,
+        end_payload: dict[str, object] | None = None, *, turn: int | None = None,
+        session_id: Hashable | None = None, device_sync: bool | str | None = None,
     ) -> PhaseScope:
         """Time one execution of ``phase`` in the current session: ``with trace_session_phase(...)``.
 
@@ -272,9 +272,9 @@ class SessionRegistry:
         return PhaseScope(spec, start, end, turn, session_id, self)
 
     def atrace_session_phase(
-        self, phase: str, start_payload: dict[str, Any] | None = None,
-        end_payload: dict[str, Any] | None = None, *, turn: int | None = None,
-        session_id: Any = None, device_sync: bool | str | None = None,
+        self, phase: str, start_payload: dict[str, object] | None = None,
+        end_payload: dict[str, object] | None = None, *, turn: int | None = None,
+        session_id: Hashable | None = None, device_sync: bool | str | None = None,
     ) -> PhaseScope:
         """Async form of :func:`trace_session_phase` (``async with``)."""
         return self.trace_session_phase(phase, start_payload, end_payload, turn=turn,
@@ -291,7 +291,7 @@ class SessionRegistry:
             if inspect.iscoroutinefunction(fn):
 
                 @functools.wraps(fn)
-                async def awrapper(*a: Any, **k: Any) -> Any:
+                async def awrapper(*a: object, **k: object) -> object:
                     if not reg.enabled:
                         return await fn(*a, **k)
                     async with PhaseScope(phases.get(phase), None, None, None, None, reg):
@@ -300,7 +300,7 @@ class SessionRegistry:
                 return awrapper  # type: ignore[return-value]
 
             @functools.wraps(fn)
-            def wrapper(*a: Any, **k: Any) -> Any:
+            def wrapper(*a: object, **k: object) -> object:
                 if not reg.enabled:
                     return fn(*a, **k)
                 with PhaseScope(phases.get(phase), None, None, None, None, reg):
@@ -312,9 +312,9 @@ class SessionRegistry:
 
     # ---- finalization ----------------------------------------------------------------------
 
-    def _finalize(self, sess: SessionScope, status: str, reason: Any) -> None:
-        if reason is not None and type(reason) is not str:
-            reason = text(reason)  # never raises: an unprintable reason must not lose the session
+    def _finalize(self, sess: SessionScope, status: str, given: object) -> None:
+        # never raises: an unprintable reason must not lose the session
+        reason = given if given is None or type(given) is str else text(given)
         with self.lock:
             if self.sessions.pop(sess.session_id, None) is None:
                 return
@@ -347,7 +347,7 @@ class SessionRegistry:
         if task_done:
             task.finish(end, keep=True)
 
-    def _session_left(self, task: TaskScope, session_id: Any) -> bool:
+    def _session_left(self, task: TaskScope, session_id: Hashable | None) -> bool:
         """Drop a finalized session from its task; True when that ended the task (holds the
         lock)."""
         open_ = task.open
@@ -364,7 +364,7 @@ class SessionRegistry:
         task.open = None
         return True
 
-    def finalize_session(self, session_id: Any, status: str, reason: str | None = None) -> None:
+    def finalize_session(self, session_id: Hashable | None, status: str, reason: str | None = None) -> None:
         """Finalize one session (see ``trace_session_event("mark_finalized", ...)``)."""
         sess = self.sessions.get(session_id)
         if sess is None:
@@ -373,7 +373,7 @@ class SessionRegistry:
             return
         self._finalize(sess, status, reason)
 
-    def finalize_task(self, task_id: Any, status: str, reason: str | None = None) -> None:
+    def finalize_task(self, task_id: Hashable | None, status: str, reason: str | None = None) -> None:
         """Finalize every open session of a task, then end the task span."""
         with self.lock:
             task = self.tasks.get(task_id)
@@ -390,7 +390,7 @@ class SessionRegistry:
             task.finish(recorder.now_ns(), keep=True)
 
     def trace_session_event(
-        self, method: str, session_id: Any = None, task_id: Any = None, **payload: Any
+        self, method: str, session_id: Hashable | None = None, task_id: Hashable | None = None, **payload: Any
     ) -> Any:
         """Record a lifecycle event: ``mark_finalized``, ``mark_<phase>_start``/``_end``, or
         ``increment_counter`` (``name=``, ``value=``: :meth:`increment_counter`).
@@ -427,8 +427,8 @@ class SessionRegistry:
             f"with a phase registered by rltrace.register_phase"
         )
 
-    def increment_counter(self, name: str, value: int | float = 1, *, session_id: Any = None,
-                          task_id: Any = None) -> int:
+    def increment_counter(self, name: str, value: int | float = 1, *, session_id: Hashable | None = None,
+                          task_id: Hashable | None = None) -> int:
         """Add ``value`` to counter ``name`` of one open session (or of every open session of a
         task; with neither id, the current session, else the current task).
 
@@ -455,7 +455,7 @@ class SessionRegistry:
                                                  "already finalized; ignored")
         return len(targets)
 
-    def _counter_targets(self, session_id: Any, task_id: Any) -> list[Any]:
+    def _counter_targets(self, session_id: Hashable | None, task_id: Hashable | None) -> list[SessionScope]:
         """Open sessions addressed as AReaL does (the session, else all of a task; else context)."""
         if session_id is None and task_id is None:
             session_id = get_session_id()
@@ -469,7 +469,8 @@ class SessionRegistry:
                              "context; pass session_id= or task_id=")
         return self.open_sessions(task_id)
 
-    def _finalized_event(self, session_id: Any, task_id: Any, payload: dict[str, Any]) -> None:
+    def _finalized_event(self, session_id: Hashable | None, task_id: Hashable | None,
+                         payload: dict[str, Any]) -> None:
         """``mark_finalized``: the session given (or in context), else every open session of the
         task given (or in context)."""
         status = payload.pop("status", None)
@@ -497,7 +498,7 @@ class SessionRegistry:
             raise ValueError("rltrace mark_finalized: no session_id or task_id given and none "
                              "in context; pass session_id= or task_id=")
 
-    def _phase_edge_event(self, method: str, session_id: Any, task_id: Any,
+    def _phase_edge_event(self, method: str, session_id: Hashable | None, task_id: Hashable | None,
                           payload: dict[str, Any]) -> Any:
         """``mark_<phase>_start`` (a handle; a list of them for a task) or ``mark_<phase>_end``
         (that handle's execution, else the oldest open one of the phase)."""
@@ -551,7 +552,7 @@ class SessionRegistry:
             if inspect.iscoroutinefunction(fn):
 
                 @functools.wraps(fn)
-                async def awrapper(*a: Any, **k: Any) -> Any:
+                async def awrapper(*a: object, **k: object) -> object:
                     if not reg.enabled:
                         return await fn(*a, **k)
                     sid = reg.register_session()
@@ -568,7 +569,7 @@ class SessionRegistry:
                 return awrapper  # type: ignore[return-value]
 
             @functools.wraps(fn)
-            def wrapper(*a: Any, **k: Any) -> Any:
+            def wrapper(*a: object, **k: object) -> object:
                 if not reg.enabled:
                     return fn(*a, **k)
                 sid = reg.register_session()
@@ -586,12 +587,12 @@ class SessionRegistry:
 
         return deco
 
-    def _enter_session(self, sid: Any) -> tuple[Any, Any]:
+    def _enter_session(self, sid: Hashable | None) -> tuple[Any, Any]:
         tok = SESSION_CV.set(sid)
         sess = self.sessions.get(sid)
         return tok, attach(sess) if sess is not None else None
 
-    def _fail(self, sid: Any, exc: BaseException) -> None:
+    def _fail(self, sid: Hashable | None, exc: BaseException) -> None:
         sess = self.sessions.get(sid)
         if sess is not None:
             self._finalize(sess, "failed", f"{type(exc).__name__}: {exc}")

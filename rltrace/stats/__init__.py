@@ -40,23 +40,46 @@ n-th mask of its denominator), raises AReaL's exception types, and exports integ
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .bridge import SpanTimings, disable_span_timings, enable_span_timings, span_timings
 from .logger import StatsLogger, StatsLoggerConfig, TensorBoardConfig
 from .logs import TraceContextFilter, setup_logging
 from .reduce import ReduceType
 from .sinks import CommitInfo, Sink
-from .tracker import DEFAULT, LOCK, TRACKERS, StatsTracker, export_all, get
+from .tracker import StatsTracker, Trackers, default_tracker, export_all, get, trackers
 from .values import StatsShapeError, StatsTypeError
 from .wandb_sink import WandBConfig
 
 #: AReaL's name for the tracker class (the same class)
 DistributedStatsTracker = StatsTracker
-#: AReaL's name for the default tracker (the same object as ``DEFAULT``)
-DEFAULT_TRACKER = DEFAULT
-#: in AReaL's module for compatibility; AReaL 1.0.4 does not use it, nor does rltrace
-MOE_AUX_LOSSES: dict[str, Any] = {}
+if TYPE_CHECKING:
+    import threading
+
+    #: the tracker behind the module-level functions (:func:`~.tracker.default_tracker`)
+    DEFAULT: StatsTracker
+    #: AReaL's name for the default tracker (the same object as ``DEFAULT``)
+    DEFAULT_TRACKER: StatsTracker
+    #: every tracker by name (AReaL's name; ``""`` is the default tracker)
+    TRACKERS: dict[str, StatsTracker]
+    #: the lock guarding ``TRACKERS`` (AReaL's name)
+    LOCK: threading.Lock
+    #: in AReaL's module for compatibility; AReaL 1.0.4 does not use it, nor does rltrace
+    MOE_AUX_LOSSES: dict[str, object]
+
+
+def __getattr__(name: str) -> object:
+    """AReaL's module attributes (``DEFAULT``/``DEFAULT_TRACKER``, ``TRACKERS``, ``LOCK``,
+    ``MOE_AUX_LOSSES``), read from the runtime's :class:`~.tracker.Trackers`."""
+    if name in ("DEFAULT", "DEFAULT_TRACKER"):
+        return default_tracker()
+    if name == "TRACKERS":
+        return trackers().by_name
+    if name == "LOCK":
+        return trackers().lock
+    if name == "MOE_AUX_LOSSES":
+        return trackers().moe_aux_losses
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "DEFAULT",
@@ -76,6 +99,7 @@ __all__ = [
     "StatsTypeError",
     "TensorBoardConfig",
     "TraceContextFilter",
+    "Trackers",
     "WandBConfig",
     "denominator",
     "disable_scope",
@@ -99,47 +123,47 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def scope(name: str) -> Any:
     """Prefix keys recorded inside with ``name/`` (context manager and decorator)."""
-    return DEFAULT.scope(name)
+    return default_tracker().scope(name)
 
 
 def scope_func_wrapper(name: str) -> Callable[[F], F]:
     """Decorator: every call of the function records under ``scope(name)``."""
-    return DEFAULT.scope_func_wrapper(name)
+    return default_tracker().scope_func_wrapper(name)
 
 
 def disable_scope() -> Any:
     """Context manager: keys recorded inside get no prefix from the scopes open outside it."""
-    return DEFAULT.disable_scope()
+    return default_tracker().disable_scope()
 
 
-def denominator(**masks: Any) -> None:
+def denominator(**masks: object) -> None:
     """Append boolean masks (torch/numpy/jax) by name; the n-th ``stat`` of a key uses the n-th."""
-    DEFAULT.denominator(**masks)
+    default_tracker().denominator(**masks)
 
 
 def stat(denominator: str | None = None, reduce_type: ReduceType | str | None = None,
-         **values: Any) -> None:
+         **values: object) -> None:
     """Record tensors/arrays over a denominator's mask (default: ``key/avg``, ``/min``, ``/max``)."""
-    DEFAULT.stat(denominator, reduce_type, **values)
+    default_tracker().stat(denominator, reduce_type, **values)
 
 
-def scalar(**values: Any) -> None:
+def scalar(**values: object) -> None:
     """Record floats: exported as the mean and ``key__count``."""
-    DEFAULT.scalar(**values)
+    default_tracker().scalar(**values)
 
 
 def record_timing(name: str) -> Any:
     """Time a block as ``timeperf/<name>`` seconds (context manager and decorator)."""
-    return DEFAULT.record_timing(name)
+    return default_tracker().record_timing(name)
 
 
-def export(key: str | None = None, reduce_group: Any = None, reset: bool = True) -> dict[str, float]:
+def export(key: str | None = None, reduce_group: object = None, reset: bool = True) -> dict[str, float]:
     """Export the default tracker (this process only unless ``reduce_group`` is given; see
     :meth:`StatsTracker.export`)."""
-    return DEFAULT.export(key=key, reduce_group=reduce_group, reset=reset)
+    return default_tracker().export(key=key, reduce_group=reduce_group, reset=reset)
 
 
 def reset() -> None:
     """Drop everything the default tracker holds."""
-    DEFAULT.reset()
+    default_tracker().reset()
 

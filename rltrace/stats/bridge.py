@@ -23,7 +23,7 @@ from .. import runtime
 from ..recorder import Scope
 from ..semconv import ATTR_PHASE, ATTR_SESSION, ATTR_STEP, SESSION_SPAN, TASK_SPAN
 from ..steps import step_of
-from .tracker import TIMEPERF, StatsTracker
+from .tracker import TIMEPERF, StatsTracker, default_tracker
 
 __all__ = ["SpanTimings", "disable_span_timings", "enable_span_timings", "span_timings"]
 
@@ -48,12 +48,12 @@ class SpanTimings:
         self.max_steps = max_steps
         self.dropped_steps = 0
         # written only by the exporter thread, one cycle at a time; drain() swaps it out
-        self._sums: dict[Any, dict[str, int]] = {}
-        self._cached_parent: Any = None
-        self._cached_step: Any = None
+        self._sums: dict[int | None, dict[str, int]] = {}
+        self._cached_parent: object = None
+        self._cached_step: int | None = None
 
     # -- record processor ---------------------------------------------------------------------
-    def on_record(self, rec: Any) -> None:
+    def on_record(self, rec: object) -> None:
         """Add one finished scope (called on rltrace's exporter thread, one cycle at a time)."""
         if not isinstance(rec, Scope):
             return
@@ -112,11 +112,11 @@ class SpanTimings:
         return None
 
     # -- reading --------------------------------------------------------------------------------
-    def pending(self) -> dict[Any, dict[str, float]]:
+    def pending(self) -> dict[int | None, dict[str, float]]:
         """Seconds per step and span name not yet drained (a snapshot, without draining)."""
         return {s: {n: ns / 1e9 for n, ns in dict(d).items()} for s, d in dict(self._sums).items()}
 
-    def drain(self) -> dict[Any, dict[str, float]]:
+    def drain(self) -> dict[int | None, dict[str, float]]:
         """Take the sums (seconds per step and name) of every scope finished so far.
 
         Flushes the pipeline first (every finished scope is counted), swaps the sums out, and
@@ -142,15 +142,33 @@ class SpanTimings:
         self._sums = {}  # the parent exports what it measured; never twice
 
 
-_BRIDGE: SpanTimings | None = None
-_HOOKED: StatsTracker | None = None
-_LOCK = threading.Lock()
+class _Installed:
+    """The installed bridge and the tracker it feeds, held by the runtime
+    (``RUNTIME.part(_Installed)``)."""
 
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.bridge: SpanTimings | None = None
+        self.hooked: StatsTracker | None = None
 
-def _hook(tracker: StatsTracker) -> None:
-    b = _BRIDGE
-    if b is not None:
-        b.drain_into(tracker)
+    def hook(self, tracker: StatsTracker) -> None:
+        """Before ``tracker`` exports: record the span timings drained since the last export."""
+        b = self.bridge
+        if b is not None:
+            b.drain_into(tracker)
+
+    def disable_locked(self) -> None:
+        """Remove the bridge from the pipeline and its hook from its tracker (lock held)."""
+        if self.bridge is not None:
+            runtime.remove_record_processor(self.bridge)
+        hooked = self.hooked
+        if hooked is not None and self.hook in hooked.before_export:
+            hooked.before_export.remove(self.hook)
+        self.bridge = self.hooked = None
+
+    def after_fork_in_child(self) -> None:
+        """Another thread may have held the lock at fork time."""
+        self.lock = threading.Lock()
 
 
 def enable_span_timings(tracker: StatsTracker | None = None, **options: Any) -> SpanTimings:
@@ -160,35 +178,24 @@ def enable_span_timings(tracker: StatsTracker | None = None, **options: Any) -> 
     already); call it yourself to feed another tracker or to change ``options`` (see
     :class:`SpanTimings`).  Returns the installed bridge.
     """
-    global _BRIDGE, _HOOKED
-    from .tracker import DEFAULT
-
-    target = tracker if tracker is not None else DEFAULT
-    with _LOCK:
-        _disable_locked()
+    target = tracker if tracker is not None else default_tracker()
+    installed = runtime.RUNTIME.part(_Installed)
+    with installed.lock:
+        installed.disable_locked()
         bridge = SpanTimings(**options)
         runtime.add_record_processor(bridge)
-        target.before_export.append(_hook)
-        _BRIDGE, _HOOKED = bridge, target
+        target.before_export.append(installed.hook)
+        installed.bridge, installed.hooked = bridge, target
         return bridge
-
-
-def _disable_locked() -> None:
-    global _BRIDGE, _HOOKED
-    if _BRIDGE is not None:
-        runtime.remove_record_processor(_BRIDGE)
-    if _HOOKED is not None and _hook in _HOOKED.before_export:
-        _HOOKED.before_export.remove(_hook)
-    _BRIDGE = _HOOKED = None
 
 
 def disable_span_timings() -> None:
     """Stop deriving ``timeperf/`` stats from spans (spans are unaffected)."""
-    with _LOCK:
-        _disable_locked()
+    installed = runtime.RUNTIME.part(_Installed)
+    with installed.lock:
+        installed.disable_locked()
 
 
 def span_timings() -> SpanTimings | None:
     """The installed bridge, if any."""
-    return _BRIDGE
-
+    return runtime.RUNTIME.part(_Installed).bridge

@@ -63,10 +63,10 @@ class StatsLoggerConfig:
     otel: bool = True
 
 
-_IGNORED_KEYS = {"swanlab"}  # AReaL keys for backends rltrace does not ship
+_IGNORED_KEYS = frozenset({"swanlab"})  # AReaL keys for backends rltrace does not ship
 
 
-def _as_dict(obj: Any) -> dict[str, Any]:
+def _as_dict(obj: object) -> dict[str, Any]:
     if obj is None:
         return {}
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
@@ -88,7 +88,7 @@ def _build(cls: type, data: Mapping[str, Any], where: str) -> Any:
     return cls(**{k: v for k, v in data.items() if k in names})
 
 
-def load_config(config: Any) -> StatsLoggerConfig:
+def load_config(config: object) -> StatsLoggerConfig:
     """A :class:`StatsLoggerConfig` from one, a mapping, or any dataclass with its keys (AReaL's)."""
     if isinstance(config, StatsLoggerConfig):
         return dataclasses.replace(config)
@@ -100,7 +100,7 @@ def load_config(config: Any) -> StatsLoggerConfig:
     return built
 
 
-def _wandb_arg(value: Any) -> WandBConfig:
+def _wandb_arg(value: object) -> WandBConfig:
     if isinstance(value, WandBConfig):
         return value
     if value is True:
@@ -113,7 +113,7 @@ def _wandb_arg(value: Any) -> WandBConfig:
     return built
 
 
-def _tensorboard_arg(value: Any, logdir: Path) -> TensorBoardConfig:
+def _tensorboard_arg(value: object, logdir: Path) -> TensorBoardConfig:
     if isinstance(value, TensorBoardConfig):
         return value
     if value is True:
@@ -153,16 +153,16 @@ class StatsLogger:
 
     def __init__(
         self,
-        config: Any = None,
+        config: object = None,
         *,
-        exp_config: Any = None,
+        exp_config: object = None,
         log_dir: str | os.PathLike[str] | None = None,
         rank: int | None = None,
         console: bool | None = None,
         jsonl: bool | None = None,
         otel: bool | None = None,
-        wandb: Any = None,
-        tensorboard: Any = None,
+        wandb: object = None,
+        tensorboard: object = None,
         sinks: Sequence[Sink] = (),
         stream: IO[str] | None = None,
     ) -> None:
@@ -187,7 +187,7 @@ class StatsLogger:
         self.sinks.extend(sinks)
 
     def _apply_arguments(self, *, console: bool | None, jsonl: bool | None, otel: bool | None,
-                         wandb: Any, tensorboard: Any) -> None:
+                         wandb: object, tensorboard: object) -> None:
         """Let the keyword arguments given (not None) override the config's sink switches."""
         cfg = self.config
         if console is not None:
@@ -201,7 +201,7 @@ class StatsLogger:
         if tensorboard is not None:
             cfg.tensorboard = _tensorboard_arg(tensorboard, self.log_dir)
 
-    def _open_sinks(self, exp_config: Any, stream: IO[str] | None) -> None:
+    def _open_sinks(self, exp_config: object, stream: IO[str] | None) -> None:
         """Start the sinks the config turns on, in order: console, jsonl, W&B, TensorBoard, OTel."""
         cfg = self.config
         if cfg.console:
@@ -229,7 +229,7 @@ class StatsLogger:
             fileroot=cfg.fileroot or base.fileroot,
         ))
 
-    def _wandb(self, exp_config: Any) -> Sink:
+    def _wandb(self, exp_config: object) -> Sink:
         from .wandb_sink import WandBSink
 
         tracer = runtime.get_config()
@@ -249,19 +249,19 @@ class StatsLogger:
             logger.warning("rltrace.stats: the %s sink could not start and is off for this run: %r",
                            name, exc, exc_info=exc)
 
-    def _once(self, key: str, msg: str, *args: Any, exc: BaseException | None = None) -> None:
+    def _once(self, key: str, msg: str, *args: object, exc: BaseException | None = None) -> None:
         if key not in self._warned:
             self._warned.add(key)
             logger.warning(msg, *args, exc_info=exc)
 
     @staticmethod
-    def get_log_path(config: Any = None) -> Path:
+    def get_log_path(config: object = None) -> Path:
         """The log dir a logger with ``config`` writes to (AReaL's ``get_log_path``)."""
         return StatsLogger._log_dir(load_config(config), runtime.get_config(), runtime.get_pipeline())
 
     # -- commit ---------------------------------------------------------------------------------
     def commit(self, epoch: int, step: int, global_step: int,
-               data: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> None:
+               data: Mapping[str, object] | Sequence[Mapping[str, object]]) -> None:
         """Write ``data`` (dict, or list of dicts at consecutive steps) from ``global_step`` on.
 
         Rank 0 only.  A ``global_step`` not above the last logged step is skipped with a
@@ -289,7 +289,7 @@ class StatsLogger:
             self._write(self._row(item), info)
         self._last_step = global_step + len(items) - 1
 
-    def _row(self, item: Mapping[str, Any]) -> dict[str, float]:
+    def _row(self, item: Mapping[str, object]) -> dict[str, float]:
         row: dict[str, float] = {}
         for key, value in item.items():
             key = str(key)
@@ -333,5 +333,5 @@ class StatsLogger:
     def __enter__(self) -> StatsLogger:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

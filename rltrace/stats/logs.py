@@ -27,7 +27,13 @@ __all__ = ["DEFAULT_FORMAT", "TraceContextFilter", "reset_logging", "setup_loggi
 DEFAULT_FORMAT = "%(asctime)s.%(msecs)03d %(levelname)s %(name)s [rank %(rank)s]%(trace_ctx)s: %(message)s"
 DATE_FORMAT = "%Y%m%d-%H:%M:%S"
 
-_INSTALLED: list[logging.Handler] = []
+
+class _Installed:
+    """The handlers :func:`setup_logging` added, held by the runtime (``RUNTIME.part``) so that
+    :func:`reset_logging` can remove them."""
+
+    def __init__(self) -> None:
+        self.handlers: list[logging.Handler] = []
 
 
 class TraceContextFilter(logging.Filter):
@@ -99,6 +105,7 @@ def setup_logging(
     path = directory / (filename or ("main.log" if rk == 0 else f"main-r{rk}.log"))
     target = logger if isinstance(logger, logging.Logger) else logging.getLogger(logger)
     reset_logging()
+    installed = runtime.RUNTIME.part(_Installed).handlers
     formatter = logging.Formatter(fmt, datefmt)
     ctx_filter = TraceContextFilter(rk)
     handlers: list[logging.Handler] = [logging.FileHandler(path, encoding="utf-8")]
@@ -109,16 +116,17 @@ def setup_logging(
         h.setFormatter(formatter)
         h.addFilter(ctx_filter)
         target.addHandler(h)
-        _INSTALLED.append(h)
+        installed.append(h)
     target.setLevel(level)
     return path
 
 
 def reset_logging() -> None:
     """Remove and close the handlers :func:`setup_logging` installed."""
-    for h in _INSTALLED:
+    installed = runtime.RUNTIME.part(_Installed).handlers
+    for h in installed:
         for lg in [*logging.Logger.manager.loggerDict.values(), logging.getLogger()]:
             if isinstance(lg, logging.Logger) and h in lg.handlers:
                 lg.removeHandler(h)
         h.close()
-    _INSTALLED.clear()
+    installed.clear()

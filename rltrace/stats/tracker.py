@@ -21,12 +21,13 @@ import inspect
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextvars import ContextVar
 from enum import Enum
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..resumptions import adrive, drive
+from ..runtime import RUNTIME
 from .distributed import resolve_reducer
 from .reduce import DENOMINATOR, Aggregate, ReduceType, allreduce, finalize, merge_into
 from .values import (
@@ -42,7 +43,8 @@ from .values import (
     snapshot,
 )
 
-__all__ = ["DEFAULT", "LOCK", "TRACKERS", "StatsTracker", "export_all", "get"]
+__all__ = ["DEFAULT", "LOCK", "TRACKERS", "StatsTracker", "Trackers", "default_tracker", "export_all", "get",
+           "trackers"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -51,7 +53,7 @@ TIMEPERF = "timeperf"
 log = logging.getLogger("rltrace.stats")
 
 
-def _check_name(name: Any, api: str) -> str:
+def _check_name(name: object, api: str) -> str:
     if not isinstance(name, str) or not name.strip("/"):
         raise TypeError(f"stats.{api}: the name must be a non-empty str, got {name!r}")
     return name.strip("/")
@@ -72,7 +74,7 @@ class _Scope:
         self._token = cv.set((*cv.get(), self.name))
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.tracker._scopes.reset(self._token)
 
     def __call__(self, fn: F) -> F:
@@ -86,7 +88,7 @@ def _decorate(fn: Any, tracker: StatsTracker, name: str) -> Any:
     if inspect.isasyncgenfunction(fn):
 
         @functools.wraps(fn)
-        def agen_wrapper(*a: Any, **k: Any) -> Any:
+        def agen_wrapper(*a: object, **k: object) -> object:
             # the scope is open only while the generator body runs, never in the consumer's code
             return adrive(fn(*a, **k), lambda: _Scope(tracker, name))
 
@@ -94,21 +96,21 @@ def _decorate(fn: Any, tracker: StatsTracker, name: str) -> Any:
     if inspect.isgeneratorfunction(fn):
 
         @functools.wraps(fn)
-        def gen_wrapper(*a: Any, **k: Any) -> Any:
+        def gen_wrapper(*a: object, **k: object) -> object:
             return drive(fn(*a, **k), lambda: _Scope(tracker, name))
 
         return gen_wrapper
     if inspect.iscoroutinefunction(fn):
 
         @functools.wraps(fn)
-        async def async_wrapper(*a: Any, **k: Any) -> Any:
+        async def async_wrapper(*a: object, **k: object) -> object:
             with _Scope(tracker, name):
                 return await fn(*a, **k)
 
         return async_wrapper
 
     @functools.wraps(fn)
-    def wrapper(*a: Any, **k: Any) -> Any:
+    def wrapper(*a: object, **k: object) -> object:
         with _Scope(tracker, name):
             return fn(*a, **k)
 
@@ -118,7 +120,7 @@ def _decorate(fn: Any, tracker: StatsTracker, name: str) -> Any:
 _NOT_A_REDUCE_TYPE = "reduce_type must be a ReduceType enum"  # AReaL's message
 
 
-def _reduce_type(reduce_type: Any, keys: Any) -> str:
+def _reduce_type(reduce_type: object, keys: Iterable[str]) -> str:
     """The kind string of ``reduce_type``: a :class:`ReduceType`, its value, or an enum member
     of the same name (AReaL's own ``ReduceType``)."""
     if reduce_type is None:
@@ -148,7 +150,7 @@ class _Waiting:
 
     __slots__ = ("denominator", "index", "key", "kind", "value")
 
-    def __init__(self, key: str, kind: str, denominator: str, index: int, value: Any) -> None:
+    def __init__(self, key: str, kind: str, denominator: str, index: int, value: object) -> None:
         self.key = key
         self.kind = kind
         self.denominator = denominator
@@ -178,7 +180,7 @@ class StatsTracker:
         self._aggs: dict[str, Aggregate] = {}
         self._deferred: list[Deferred] = []
         # denominator key -> its masks since the last reset, in call order (AReaL's pairing)
-        self._masks: dict[str, list[Any]] = {}
+        self._masks: dict[str, list[object]] = {}
         # stat key -> number of stat() values recorded since the last reset (the next index)
         self._counts: dict[str, int] = {}
         # denominator key -> stats waiting for a mask of that denominator
@@ -201,7 +203,7 @@ class StatsTracker:
         """The prefix keys get right now (``"actor/optimizer"``; ``""`` at the top)."""
         return "/".join(self._scopes.get())
 
-    def scope(self, name: str) -> Any:
+    def scope(self, name: str) -> _Scope:
         """Prefix keys with ``name/`` inside the block: ``with stats.scope("actor"): ...``.
 
         The returned object is also a decorator (sync, async, generator and async-generator
@@ -261,7 +263,7 @@ class StatsTracker:
         with self._lock:
             self._check_kind(key, reduce_type.value)
 
-    def denominator(self, **masks: Any) -> None:
+    def denominator(self, **masks: object) -> None:
         """Append boolean masks to the named denominators, for ``stat(denominator=name, ...)``.
 
         The *n*-th ``stat`` of a key with ``denominator=name`` is reduced over ``name``'s *n*-th
@@ -307,7 +309,7 @@ class StatsTracker:
             raise errors[0]
 
     def stat(self, denominator: str | None = None, reduce_type: ReduceType | str | None = None,
-             **values: Any) -> None:
+             **values: object) -> None:
         """Record tensors/arrays reduced over the elements where ``denominator``'s mask is true.
 
         ``reduce_type`` None exports ``key/avg``, ``key/min`` and ``key/max``; ``AVG``, ``MIN``,
@@ -356,7 +358,7 @@ class StatsTracker:
                 else:
                     self._add(key, kind, part)
 
-    def scalar(self, **values: Any) -> None:
+    def scalar(self, **values: object) -> None:
         """Record floats; the export holds each key's mean and ``key__count`` (an int)."""
         parts = []
         for name, value in values.items():
@@ -450,7 +452,7 @@ class StatsTracker:
                 del self._waiting[d]
         return dropped
 
-    def export(self, key: str | None = None, reduce_group: Any = None,
+    def export(self, key: str | None = None, reduce_group: object = None,
                reset: bool = True) -> dict[str, float]:
         """Everything recorded since the last reset, as ``{key: float}`` (``__count`` keys: int).
 
@@ -477,7 +479,7 @@ class StatsTracker:
         return f"StatsTracker({self.name!r}, keys={len(self._aggs)})"
 
 
-def _reduce_and_finalize(aggs: dict[str, Aggregate], reduce_group: Any) -> dict[str, float]:
+def _reduce_and_finalize(aggs: dict[str, Aggregate], reduce_group: object) -> dict[str, float]:
     reducer = resolve_reducer(reduce_group)
     if reducer is not None:
         aggs = allreduce(aggs, reducer)
@@ -501,27 +503,68 @@ def _warn_left_out(dropped: list[str]) -> None:
         "once per stats.stat() of each key", len(dropped), ", ".join(sorted(set(dropped))))
 
 
-#: the tracker behind the module-level functions (``stats.scalar``, ``stats.export``, ...)
-DEFAULT = StatsTracker()
-_TRACKERS: dict[str, StatsTracker] = {"": DEFAULT}
-_TRACKERS_LOCK = threading.Lock()
-#: every tracker by name (AReaL's name; ``""`` is the default tracker)
-TRACKERS = _TRACKERS
-#: the lock guarding :data:`TRACKERS` (AReaL's name)
-LOCK = _TRACKERS_LOCK
+class Trackers:
+    """The process's trackers by name, held by the runtime (``RUNTIME.part(Trackers)``).
+
+    ``""`` is the default tracker, the one behind the module-level functions
+    (``stats.scalar``, ``stats.export``, ...).  The module exposes them under AReaL's names:
+    ``DEFAULT`` (:attr:`default`), ``TRACKERS`` (:attr:`by_name`) and ``LOCK`` (:attr:`lock`).
+    """
+
+    def __init__(self) -> None:
+        self.default = StatsTracker()
+        self.by_name: dict[str, StatsTracker] = {"": self.default}
+        self.lock = threading.Lock()
+        #: AReaL's ``MOE_AUX_LOSSES`` (kept for code that writes to it; rltrace does not read it)
+        self.moe_aux_losses: dict[str, object] = {}
+
+    def after_fork_in_child(self) -> None:
+        """Another thread may have held the lock at fork time."""
+        self.lock = threading.Lock()
+
+
+def trackers() -> Trackers:
+    """The runtime's :class:`Trackers`."""
+    return RUNTIME.part(Trackers)
+
+
+def default_tracker() -> StatsTracker:
+    """The tracker behind the module-level functions (``stats.scalar``, ``stats.export``, ...)."""
+    return RUNTIME.part(Trackers).default
+
+
+if TYPE_CHECKING:
+    #: the default tracker (see :func:`default_tracker`)
+    DEFAULT: StatsTracker
+    #: every tracker by name (AReaL's name; ``""`` is the default tracker)
+    TRACKERS: dict[str, StatsTracker]
+    #: the lock guarding :data:`TRACKERS` (AReaL's name)
+    LOCK: threading.Lock
+
+
+def __getattr__(name: str) -> object:
+    """AReaL's module attributes ``DEFAULT``, ``TRACKERS`` and ``LOCK``, read from the runtime."""
+    if name == "DEFAULT":
+        return default_tracker()
+    if name == "TRACKERS":
+        return trackers().by_name
+    if name == "LOCK":
+        return trackers().lock
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def get(name: str = "") -> StatsTracker:
     """The named tracker (created on first use; ``""`` is the default tracker)."""
     name = name.strip("/")
-    with _TRACKERS_LOCK:
-        tracker = _TRACKERS.get(name)
+    state = trackers()
+    with state.lock:
+        tracker = state.by_name.get(name)
         if tracker is None:
-            tracker = _TRACKERS[name] = StatsTracker(name)
+            tracker = state.by_name[name] = StatsTracker(name)
         return tracker
 
 
-def export_all(reduce_group: Any = None, reset: bool = True) -> dict[str, float]:
+def export_all(reduce_group: object = None, reset: bool = True) -> dict[str, float]:
     """Export every tracker (default and named); keys carry tracker names.
 
     ``reduce_group`` as for :meth:`StatsTracker.export`: None (default) is this process only.
@@ -529,9 +572,10 @@ def export_all(reduce_group: Any = None, reset: bool = True) -> dict[str, float]
     on only some ranks are fine.  A key recorded by several trackers (``timeperf/...``) is
     merged: its mean and count cover every tracker's records.
     """
-    with _TRACKERS_LOCK:
-        trackers = list(_TRACKERS.values())
+    state = trackers()
+    with state.lock:
+        every = list(state.by_name.values())
     merged: dict[str, Aggregate] = {}
-    for t in trackers:
+    for t in every:
         merge_into(merged, t.collect(None, reset))
     return _reduce_and_finalize(merged, reduce_group)
