@@ -9,11 +9,13 @@ import functools
 import logging
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import TypeVar
 
 from .. import runtime
 
 __all__ = ["HookErrors", "patch_once", "sessions_on"]
+
+F = TypeVar("F", bound=Callable[..., object])
 
 
 class HookErrors:
@@ -37,14 +39,14 @@ class HookErrors:
                                 self.framework, self.where, exc_info=exc if exc is not None else True)
 
 
-def patch_once(cls: Any, name: str, make: Callable[[Any], Any]) -> None:
+def patch_once(cls: type, name: str, make: Callable[[F], F]) -> None:
     """Replace ``cls.name`` (defined on ``cls`` itself) by ``make(original)``, once: a method
     already patched keeps its wrapper (the original is kept on it as ``_rltrace_original``)."""
     original = cls.__dict__.get(name)
     if original is None or getattr(original, "_rltrace_original", None) is not None:
         return
-    wrapper: Any = functools.wraps(original)(make(original))
-    wrapper._rltrace_original = original
+    wrapper = functools.wraps(original)(make(original))
+    setattr(wrapper, "_rltrace_original", original)  # noqa: B010
     setattr(cls, name, wrapper)
 
 

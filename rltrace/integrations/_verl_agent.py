@@ -28,21 +28,24 @@ trainer's ``train.testing`` section.
 from __future__ import annotations
 
 import functools
+from collections.abc import Awaitable, Callable, Mapping, Sequence, Sized
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from types import ModuleType
-from typing import Any
+from types import ModuleType, TracebackType
+from typing import Any, Protocol
 
 from .. import runtime
 from ..goodput import TRUNCATED, ZERO_ADVANTAGE
 from ..perf_tracer import increment_counter
 from ..recorder import detach
+from ..runtime import RUNTIME
 from ..sessions.context import SESSION_CV
+from ..sessions.records import PhaseScope
 from ..steps import _STEP_CV
 from ._hooks import HookErrors, patch_once, sessions_on
 from ._verl_imports import after_import
 
-__all__ = ["QUEUE_COUNTER", "install"]
+__all__ = ["QUEUE_COUNTER", "VerlErrors", "install"]
 
 #: the counter track of the fully-async message queue's depth (samples waiting for the trainer)
 QUEUE_COUNTER = "verl.message_queue.depth"
@@ -50,21 +53,53 @@ _AGENT_LOOP = "verl.experimental.agent_loop.agent_loop"
 _TOOL_LOOP = "verl.experimental.agent_loop.tool_agent_loop"
 _QUEUE = "verl.experimental.fully_async_policy.message_queue"
 _SINGLE_TURN = "verl.experimental.agent_loop.single_turn_agent_loop"
+#: an async method of verl's, as the patches receive and return it
+_AsyncMethod = Callable[..., Awaitable[object]]
 
 
-#: failures inside the verl hooks, by hook (``rltrace.integrations.verl.ERRORS`` is its count)
-HOOKS = HookErrors("verl", "rltrace.integrations.verl.ERRORS")
+class VerlErrors(HookErrors):
+    """Failures inside the verl hooks, by hook, for the whole process: held by the runtime
+    (``RUNTIME.part(VerlErrors)``); ``rltrace.integrations.verl.ERRORS`` is its count."""
+
+    def __init__(self) -> None:
+        super().__init__("verl", "rltrace.integrations.verl.ERRORS")
 
 
 def _failed(hook: str, exc: BaseException) -> None:
-    HOOKS.failed(hook, exc)
+    RUNTIME.part(VerlErrors).failed(hook, exc)
+
+
+class _DataProto(Protocol):
+    """What the hooks read from verl's ``DataProto`` batch."""
+
+    meta_info: dict[str, Any]
+    non_tensor_batch: Mapping[str, _Array]
+
+    def __len__(self) -> int: ...
+
+
+class _Array(Protocol):
+    def tolist(self) -> list[object]: ...
+
+
+class _AgentOutput(Protocol):
+    """An agent loop's output, as ``_compute_score`` receives it."""
+
+    reward_score: float | None
+
+
+class _MessageQueue(Protocol):
+    """verl's fully-async ``MessageQueue`` (the actor's own object)."""
+
+    queue: Sized
+    _rltrace_depth: int
 
 
 @dataclass
 class _Sample:
     """One sample's session while its agent loop runs."""
 
-    sid: Any
+    sid: object
     model: str | None = None
     versioned: bool = False
     reward: float | None = None
@@ -76,7 +111,7 @@ class _Sample:
 class _Batch:
     """The sessions of one ``generate_sequences`` batch, by (dataset index, rollout_n)."""
 
-    by_key: dict[tuple[Any, int], _Sample] = field(default_factory=dict)
+    by_key: dict[tuple[object, object], _Sample] = field(default_factory=dict)
     groups: list[list[_Sample]] = field(default_factory=list)
     filter_groups: bool = False
 
@@ -100,11 +135,11 @@ class _Phase:
 
     __slots__ = ("hook", "inner", "name", "payload", "sid")
 
-    def __init__(self, hook: str, name: str, payload: dict[str, Any], sid: Any) -> None:
+    def __init__(self, hook: str, name: str, payload: dict[str, object], sid: object) -> None:
         self.hook, self.name, self.payload, self.sid = hook, name, payload, sid
-        self.inner: Any = None
+        self.inner: PhaseScope | None = None
 
-    async def __aenter__(self) -> Any:
+    async def __aenter__(self) -> PhaseScope | None:
         try:
             inner = runtime.atrace_session_phase(self.name, self.payload, session_id=self.sid)
             entered = await inner.__aenter__()
@@ -114,23 +149,23 @@ class _Phase:
             _failed(self.hook, exc)
             return None
 
-    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:  # verl's own exception passes on
         inner, self.inner = self.inner, None
         if inner is not None:
             try:
                 await inner.__aexit__(exc_type, exc, tb)
             except Exception as exc2:
                 _failed(self.hook, exc2)
-        return False
 
 
 # ---- the batch and its samples -----------------------------------------------------------------
 
 
-def _keys(index: list[Any]) -> list[tuple[Any, int]]:
+def _keys(index: Sequence[object]) -> list[tuple[object, object]]:
     """(sample_index, rollout_n) of each position, as verl's ``get_trajectory_info`` numbers
     them (consecutive equal indices are one prompt's rollouts)."""
-    out: list[tuple[Any, int]] = []
+    out: list[tuple[object, object]] = []
     n = 0
     for i, idx in enumerate(index):
         n = n + 1 if i > 0 and index[i - 1] == idx else 0
@@ -138,21 +173,21 @@ def _keys(index: list[Any]) -> list[tuple[Any, int]]:
     return out
 
 
-def _config_flag(config: Any, path: str) -> bool:
+def _config_flag(config: object, path: str) -> bool:
     try:
-        from omegaconf import OmegaConf
+        from omegaconf import Container, OmegaConf
 
-        return bool(OmegaConf.select(config, path, default=False))
+        return isinstance(config, Container) and bool(OmegaConf.select(config, path, default=False))
     except Exception:
         return False
 
 
-def _plan(worker: Any, batch: Any) -> _Batch | None:
+def _plan(worker: object, batch: _DataProto) -> _Batch | None:
     """Register a task per prompt group and a session per sample of ``batch``."""
     if not sessions_on() or batch.meta_info.get("validate", False):
         return None
     ntb = batch.non_tensor_batch
-    index = ntb["index"].tolist() if "index" in ntb else list(range(len(batch)))
+    index: list[object] = ntb["index"].tolist() if "index" in ntb else list(range(len(batch)))
     step = batch.meta_info.get("global_steps", -1)
     try:
         step = int(step)
@@ -204,7 +239,7 @@ def _finalize(s: _Sample, status: str, reason: str | None) -> None:
     reg.finalize_session(s.sid, status, reason)
 
 
-def _note_output(s: _Sample, worker: Any, out: Any) -> None:
+def _note_output(s: _Sample, worker: object, out: object) -> None:
     """What the sample's output says: its reward, and whether it filled ``response_length``."""
     score = getattr(out, "reward_score", None)
     s.reward = float(score) if score is not None else None
@@ -216,8 +251,8 @@ def _note_output(s: _Sample, worker: Any, out: Any) -> None:
     s.done = True
 
 
-def _generate_sequences(original: Any) -> Any:
-    async def generate_sequences(self: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
+def _generate_sequences(original: _AsyncMethod) -> _AsyncMethod:
+    async def generate_sequences(self: object, batch: _DataProto, *args: object, **kwargs: object) -> object:
         plan = None
         try:
             plan = _plan(self, batch)
@@ -238,9 +273,9 @@ def _generate_sequences(original: Any) -> Any:
     return generate_sequences
 
 
-def _run_agent_loop(original: Any) -> Any:
-    async def run_agent_loop(self: Any, sampling_params: Any, trajectory: Any, *args: Any,
-                             **kwargs: Any) -> Any:
+def _run_agent_loop(original: _AsyncMethod) -> _AsyncMethod:
+    async def run_agent_loop(self: object, sampling_params: object, trajectory: Mapping[str, object],
+                             *args: object, **kwargs: object) -> object:
         sample, own = None, False
         try:
             plan = _BATCH.get()
@@ -287,7 +322,7 @@ def _run_agent_loop(original: Any) -> Any:
     return run_agent_loop
 
 
-def _scores_here(worker: Any, outputs: Any) -> bool:
+def _scores_here(worker: object, outputs: Sequence[_AgentOutput]) -> bool:
     """Whether ``_compute_score`` computes the reward (verl's reward-loop workers are set and
     the agent loop did not score the sample itself); otherwise it does nothing."""
     try:
@@ -297,8 +332,9 @@ def _scores_here(worker: Any, outputs: Any) -> bool:
         return False
 
 
-def _compute_score(original: Any) -> Any:
-    async def compute_score(self: Any, outputs: Any, *args: Any, **kwargs: Any) -> Any:
+def _compute_score(original: _AsyncMethod) -> _AsyncMethod:
+    async def compute_score(self: object, outputs: Sequence[_AgentOutput], *args: object,
+                            **kwargs: object) -> object:
         sample = _SAMPLE.get()
         if sample is None or not _scores_here(self, outputs):
             return await original(self, outputs, *args, **kwargs)
@@ -309,11 +345,13 @@ def _compute_score(original: Any) -> Any:
     return compute_score
 
 
-def _reward_name(config: Any) -> str:
+def _reward_name(config: object) -> str:
     """The reward function's name as the user configured it (verl's default: compute_score)."""
     try:
-        from omegaconf import OmegaConf
+        from omegaconf import Container, OmegaConf
 
+        if not isinstance(config, Container):
+            return "compute_score"
         for path in ("reward.custom_reward_function.name", "custom_reward_function.name"):
             name = OmegaConf.select(config, path, default=None)
             if name:
@@ -326,15 +364,15 @@ def _reward_name(config: Any) -> str:
 # ---- the server manager's generate ---------------------------------------------------------------
 
 
-def _traced_generate(original: Any) -> Any:
-    async def generate(self: Any, *args: Any, **kwargs: Any) -> Any:
+def _traced_generate(original: _AsyncMethod) -> _AsyncMethod:
+    async def generate(self: object, *args: object, **kwargs: object) -> object:
         sample = _SAMPLE.get()
         if sample is None:
             return await original(self, *args, **kwargs)
-        start: dict[str, Any] = {}
+        start: dict[str, object] = {}
         try:
             prompt = kwargs.get("prompt_ids")
-            if prompt is not None:
+            if isinstance(prompt, Sized):
                 start["input_tokens"] = len(prompt)
             if sample.model:
                 start["model"] = sample.model
@@ -351,15 +389,15 @@ def _traced_generate(original: Any) -> Any:
     return generate
 
 
-def _note_generate(sample: _Sample, ph: Any, out: Any) -> None:
-    end: dict[str, Any] = {}
+def _note_generate(sample: _Sample, ph: PhaseScope | None, out: object) -> None:
+    end: dict[str, object] = {}
     tokens = getattr(out, "token_ids", None)
     if tokens is not None:
         end["output_tokens"] = len(tokens)
     reason = getattr(out, "stop_reason", None)
     if reason is not None:
         end["finish_reason"] = str(reason)
-    if end and hasattr(ph, "set_end_payload"):
+    if end and ph is not None:
         ph.set_end_payload(**end)
     extra = getattr(out, "extra_fields", None) or {}
     version = extra.get("min_global_steps")
@@ -370,7 +408,7 @@ def _note_generate(sample: _Sample, ph: Any, out: Any) -> None:
             sample.versioned = True
 
 
-def _patch_server(client: Any) -> None:
+def _patch_server(client: object) -> None:
     """Trace ``generate`` of the server manager's class (once per class)."""
     cls = type(client)
     if "_rltrace_generate" in cls.__dict__:
@@ -380,12 +418,12 @@ def _patch_server(client: Any) -> None:
         return
     wrapper = functools.wraps(original)(_traced_generate(original))
     wrapper._rltrace_original = original  # type: ignore[attr-defined]
-    cls.generate = wrapper
-    cls._rltrace_generate = True
+    setattr(cls, "generate", wrapper)  # noqa: B010
+    setattr(cls, "_rltrace_generate", True)  # noqa: B010
 
 
-def _base_init(original: Any) -> Any:
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+def _base_init(original: Callable[..., None]) -> Callable[..., None]:
+    def __init__(self: object, *args: object, **kwargs: object) -> None:
         original(self, *args, **kwargs)
         try:
             server = getattr(self, "server_manager", None)
@@ -400,8 +438,8 @@ def _base_init(original: Any) -> Any:
 # ---- tools ---------------------------------------------------------------------------------------
 
 
-def _call_tool(original: Any) -> Any:
-    async def call_tool(self: Any, tool_call: Any, *args: Any, **kwargs: Any) -> Any:
+def _call_tool(original: _AsyncMethod) -> _AsyncMethod:
+    async def call_tool(self: object, tool_call: object, *args: object, **kwargs: object) -> object:
         sample = _SAMPLE.get()
         if sample is None:
             return await original(self, tool_call, *args, **kwargs)
@@ -415,8 +453,8 @@ def _call_tool(original: Any) -> Any:
 # ---- fully-async message queue ---------------------------------------------------------------------
 
 
-def _queue_op(original: Any) -> Any:
-    async def op(self: Any, *args: Any, **kwargs: Any) -> Any:
+def _queue_op(original: _AsyncMethod) -> _AsyncMethod:
+    async def op(self: _MessageQueue, *args: object, **kwargs: object) -> object:
         out = await original(self, *args, **kwargs)
         try:
             depth = len(self.queue)

@@ -15,19 +15,26 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import Any
+from typing import Protocol
 
 from .. import runtime
+from ..runtime import RUNTIME
 
 __all__ = ["after_import"]
 
 Patch = Callable[[ModuleType], None]
 
 
+class _ModuleLoader(Protocol):
+    """A loader that executes a module (``importlib.abc.Loader`` with ``exec_module``)."""
+
+    def exec_module(self, module: ModuleType) -> None: ...
+
+
 class _Loader(importlib.abc.Loader):
     """The found loader, with ``patch`` run on the module after it executed."""
 
-    def __init__(self, inner: Any, patch: Patch) -> None:
+    def __init__(self, inner: _ModuleLoader, patch: Patch) -> None:
         self.inner = inner
         self.patch = patch
 
@@ -39,7 +46,7 @@ class _Loader(importlib.abc.Loader):
         self.inner.exec_module(module)
         _safe_patch(self.patch, module)
 
-    def __getattr__(self, name: str) -> Any:  # get_source, is_package, ... of the real loader
+    def __getattr__(self, name: str) -> object:  # get_source, is_package, ... of the real loader
         return getattr(self.inner, name)
 
 
@@ -73,8 +80,16 @@ class _Finder(importlib.abc.MetaPathFinder):
         return spec
 
 
-_FINDER = _Finder()
-_LOCK = threading.Lock()
+class ImportWatch:
+    """This process's post-import hooks, held by the runtime (``RUNTIME.part(ImportWatch)``):
+    the finder (placed on ``sys.meta_path`` at the first :func:`after_import`) and its lock."""
+
+    def __init__(self) -> None:
+        self.finder = _Finder()
+        self.lock = threading.Lock()
+
+    def after_fork_in_child(self) -> None:
+        self.lock = threading.Lock()  # another thread may have held it at fork time
 
 
 def _safe_patch(patch: Patch, module: ModuleType) -> None:
@@ -88,10 +103,11 @@ def _safe_patch(patch: Patch, module: ModuleType) -> None:
 def after_import(name: str, patch: Patch) -> None:
     """Run ``patch(module)`` on module ``name`` now if it is imported, else when it is.
     ``patch`` must be idempotent (it may run again after a reload)."""
-    with _LOCK:
-        if _FINDER not in sys.meta_path:
-            sys.meta_path.insert(0, _FINDER)
-        _FINDER.watched[name] = patch
+    watch = RUNTIME.part(ImportWatch)
+    with watch.lock:
+        if watch.finder not in sys.meta_path:
+            sys.meta_path.insert(0, watch.finder)
+        watch.finder.watched[name] = patch
     module = sys.modules.get(name)
     if module is not None:
         _safe_patch(patch, module)

@@ -37,31 +37,80 @@ import functools
 import importlib
 import threading
 from collections import Counter
+from collections.abc import Awaitable, Callable, Sized
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from .. import runtime
 from ..goodput import TRUNCATED, ZERO_ADVANTAGE
 from ..perf_tracer import increment_counter
+from ..runtime import RUNTIME
+from ..sessions.records import PhaseScope
 from ._hooks import HookErrors, patch_once, sessions_on
 
-__all__ = ["ERRORS", "TESTED_VERSION", "instrument", "is_instrumented"]
+__all__ = ["ERRORS", "TESTED_VERSION", "OpenRLHFState", "instrument", "is_instrumented"]
 
 #: the OpenRLHF release this integration was written against and tested on
 TESTED_VERSION = "0.11.2"
-#: hook -> how many times it failed (OpenRLHF went on untraced there)
-_HOOKS = HookErrors("OpenRLHF", "rltrace.integrations.openrlhf.ERRORS")
-ERRORS: Counter[str] = _HOOKS.counts
-_LOCK = threading.Lock()
-_STATE = {"instrumented": False}
+#: hook -> how many times it failed (OpenRLHF went on untraced there); the process's count, kept
+#: by the runtime (read through the module's ``__getattr__``)
+ERRORS: Counter[str]
+
+#: an async method of OpenRLHF's, as the patches receive and return it
+_AsyncMethod = Callable[..., Awaitable[object]]
+F = TypeVar("F", bound=Callable[..., object])
+
+
+class _Completion(Protocol):
+    """One of vLLM's ``CompletionOutput`` (the first of a ``RequestOutput``'s ``outputs``)."""
+
+    token_ids: Sized
+    finish_reason: object
+
+
+class _RequestOutput(Protocol):
+    outputs: list[_Completion]
+
+
+class _Engine(Protocol):
+    """The engine an executor awaits (OpenRLHF's ``LLMRayActor`` handle or a stand-in)."""
+
+    async def generate(self, prompt_token_ids: Sized, sampling_params: object, *args: object,
+                       **kwargs: object) -> _RequestOutput: ...
+
+
+class OpenRLHFState:
+    """This process's OpenRLHF integration, held by the runtime (``RUNTIME.part(OpenRLHFState)``):
+    whether it is instrumented, the failures of its hooks and the prompt groups running now."""
+
+    def __init__(self) -> None:
+        self.errors = HookErrors("OpenRLHF", "rltrace.integrations.openrlhf.ERRORS")
+        self.lock = threading.Lock()
+        self.instrumented = False
+        #: (id(prompt), id(sampling_params)) -> its open group (the objects are held by the
+        #: running calls)
+        self.groups: dict[tuple[int, int], _Group] = {}
+
+    def after_fork_in_child(self) -> None:
+        self.lock = threading.Lock()  # another thread may have held it at fork time
+
+
+def _state() -> OpenRLHFState:
+    return RUNTIME.part(OpenRLHFState)
+
+
+def __getattr__(name: str) -> Counter[str]:
+    if name == "ERRORS":
+        return _state().errors.counts
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass
 class _Group:
     """One prompt's samples while they run (keyed by :func:`_group_key`)."""
 
-    task: Any
+    task: object
     key: tuple[int, int]
     open: int = 0
     samples: list[_Sample] = field(default_factory=list)
@@ -69,7 +118,7 @@ class _Group:
 
 @dataclass
 class _Sample:
-    sid: Any
+    sid: object
     group: _Group
     model: str | None = None
     reward: float | None = None
@@ -78,33 +127,32 @@ class _Sample:
 
 
 _SAMPLE: ContextVar[_Sample | None] = ContextVar("rltrace_openrlhf_sample", default=None)
-#: (id(prompt), id(sampling_params)) -> its open group (the objects are held by the running calls)
-_GROUPS: dict[tuple[int, int], _Group] = {}
 
 
 def failed(hook: str, exc: BaseException) -> None:
     """Note that ``hook`` failed (logged the first time, counted every time in :data:`ERRORS`)."""
-    _HOOKS.failed(hook, exc)
+    _state().errors.failed(hook, exc)
 
 
 def is_instrumented() -> bool:
     """Whether :func:`instrument` ran in this process."""
-    return bool(_STATE["instrumented"])
+    return _state().instrumented
 
 
 def instrument() -> None:
     """Trace OpenRLHF's agent executors in this process (see the module docstring).  Idempotent.
     Raises ImportError, naming the fix, when OpenRLHF is not importable."""
     try:
-        agent: Any = importlib.import_module("openrlhf.utils.agent")
+        agent = importlib.import_module("openrlhf.utils.agent")
     except ImportError as exc:
         raise ImportError(f"rltrace.integrations.openrlhf: cannot import openrlhf.utils.agent ({exc}); "
                           f"install OpenRLHF (tested: openrlhf=={TESTED_VERSION}) in this "
                           f"environment") from exc
-    with _LOCK:
-        if _STATE["instrumented"]:
+    state = _state()
+    with state.lock:
+        if state.instrumented:
             return
-        _STATE["instrumented"] = True
+        state.instrumented = True
     _patch_tree(agent.AgentExecutorBase, "execute", _execute)
     _patch_tree(agent.AgentInstanceBase, "step", _step)
     for name in ("_fetch_rewards_via_func", "_fetch_rewards_via_http"):
@@ -114,9 +162,10 @@ def instrument() -> None:
 # ---- patching -----------------------------------------------------------------------------------
 
 
-def _patch_tree(base: Any, name: str, make: Any) -> None:
+def _patch_tree(base: Any, name: str, make: Callable[[F], F]) -> None:
     """Patch ``name`` on ``base`` and every subclass that defines it, now and as they are
-    defined (``__init_subclass__`` of ``base``)."""
+    defined (``__init_subclass__`` of ``base``).  ``base`` is OpenRLHF's class, typed ``Any``:
+    its ``super()`` is the next class of a subclass's MRO, which no static type describes."""
     todo = [base]
     while todo:
         cls = todo.pop()
@@ -124,7 +173,7 @@ def _patch_tree(base: Any, name: str, make: Any) -> None:
         todo.extend(cls.__subclasses__())
     previous = base.__dict__.get("__init_subclass__")
 
-    def init_subclass(cls: Any, /, **kwargs: Any) -> None:
+    def init_subclass(cls: type[object], /, **kwargs: object) -> None:
         if previous is not None:
             previous.__func__(cls, **kwargs)
         else:
@@ -134,25 +183,26 @@ def _patch_tree(base: Any, name: str, make: Any) -> None:
         except Exception as exc:
             failed(f"{cls.__name__}.{name}", exc)
 
-    base.__init_subclass__ = classmethod(init_subclass)
+    setattr(base, "__init_subclass__", classmethod(init_subclass))  # noqa: B010
 
 
 # ---- a sample's session -------------------------------------------------------------------------
 
 
-def _group_key(prompt: Any, sampling_params: Any) -> tuple[int, int]:
+def _group_key(prompt: object, sampling_params: object) -> tuple[int, int]:
     """A prompt group: the executions sharing one prompt object and one sampling-params object,
     as ``LLMRayActor.generate_responses`` makes them (one call per prompt; Ray hands each call
     its own deserialized arguments, so two prompts of the same text are two groups)."""
     return id(prompt), id(sampling_params)
 
 
-def _begin(prompt: Any, sampling_params: Any, tokenizer: Any) -> _Sample:
+def _begin(prompt: object, sampling_params: object, tokenizer: object) -> _Sample:
     reg = runtime.RUNTIME.sessions
     key = _group_key(prompt, sampling_params)
-    group = _GROUPS.get(key)
+    groups = _state().groups
+    group = groups.get(key)
     if group is None:
-        group = _GROUPS[key] = _Group(reg.register_task(), key)
+        group = groups[key] = _Group(reg.register_task(), key)
     group.open += 1
     name = getattr(tokenizer, "name_or_path", None)
     sample = _Sample(reg.register_session(group.task), group, str(name) if name else None)
@@ -160,7 +210,7 @@ def _begin(prompt: Any, sampling_params: Any, tokenizer: Any) -> _Sample:
     return sample
 
 
-def _end(sample: _Sample, out: Any) -> None:
+def _end(sample: _Sample, out: object) -> None:
     if isinstance(out, dict):
         sample.truncated = bool(out.get("truncated"))
         sample.reward = _number(out.get("reward"))
@@ -168,8 +218,9 @@ def _end(sample: _Sample, out: Any) -> None:
     group.open -= 1
     if group.open > 0:
         return
-    if _GROUPS.get(group.key) is group:
-        del _GROUPS[group.key]
+    groups = _state().groups
+    if groups.get(group.key) is group:
+        del groups[group.key]
     done = [s for s in group.samples if s.failed is None]
     rewards = [s.reward for s in done]
     flat = (len(done) > 1 and len(done) == len(group.samples) and None not in rewards
@@ -184,7 +235,7 @@ def _end(sample: _Sample, out: Any) -> None:
             reg.finalize_session(s.sid, "accepted", ZERO_ADVANTAGE if flat else None)
 
 
-def _number(v: Any) -> float | None:
+def _number(v: object) -> float | None:
     """A reward as a float (a number, a one-element tensor or list), else None."""
     if isinstance(v, (list, tuple)) and len(v) == 1:
         v = v[0]
@@ -196,9 +247,10 @@ def _number(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def _execute(original: Any) -> Any:
-    async def execute(self: Any, prompt: Any, label: Any, sampling_params: Any, max_length: int,
-                      hf_tokenizer: Any, llm_engine: Any, *args: Any, **kwargs: Any) -> Any:
+def _execute(original: _AsyncMethod) -> _AsyncMethod:
+    async def execute(self: object, prompt: object, label: object, sampling_params: object,
+                      max_length: int, hf_tokenizer: object, llm_engine: _Engine, *args: object,
+                      **kwargs: object) -> object:
         sample = None
         if _SAMPLE.get() is None:  # an override calling super().execute(): one session
             try:
@@ -213,7 +265,7 @@ def _execute(original: Any) -> Any:
         out = None
         try:
             out = await original(self, prompt, label, sampling_params, max_length, hf_tokenizer,
-                                 _Engine(llm_engine, sample), *args, **kwargs)
+                                 _TracedEngine(llm_engine, sample), *args, **kwargs)
             return out
         except BaseException as exc:
             sample.failed = exc
@@ -228,21 +280,22 @@ def _execute(original: Any) -> Any:
     return execute
 
 
-class _Engine:
+class _TracedEngine:
     """The engine as the executor sees it: ``generate`` timed as a ``generate`` phase of the
     sample's session; everything else passed through."""
 
-    def __init__(self, engine: Any, sample: _Sample) -> None:
+    def __init__(self, engine: _Engine, sample: _Sample) -> None:
         self._rltrace_engine = engine
         self._rltrace_sample = sample
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> object:
         return getattr(self._rltrace_engine, name)
 
-    async def generate(self, prompt_token_ids: Any, sampling_params: Any, *args: Any, **kwargs: Any) -> Any:
+    async def generate(self, prompt_token_ids: Sized, sampling_params: object, *args: object,
+                       **kwargs: object) -> _RequestOutput:
         engine, sample = self._rltrace_engine, self._rltrace_sample
         try:
-            start: dict[str, Any] = {"input_tokens": len(prompt_token_ids)}
+            start: dict[str, object] = {"input_tokens": len(prompt_token_ids)}
             if sample.model:
                 start["model"] = sample.model
             scope = runtime.RUNTIME.sessions.atrace_session_phase("generate", start, session_id=sample.sid)
@@ -260,7 +313,7 @@ class _Engine:
         return out
 
 
-def _phase(hook: str, phase: str, payload: dict[str, Any]) -> Any:
+def _phase(hook: str, phase: str, payload: dict[str, object]) -> PhaseScope | None:
     """A phase scope of the current sample's session, or None (no sample, or it failed)."""
     sample = _SAMPLE.get()
     if sample is None:
@@ -272,8 +325,8 @@ def _phase(hook: str, phase: str, payload: dict[str, Any]) -> Any:
         return None
 
 
-def _step(original: Any) -> Any:
-    async def step(self: Any, *args: Any, **kwargs: Any) -> Any:
+def _step(original: _AsyncMethod) -> _AsyncMethod:
+    async def step(self: object, *args: object, **kwargs: object) -> object:
         scope = _phase("step", "toolcall", {"tool_name": type(self).__name__})
         if scope is None:
             return await original(self, *args, **kwargs)
@@ -283,8 +336,8 @@ def _step(original: Any) -> Any:
     return step
 
 
-def _reward(name: str, original: Any) -> Any:
-    async def fetch(self: Any, *args: Any, **kwargs: Any) -> Any:
+def _reward(name: str, original: _AsyncMethod) -> _AsyncMethod:
+    async def fetch(self: object, *args: object, **kwargs: object) -> object:
         fn = getattr(getattr(self, "reward_func", None), "__name__", None)
         reward_fn = fn if name.endswith("func") and fn else "remote_rm"
         scope = _phase(name, "reward", {"reward_fn": reward_fn})

@@ -47,20 +47,27 @@ import os
 import sys
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence, Sized
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar
 
 from .. import recorder
 from .. import runtime as _runtime
 from ..goodput import TRUNCATED, ZERO_ADVANTAGE
 from ..perf_tracer import increment_counter
-from ..spans import trace_scope
+from ..runtime import RUNTIME
+from ..sessions.records import PhaseScope
+from ..spans import TracedScope, trace_scope
 from ..steps import current_step, set_policy_version, step
 from ._hooks import HookErrors
 
-__all__ = ["FRAMEWORK", "GENERATION_SECTIONS", "SECTION_PREFIX", "UNUSED", "errors", "instrument",
-           "is_instrumented"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["FRAMEWORK", "GENERATION_SECTIONS", "SECTION_PREFIX", "UNUSED", "TrlState", "errors",
+           "instrument", "is_instrumented"]
 
 logger = logging.getLogger("rltrace.integrations.trl")
 
@@ -72,46 +79,85 @@ SECTION_PREFIX = "train."
 UNUSED = "unused"
 #: the key of the row index added to TRL's generation batch (removed before the loss sees it)
 _ROW_KEY = "_rltrace_row"
-_ARGS = {"framework": FRAMEWORK}
 #: TRL's sections around the generation itself (a ``generate`` phase spans one under vLLM)
 GENERATION_SECTIONS = frozenset({"vLLM.generate", "transformers.generate", "transformers.generate_batch"})
 
 T = TypeVar("T")
+P = ParamSpec("P")
+R = TypeVar("R")
 
-#: failures inside rltrace's hooks, by hook (the first of each is logged)
-_HOOKS = HookErrors("TRL", "rltrace.integrations.trl.errors()", logger)
-_PATCH_LOCK = threading.Lock()
-
-
-@dataclass
-class _Process:
-    """What this integration holds for the whole process."""
-
-    #: TRL's own ``profiling_context`` (None until the first ``instrument``)
-    original_pc: Callable[..., Any] | None = None
-    #: whether the log dir of a configuration made here was printed
-    printed: bool = False
+#: TRL's ``profiling_context(trainer, name)``
+_ProfilingContext = Callable[[object, str], AbstractContextManager[object]]
+#: makes the wrapper of a trainer method from the method (TRL's methods are untyped: the seam)
+_MakeWrapper = Callable[[Callable[..., Any]], Callable[..., object]]
 
 
-_PROCESS = _Process()
-#: the instrumented trainers and their tracing state
-_STATES: weakref.WeakKeyDictionary[Any, _Tracing] = weakref.WeakKeyDictionary()
+class _Accelerator(Protocol):
+    process_index: int
+
+
+class _Module(Protocol):
+    training: bool
+
+
+class _Trainer(Protocol):
+    """What the hooks read directly from a TRL trainer (the GRPO-style attributes are read only
+    on trainers that generate; optional ones are read with ``getattr`` and a default)."""
+
+    model: _Module
+    accelerator: _Accelerator
+    num_generations: int
+    reward_weights: torch.Tensor
+
+
+class _TrainerState(Protocol):
+    """transformers' ``TrainerState``, as a callback receives it."""
+
+    global_step: int
+
+
+class TrlState:
+    """This process's TRL integration, held by the runtime (``RUNTIME.part(TrlState)``): the
+    instrumented trainers, TRL's own ``profiling_context`` and the failures of the hooks."""
+
+    def __init__(self) -> None:
+        #: failures inside rltrace's hooks, by hook (the first of each is logged)
+        self.hooks = HookErrors("TRL", "rltrace.integrations.trl.errors()", logger)
+        self.patch_lock = threading.Lock()
+        #: TRL's own ``profiling_context`` (None until the first ``instrument``)
+        self.original_pc: _ProfilingContext | None = None
+        #: whether the log dir of a configuration made here was printed
+        self.printed = False
+        #: the instrumented trainers and their tracing state
+        self.trainers: weakref.WeakKeyDictionary[object, _Tracing] = weakref.WeakKeyDictionary()
+
+    def after_fork_in_child(self) -> None:
+        self.patch_lock = threading.Lock()  # another thread may have held it at fork time
+
+
+def _state() -> TrlState:
+    return RUNTIME.part(TrlState)
+
+
+def _args() -> dict[str, object]:
+    """The args of every scope this integration opens (a new dict: scopes keep theirs)."""
+    return {"framework": FRAMEWORK}
 
 
 def errors() -> dict[str, int]:
     """Failures inside this integration's hooks, by hook (each was logged once, never raised)."""
-    return dict(_HOOKS.counts)
+    return dict(_state().hooks.counts)
 
 
 def _failed(hook: str) -> None:
     """Count a failure of ``hook`` (called from an ``except`` block); log the first one."""
-    _HOOKS.failed(hook)
+    _state().hooks.failed(hook)
 
 
-def is_instrumented(trainer: Any) -> bool:
+def is_instrumented(trainer: object) -> bool:
     """Whether ``instrument`` was called on ``trainer``."""
     try:
-        return trainer in _STATES
+        return trainer in _state().trainers
     except TypeError:
         return False
 
@@ -124,23 +170,23 @@ class _Call:
     """One generation call of a batch: its rows, their open generate phases, when it returned."""
 
     rows: list[int]
-    handles: list[Any]
+    handles: list[PhaseScope | None]
     end_ns: int = 0
     out: list[int] = field(default_factory=list)
     #: each row's start payload (its input tokens)
-    per_row: list[dict[str, Any]] | None = None
+    per_row: list[dict[str, object]] | None = None
 
 
 @dataclass
 class _Batch:
     """One generation batch of the instrumented trainer (train mode)."""
 
-    sids: list[Any]
+    sids: list[object]
     rows: int
     calls: list[_Call] = field(default_factory=list)
     #: rows whose tools ran since the last generation call (the next call continues them)
     tool_rows: list[int] = field(default_factory=list)
-    rewards: Any = None
+    rewards: torch.Tensor | None = None
     zero_adv: list[bool] | None = None
     closed: bool = False
     #: rows not finalized yet
@@ -153,8 +199,8 @@ class _Tracing:
     def __init__(self, reward_names: list[str], model: str) -> None:
         self.reward_names = frozenset(reward_names)
         self.model = model
-        self.step_ctx: Any = None
-        self.opt_scope: Any = None
+        self.step_ctx: TracedScope | None = None
+        self.opt_scope: TracedScope | None = None
         self.batch: _Batch | None = None
         #: the generation call in progress (its phases open with a generation section under vLLM)
         self.call: _Call | None = None
@@ -162,9 +208,9 @@ class _Tracing:
         self.pending: list[_Batch] = []
 
 
-def _state_of(trainer: Any) -> _Tracing | None:
+def _state_of(trainer: object) -> _Tracing | None:
     try:
-        return _STATES.get(trainer)
+        return _state().trainers.get(trainer)
     except TypeError:
         return None
 
@@ -178,38 +224,43 @@ class _Section:
 
     __slots__ = ("_call", "_name", "_pc", "_phases", "_scope", "_st")
 
-    def __init__(self, pc: Any, st: _Tracing, name: str) -> None:
+    def __init__(self, pc: AbstractContextManager[object], st: _Tracing, name: str) -> None:
         self._pc = pc
         self._st = st
         self._name = name
-        self._scope: Any = None
-        self._phases: list[Any] = []
+        self._scope: TracedScope | None = None
+        self._phases: list[PhaseScope | None] = []
         self._call: _Call | None = None
 
-    def __getattr__(self, attr: str) -> Any:  # what callers read from TRL's context
+    def __getattr__(self, attr: str) -> object:  # what callers read from TRL's context
         return getattr(self._pc, attr)
 
-    def __enter__(self) -> Any:
+    def __enter__(self) -> object:
         try:
-            scope = trace_scope(SECTION_PREFIX + self._name, "compute", _ARGS)
+            scope = trace_scope(SECTION_PREFIX + self._name, "compute", _args())
             scope.__enter__()
             self._scope = scope
-            st = self._st
-            batch = st.batch
-            if batch is not None and not batch.closed:
-                if self._name in st.reward_names:
-                    self._phases = _start_phases(batch, range(batch.rows), "reward",
-                                                 {"reward_fn": self._name})
-                elif self._name in GENERATION_SECTIONS and st.call is not None and not st.call.handles:
-                    call = st.call
-                    call.handles = _start_phases(batch, call.rows, "generate", {"model": st.model},
-                                                 call.per_row)
-                    self._call = call
+            self._open_phases()
         except Exception:
             _failed("profiling_context.enter")
         return self._pc.__enter__()
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Any:
+    def _open_phases(self) -> None:
+        """A reward function's section opens the batch's reward phases; a generation section
+        opens the generate phases of the call in progress (under vLLM)."""
+        st = self._st
+        batch = st.batch
+        if batch is None or batch.closed:
+            return
+        if self._name in st.reward_names:
+            self._phases = _start_phases(batch, range(batch.rows), "reward", {"reward_fn": self._name})
+        elif self._name in GENERATION_SECTIONS and st.call is not None and not st.call.handles:
+            call = st.call
+            call.handles = _start_phases(batch, call.rows, "generate", {"model": st.model}, call.per_row)
+            self._call = call
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> bool | None:
         try:
             return self._pc.__exit__(exc_type, exc, tb)
         finally:
@@ -228,9 +279,9 @@ class _Section:
                 _failed("profiling_context.exit")
 
 
-def _profiling_context(trainer: Any, name: str) -> Any:
+def _profiling_context(trainer: object, name: str) -> AbstractContextManager[object]:
     """``trl.extras.profiling.profiling_context``, traced for instrumented trainers."""
-    original = _PROCESS.original_pc
+    original = _state().original_pc
     assert original is not None
     pc = original(trainer, name)
     st = _state_of(trainer)
@@ -242,15 +293,16 @@ def _profiling_context(trainer: Any, name: str) -> Any:
 def _patch_profiling() -> None:
     """Rebind ``profiling_context`` in ``trl.extras.profiling`` and every loaded ``trl`` module
     that imported it by name (idempotent)."""
-    with _PATCH_LOCK:
-        prof: Any = importlib.import_module("trl.extras.profiling")
-        if _PROCESS.original_pc is None:
+    state = _state()
+    with state.patch_lock:
+        prof = importlib.import_module("trl.extras.profiling")
+        if state.original_pc is None:
             current = prof.profiling_context
             if current is _profiling_context:  # pragma: no cover - only if another copy patched it
                 raise RuntimeError("trl.extras.profiling.profiling_context is already replaced")
-            _PROCESS.original_pc = current
-        original = _PROCESS.original_pc
-        prof.profiling_context = _profiling_context
+            state.original_pc = current
+        original = state.original_pc
+        setattr(prof, "profiling_context", _profiling_context)  # noqa: B010
         for name, mod in list(sys.modules.items()):
             if (name == "trl" or name.startswith("trl.")) and mod is not None and \
                     getattr(mod, "profiling_context", None) is original:
@@ -260,13 +312,13 @@ def _patch_profiling() -> None:
 # ---- sessions ---------------------------------------------------------------------------------
 
 
-def _start_phases(batch: _Batch, rows: Any, phase: str, payload: dict[str, Any],
-                  per_row: list[dict[str, Any]] | None = None) -> list[Any]:
+def _start_phases(batch: _Batch, rows: Iterable[int], phase: str, payload: Mapping[str, object],
+                  per_row: list[dict[str, object]] | None = None) -> list[PhaseScope | None]:
     """Open ``phase`` in the sessions of ``rows``: a handle per row, None where its session is
     no longer open."""
     event = _runtime.trace_session_event
     method = f"mark_{phase}_start"
-    handles: list[Any] = []
+    handles: list[PhaseScope | None] = []
     for j, r in enumerate(rows):
         h = None
         if r in batch.open_rows:
@@ -278,15 +330,20 @@ def _start_phases(batch: _Batch, rows: Any, phase: str, payload: dict[str, Any],
     return handles
 
 
-def _new_batch(trainer: Any, n: int) -> _Batch:
+def _first_row(trainer: _Trainer, rows: int) -> int:
+    """The global index of this process's first row (processes generate ``rows`` each)."""
+    try:
+        return int(trainer.accelerator.process_index) * rows
+    except Exception:
+        return 0
+
+
+def _new_batch(trainer: _Trainer, n: int) -> _Batch:
     """Register a task per prompt group and a session per completion of a batch of ``n`` rows."""
     g = max(int(getattr(trainer, "num_generations", 1) or 1), 1)
-    try:
-        first = int(trainer.accelerator.process_index) * n
-    except Exception:
-        first = 0
-    tasks: dict[int, Any] = {}
-    sids = []
+    first = _first_row(trainer, n)
+    tasks: dict[int, object] = {}
+    sids: list[object] = []
     for i in range(n):
         group = (first + i) // g
         tid = tasks.get(group)
@@ -296,7 +353,7 @@ def _new_batch(trainer: Any, n: int) -> _Batch:
     return _Batch(sids=sids, rows=n, open_rows=set(range(n)))
 
 
-def _finalize(batch: _Batch, rows: Any, status: str, reason: str | None = None,
+def _finalize(batch: _Batch, rows: Iterable[int], status: str, reason: str | None = None,
               by_row: Callable[[int], str | None] | None = None) -> None:
     registry = _runtime.RUNTIME.sessions
     for r in rows:
@@ -322,14 +379,15 @@ def _fail_batch(batch: _Batch | None, exc: BaseException) -> None:
         _failed("fail_batch")
 
 
-def _completion_lengths(trainer: Any, completion_ids: Any, tool_mask: Any) -> list[int]:
+def _completion_lengths(completion_ids: Iterable[Sized],
+                        tool_mask: Iterable[Iterable[int]] | None) -> list[int]:
     """Each completion's length as TRL logs it (model tokens only when tools ran)."""
     if tool_mask is not None:
         return [int(sum(m)) for m in tool_mask]
     return [len(ids) for ids in completion_ids]
 
 
-def _truncated(trainer: Any, completion_ids: Any) -> list[bool]:
+def _truncated(trainer: _Trainer, completion_ids: Iterable[Sequence[int]]) -> list[bool]:
     """Which completions did not end in EOS/pad: cut at the length limit (TRL's own test)."""
     stops = set(getattr(trainer, "eos_token_ids", None) or [])
     tok = getattr(trainer, "_tokenizer", None)
@@ -339,24 +397,24 @@ def _truncated(trainer: Any, completion_ids: Any) -> list[bool]:
     return [bool(ids) and ids[-1] not in stops for ids in completion_ids]
 
 
-def _close_generation(trainer: Any, batch: _Batch, result: Any) -> None:
-    """End the batch's generate phases (at the times their calls returned) with TRL's final
-    token counts, and mark truncated completions."""
-    # GRPO: (prompt_ids, completion_ids, tool_mask, completions, ...); RLOO: (prompt_ids,
-    # completion_ids, completions)
-    completion_ids = result[1]
-    tool_mask = result[2] if len(result) >= 8 else None
-    lengths = _completion_lengths(trainer, completion_ids, tool_mask)
-    cut = _truncated(trainer, completion_ids)
+def _calls_by_row(batch: _Batch) -> dict[int, list[tuple[_Call, int]]]:
+    """Each row's generation calls, in order, with the row's position in each call."""
     per_row: dict[int, list[tuple[_Call, int]]] = {}
     for call in batch.calls:
         for j, r in enumerate(call.rows):
             per_row.setdefault(r, []).append((call, j))
+    return per_row
+
+
+def _output_tokens(per_row: Mapping[int, list[tuple[_Call, int]]],
+                   lengths: Sequence[int]) -> dict[tuple[int, int], int]:
+    """The output tokens of each (call, position) once TRL trimmed the completion to its final
+    length: what a call added past the limit is taken off the last calls first."""
     out: dict[tuple[int, int], int] = {}
     for r, seq in per_row.items():
         counts = [c.out[j] if j < len(c.out) else 0 for c, j in seq]
         excess = sum(counts) - lengths[r] if r < len(lengths) else 0
-        for k in range(len(counts) - 1, -1, -1):  # TRL trims what a call past the limit added
+        for k in range(len(counts) - 1, -1, -1):
             if excess <= 0:
                 break
             cut_k = min(excess, counts[k])
@@ -364,11 +422,24 @@ def _close_generation(trainer: Any, batch: _Batch, result: Any) -> None:
             excess -= cut_k
         for (c, j), n in zip(seq, counts, strict=True):
             out[(id(c), j)] = n
+    return out
+
+
+def _close_generation(trainer: _Trainer, batch: _Batch, result: Sequence[Any]) -> None:
+    """End the batch's generate phases (at the times their calls returned) with TRL's final
+    token counts, and mark truncated completions."""
+    # GRPO: (prompt_ids, completion_ids, tool_mask, completions, ...); RLOO: (prompt_ids,
+    # completion_ids, completions)
+    completion_ids = result[1]
+    tool_mask = result[2] if len(result) >= 8 else None
+    cut = _truncated(trainer, completion_ids)
+    per_row = _calls_by_row(batch)
+    out = _output_tokens(per_row, _completion_lengths(completion_ids, tool_mask))
     for call in batch.calls:
         for j, (r, h) in enumerate(zip(call.rows, call.handles, strict=False)):
             if h is None:
                 continue
-            payload: dict[str, Any] = {"output_tokens": out.get((id(call), j), 0)}
+            payload: dict[str, object] = {"output_tokens": out.get((id(call), j), 0)}
             if per_row[r][-1][0] is call:  # the completion's last generation call
                 payload["finish_reason"] = "length" if r < len(cut) and cut[r] else "stop"
             h.end(call.end_ns or None, payload=payload)
@@ -377,7 +448,7 @@ def _close_generation(trainer: Any, batch: _Batch, result: Any) -> None:
             increment_counter(TRUNCATED, 1, session_id=batch.sids[r])
 
 
-def _zero_spread(trainer: Any, batch: _Batch) -> list[bool] | None:
+def _zero_spread(trainer: _Trainer, batch: _Batch) -> list[bool] | None:
     """Which rows belong to a group whose rewards have zero spread, computed as TRL does for
     ``frac_reward_zero_std`` (weighted sum of the reward functions, ``nanstd`` per group)."""
     rpf = batch.rewards
@@ -399,17 +470,14 @@ def _zero_spread(trainer: Any, batch: _Batch) -> list[bool] | None:
         rewards[unscorable] = torch.nan
         std = nanstd(rewards.view(-1, g), dim=1)
         zero = torch.isclose(std, torch.zeros_like(std)).repeat_interleave(g).tolist()
-    try:
-        first = int(trainer.accelerator.process_index) * batch.rows
-    except Exception:
-        first = 0
+    first = _first_row(trainer, batch.rows)
     return [bool(v) for v in zero[first:first + batch.rows]]
 
 
 # ---- tools --------------------------------------------------------------------------------------
 
 
-def _wrap_tools(trainer: Any, st: _Tracing, batch: _Batch) -> None:
+def _wrap_tools(trainer: object, batch: _Batch) -> None:
     """Wrap this batch's tool callables (TRL builds a dict of them per completion) so each call
     is a ``toolcall`` phase of that completion's session."""
     for attr, is_async in (("_sync_tool_dicts", False), ("_async_tool_dicts", True)):
@@ -419,42 +487,49 @@ def _wrap_tools(trainer: Any, st: _Tracing, batch: _Batch) -> None:
         for r, tools in enumerate(dicts):
             if isinstance(tools, dict):
                 for name, fn in list(tools.items()):
-                    tools[name] = _tool_wrapper(fn, str(name), batch, r, is_async)
+                    wrap = _async_tool if is_async else _sync_tool
+                    tools[name] = wrap(fn, str(name), batch, r)
 
 
-def _tool_wrapper(fn: Any, name: str, batch: _Batch, row: int, is_async: bool) -> Any:
+def _note_tool_row(batch: _Batch, row: int) -> None:
+    """``row``'s tools ran: the next generation call continues it."""
+    if not batch.tool_rows or batch.tool_rows[-1] != row:
+        batch.tool_rows.append(row)
+
+
+def _async_tool(fn: Callable[P, Awaitable[R]], name: str, batch: _Batch,
+                row: int) -> Callable[P, Coroutine[object, object, R]]:
     sid = batch.sids[row]
 
-    def note() -> None:
-        if not batch.tool_rows or batch.tool_rows[-1] != row:
-            batch.tool_rows.append(row)
+    @functools.wraps(fn)
+    async def acall(*a: P.args, **k: P.kwargs) -> R:
+        phase: PhaseScope | None = None
+        try:
+            _note_tool_row(batch, row)
+            phase = _runtime.atrace_session_phase("toolcall", {"tool_name": name}, session_id=sid)
+            await phase.__aenter__()
+        except Exception:
+            phase = None
+            _failed("toolcall.enter")
+        try:
+            result = await fn(*a, **k)
+        except BaseException as exc:
+            _exit_phase(phase, exc)
+            raise
+        _exit_phase(phase, None)
+        return result
 
-    if is_async:
-        @functools.wraps(fn)
-        async def acall(*a: Any, **k: Any) -> Any:
-            phase: Any = None
-            try:
-                note()
-                phase = _runtime.atrace_session_phase("toolcall", {"tool_name": name}, session_id=sid)
-                await phase.__aenter__()
-            except Exception:
-                phase = None
-                _failed("toolcall.enter")
-            try:
-                result = await fn(*a, **k)
-            except BaseException as exc:
-                _exit_phase(phase, exc)
-                raise
-            _exit_phase(phase, None)
-            return result
+    return acall
 
-        return acall
+
+def _sync_tool(fn: Callable[P, R], name: str, batch: _Batch, row: int) -> Callable[P, R]:
+    sid = batch.sids[row]
 
     @functools.wraps(fn)
-    def call(*a: Any, **k: Any) -> Any:
-        phase: Any = None
+    def call(*a: P.args, **k: P.kwargs) -> R:
+        phase: PhaseScope | None = None
         try:
-            note()
+            _note_tool_row(batch, row)
             phase = _runtime.trace_session_phase("toolcall", {"tool_name": name}, session_id=sid)
             phase.__enter__()
         except Exception:
@@ -471,7 +546,7 @@ def _tool_wrapper(fn: Any, name: str, batch: _Batch, row: int, is_async: bool) -
     return call
 
 
-def _exit_phase(phase: Any, exc: BaseException | None) -> None:
+def _exit_phase(phase: PhaseScope | None, exc: BaseException | None) -> None:
     if phase is None:
         return
     try:
@@ -483,24 +558,24 @@ def _exit_phase(phase: Any, exc: BaseException | None) -> None:
 # ---- the wrappers set on the trainer ------------------------------------------------------------
 
 
-def _training(trainer: Any) -> bool:
+def _training(trainer: _Trainer) -> bool:
     try:
         return bool(trainer.model.training)
     except Exception:
         return False
 
 
-def _wrap_generate(trainer: Any, st: _Tracing, orig: Callable[..., Any]) -> Callable[..., Any]:
+def _wrap_generate(trainer: _Trainer, st: _Tracing, orig: Callable[..., Any]) -> Callable[..., object]:
     @functools.wraps(orig)
-    def _generate(prompts: Any, *a: Any, **k: Any) -> Any:
+    def _generate(prompts: Sized, *a: object, **k: object) -> object:
         batch = None
-        whole: list[Any] = []
+        whole: list[PhaseScope | None] = []
         try:
             if _training(trainer) and _runtime.RUNTIME.sessions.enabled:
                 batch = _new_batch(trainer, len(prompts))
                 st.batch = batch
                 if getattr(trainer, "tools", None):
-                    _wrap_tools(trainer, st, batch)
+                    _wrap_tools(trainer, batch)
                 if getattr(trainer, "rollout_func", None) is not None:  # no per-call hook inside
                     whole = _start_phases(batch, range(batch.rows), "generate", {"model": st.model})
                     batch.calls.append(_Call(list(range(batch.rows)), whole))
@@ -536,15 +611,17 @@ def _rows_of_call(batch: _Batch, n: int) -> list[int]:
     return rows[:n]
 
 
-def _wrap_single_turn(trainer: Any, st: _Tracing, orig: Callable[..., Any]) -> Callable[..., Any]:
+def _wrap_single_turn(trainer: _Trainer, st: _Tracing,
+                      orig: Callable[..., Any]) -> Callable[..., object]:
     @functools.wraps(orig)
-    def _generate_single_turn(prompt_ids: Any, *a: Any, **k: Any) -> Any:
+    def _generate_single_turn(prompt_ids: Sequence[Sized], *a: object, **k: object) -> object:
         batch = st.batch
         call = None
         try:
             if batch is not None and not batch.closed and _training(trainer):
                 rows = _rows_of_call(batch, len(prompt_ids))
-                per_row = [{"input_tokens": len(prompt_ids[j])} for j in range(len(rows))]
+                per_row: list[dict[str, object]] = [{"input_tokens": len(prompt_ids[j])}
+                                                     for j in range(len(rows))]
                 call = _Call(rows, [], per_row=per_row)
                 if not getattr(trainer, "use_vllm", False):
                     call.handles = _start_phases(batch, rows, "generate", {"model": st.model}, per_row)
@@ -576,9 +653,9 @@ def _wrap_single_turn(trainer: Any, st: _Tracing, orig: Callable[..., Any]) -> C
     return _generate_single_turn
 
 
-def _wrap_rewards(trainer: Any, st: _Tracing, orig: Callable[..., Any]) -> Callable[..., Any]:
+def _wrap_rewards(st: _Tracing, orig: Callable[P, torch.Tensor]) -> Callable[P, torch.Tensor]:
     @functools.wraps(orig)
-    def _calculate_rewards(*a: Any, **k: Any) -> Any:
+    def _calculate_rewards(*a: P.args, **k: P.kwargs) -> torch.Tensor:
         result = orig(*a, **k)
         batch = st.batch
         if batch is not None and not batch.closed:
@@ -588,9 +665,9 @@ def _wrap_rewards(trainer: Any, st: _Tracing, orig: Callable[..., Any]) -> Calla
     return _calculate_rewards
 
 
-def _wrap_score(trainer: Any, st: _Tracing, orig: Callable[..., Any]) -> Callable[..., Any]:
+def _wrap_score(trainer: _Trainer, st: _Tracing, orig: Callable[P, R]) -> Callable[P, R]:
     @functools.wraps(orig)
-    def _generate_and_score_completions(*a: Any, **k: Any) -> Any:
+    def _generate_and_score_completions(*a: P.args, **k: P.kwargs) -> R:
         try:
             out = orig(*a, **k)
         except BaseException as exc:
@@ -625,9 +702,9 @@ def _accept(batch: _Batch, rows: list[int]) -> None:
               by_row=(lambda r: ZERO_ADVANTAGE if zero is not None and r < len(zero) and zero[r] else None))
 
 
-def _wrap_prepare(trainer: Any, st: _Tracing, orig: Callable[..., Any]) -> Callable[..., Any]:
+def _wrap_prepare(st: _Tracing, orig: Callable[P, R]) -> Callable[P, R]:
     @functools.wraps(orig)
-    def _prepare_inputs(*a: Any, **k: Any) -> Any:
+    def _prepare_inputs(*a: P.args, **k: P.kwargs) -> R:
         inputs = orig(*a, **k)
         if isinstance(inputs, dict) and _ROW_KEY in inputs:
             # always taken out (the loss never sees it), also when nothing is pending any more
@@ -643,7 +720,7 @@ def _wrap_prepare(trainer: Any, st: _Tracing, orig: Callable[..., Any]) -> Calla
     return _prepare_inputs
 
 
-def _trained(st: _Tracing, rows_t: Any) -> None:
+def _trained(st: _Tracing, rows_t: torch.Tensor) -> None:
     """The rows of the newest pending batch that this step trains on: they belong to this step;
     finalize them."""
     batch = st.pending[-1]
@@ -663,9 +740,9 @@ def _trained(st: _Tracing, rows_t: Any) -> None:
     st.pending = [batch] if batch.open_rows else []
 
 
-def _wrap_train(trainer: Any, st: _Tracing, orig: Callable[..., Any]) -> Callable[..., Any]:
+def _wrap_train(st: _Tracing, orig: Callable[P, R]) -> Callable[P, R]:
     @functools.wraps(orig)
-    def train(*a: Any, **k: Any) -> Any:
+    def train(*a: P.args, **k: P.kwargs) -> R:
         try:
             result = orig(*a, **k)
         except BaseException as exc:
@@ -697,11 +774,12 @@ def _close_all(st: _Tracing, exc: BaseException | None) -> None:
         _failed("train.exit")
 
 
-def _wrap_backward(orig: Callable[..., Any]) -> Callable[..., Any]:
+def _wrap_backward(orig: Callable[P, R]) -> Callable[P, R]:
     @functools.wraps(orig)
-    def backward(*a: Any, **k: Any) -> Any:
+    def backward(*a: P.args, **k: P.kwargs) -> R:
+        scope: TracedScope | None
         try:
-            scope: Any = trace_scope(SECTION_PREFIX + "backward", "compute", _ARGS)
+            scope = trace_scope(SECTION_PREFIX + "backward", "compute", _args())
             scope.__enter__()
         except Exception:
             scope = None
@@ -717,7 +795,7 @@ def _wrap_backward(orig: Callable[..., Any]) -> Callable[..., Any]:
     return backward
 
 
-def _exit_scope(scope: Any, exc: BaseException | None, hook: str) -> None:
+def _exit_scope(scope: TracedScope | None, exc: BaseException | None, hook: str) -> None:
     if scope is None:
         return
     try:
@@ -726,14 +804,15 @@ def _exit_scope(scope: Any, exc: BaseException | None, hook: str) -> None:
         _failed(hook)
 
 
-def _callback(st: _Tracing) -> Any:
+def _callback(st: _Tracing) -> object:
     """A ``TrainerCallback`` opening a step scope per optimizer step (its begin and end run on
     the training thread, in the same context) and moving the policy version after it."""
     base = importlib.import_module("transformers").TrainerCallback
 
-    def guarded(fn: Callable[..., None]) -> Callable[..., None]:
+    def guarded(fn: Callable[[_TrainerState], None]) -> Callable[..., None]:
         @functools.wraps(fn)
-        def hook(self: Any, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        def hook(self: object, args: object, state: _TrainerState, control: object,
+                 **kwargs: object) -> None:
             try:
                 fn(state)
             except Exception:
@@ -741,35 +820,35 @@ def _callback(st: _Tracing) -> Any:
 
         return hook
 
-    def on_train_begin(state: Any) -> None:
+    def on_train_begin(state: _TrainerState) -> None:
         set_policy_version(int(state.global_step))
 
-    def on_step_begin(state: Any) -> None:
+    def on_step_begin(state: _TrainerState) -> None:
         if st.step_ctx is not None:  # a step never ended (should not happen): close it
             ctx, st.step_ctx = st.step_ctx, None
             ctx.__exit__(None, None, None)
-        ctx = step(int(state.global_step) + 1, args=_ARGS)
+        ctx = step(int(state.global_step) + 1, args=_args())
         ctx.__enter__()
         st.step_ctx = ctx
 
-    def on_pre_optimizer_step(state: Any) -> None:
-        scope = trace_scope(SECTION_PREFIX + "optimizer_step", "compute", _ARGS)
+    def on_pre_optimizer_step(state: _TrainerState) -> None:
+        scope = trace_scope(SECTION_PREFIX + "optimizer_step", "compute", _args())
         scope.__enter__()
         st.opt_scope = scope
 
-    def on_optimizer_step(state: Any) -> None:
+    def on_optimizer_step(state: _TrainerState) -> None:
         if st.opt_scope is not None:
             scope, st.opt_scope = st.opt_scope, None
             scope.__exit__(None, None, None)
 
-    def on_step_end(state: Any) -> None:
+    def on_step_end(state: _TrainerState) -> None:
         on_optimizer_step(state)
         if st.step_ctx is not None:
             ctx, st.step_ctx = st.step_ctx, None
             ctx.__exit__(None, None, None)
         set_policy_version(int(state.global_step))
 
-    def on_train_end(state: Any) -> None:
+    def on_train_end(state: _TrainerState) -> None:
         _close_all(st, None)
 
     hooks = {fn.__name__: guarded(fn) for fn in (on_train_begin, on_step_begin, on_pre_optimizer_step,
@@ -781,7 +860,7 @@ def _callback(st: _Tracing) -> Any:
 # ---- instrument ---------------------------------------------------------------------------------
 
 
-def _configure_for(trainer: Any) -> None:
+def _configure_for(trainer: object) -> None:
     """Configure rltrace under the trainer's ``output_dir`` (session tracing on) when nothing
     configured it yet, and say where the log dir is (once per process)."""
     if _runtime.is_configured():
@@ -791,24 +870,35 @@ def _configure_for(trainer: Any) -> None:
                        trial_name=type(trainer).__name__, session_tracer={"enabled": True})
     pipeline = _runtime.get_pipeline()
     log_dir = getattr(pipeline, "log_dir", None)
-    if not _PROCESS.printed and log_dir is not None:
-        _PROCESS.printed = True
+    state = _state()
+    if not state.printed and log_dir is not None:
+        state.printed = True
         print(f"rltrace: tracing {type(trainer).__name__} into {log_dir} "
               f"(then: rltrace report {log_dir})", flush=True)
 
 
-def _model_name(trainer: Any) -> str:
+def _model_name(trainer: object) -> str:
     model = getattr(trainer, "model", None)
     name = getattr(model, "name_or_path", None) or \
         getattr(getattr(model, "config", None), "_name_or_path", None)
     return str(name) if name else type(model).__name__
 
 
-def _set_wrapper(obj: Any, attr: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+def _set_wrapper(obj: object, attr: str, make: _MakeWrapper) -> None:
     orig = getattr(obj, attr, None)
     if orig is None or not callable(orig):
         return
     setattr(obj, attr, make(orig))
+
+
+def _wrap_backward_once(accelerator: object) -> None:
+    """Time the accelerator's ``backward`` (once: trainers may share an accelerator)."""
+    if getattr(getattr(accelerator, "backward", None), "_rltrace_wrapped", False):
+        return
+    _set_wrapper(accelerator, "backward", _wrap_backward)
+    backward = getattr(accelerator, "backward", None)
+    if backward is not None:
+        backward._rltrace_wrapped = True
 
 
 def instrument(trainer: T) -> T:
@@ -827,19 +917,16 @@ def instrument(trainer: T) -> T:
     _configure_for(trainer)
     _patch_profiling()
     st = _Tracing(list(getattr(trainer, "reward_func_names", None) or []), _model_name(trainer))
-    _STATES[trainer] = st
-    t: Any = trainer
+    _state().trainers[trainer] = st
+    t: Any = trainer  # a transformers Trainer (checked above): the seam to the typed hooks
     _set_wrapper(t, "_generate", lambda o: _wrap_generate(t, st, o))
     _set_wrapper(t, "_generate_single_turn", lambda o: _wrap_single_turn(t, st, o))
-    _set_wrapper(t, "_calculate_rewards", lambda o: _wrap_rewards(t, st, o))
+    _set_wrapper(t, "_calculate_rewards", lambda o: _wrap_rewards(st, o))
     _set_wrapper(t, "_generate_and_score_completions", lambda o: _wrap_score(t, st, o))
-    _set_wrapper(t, "_prepare_inputs", lambda o: _wrap_prepare(t, st, o))
-    _set_wrapper(t, "train", lambda o: _wrap_train(t, st, o))
+    _set_wrapper(t, "_prepare_inputs", lambda o: _wrap_prepare(st, o))
+    _set_wrapper(t, "train", lambda o: _wrap_train(st, o))
     accelerator = getattr(t, "accelerator", None)
-    if accelerator is not None and not getattr(getattr(accelerator, "backward", None),
-                                               "_rltrace_wrapped", False):
-        _set_wrapper(accelerator, "backward", _wrap_backward)
-        with_flag: Any = accelerator.backward
-        with_flag._rltrace_wrapped = True
+    if accelerator is not None:
+        _wrap_backward_once(accelerator)
     t.add_callback(_callback(st))
     return trainer

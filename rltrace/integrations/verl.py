@@ -34,22 +34,26 @@ import functools
 import sys
 import threading
 from collections import Counter
-from types import ModuleType
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from types import FrameType, ModuleType, TracebackType
 from typing import Any
 
 from .. import runtime, steps
 from ..recorder import STATE
+from ..runtime import RUNTIME
 from ..sessions.context import SESSION_CV
-from ..spans import trace_scope
-from ._verl_agent import HOOKS
+from ..spans import TracedScope, trace_scope
+from ._verl_agent import VerlErrors
 from ._verl_agent import install as install_agent_loop
 from ._verl_imports import after_import
 
-__all__ = ["ERRORS", "FRAMEWORK", "instrument", "is_instrumented"]
+__all__ = ["ERRORS", "FRAMEWORK", "VerlState", "instrument", "is_instrumented"]
 
 FRAMEWORK = "verl"
-#: where each hook failed, by hook name (a failure is logged once per hook, then counted here)
-ERRORS: Counter[str] = HOOKS.counts
+#: where each hook failed, by hook name (a failure is logged once per hook, then counted here);
+#: the process's count, kept by the runtime (read through the module's ``__getattr__``)
+ERRORS: Counter[str]
 #: the names verl times with: traced wherever they are bound
 _TIMER_NAMES = ("marked_timer", "simple_timer")
 #: modules that define a timer (patched at import, so later ``from ... import`` get the traced one)
@@ -69,23 +73,61 @@ _TIMER_USERS = (
 )
 #: timers after which the rollout runs the newly trained weights
 _WEIGHT_SYNCS = frozenset({"update_weights", "sync_rollout_weights", "timing_s/param_sync"})
-_ARGS = {"framework": FRAMEWORK}
-_LOCK = threading.Lock()
-_STATE: dict[str, Any] = {"instrumented": False, "ray_init": None}
-#: original timer function -> its traced stand-in
-_TRACED: dict[Any, Any] = {}
-#: steps seen in this process, for a step timer whose trainer has no ``global_steps``
-_STEPS_SEEN = [0]
+#: verl's ``marked_timer(name, timing_raw, ...)`` / ``simple_timer``
+_Timer = Callable[..., AbstractContextManager[object]]
+
+
+class VerlState:
+    """This process's verl integration, held by the runtime (``RUNTIME.part(VerlState)``)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        #: whether :func:`instrument` (or :func:`worker_setup`) ran here
+        self.instrumented = False
+        #: whether verl's ``ray.init`` is inside :func:`rltrace.ray.init` right now
+        self.in_init = False
+        #: original timer function -> its traced stand-in
+        self.traced: dict[_Timer, _Timer] = {}
+        #: steps seen in this process, for a step timer whose trainer has no ``global_steps``
+        self.steps_seen = 0
+
+    def after_fork_in_child(self) -> None:
+        self.lock = threading.Lock()  # another thread may have held it at fork time
+
+
+def _state() -> VerlState:
+    return RUNTIME.part(VerlState)
+
+
+def __getattr__(name: str) -> Counter[str]:
+    if name == "ERRORS":
+        return RUNTIME.part(VerlErrors).counts
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _args() -> dict[str, object]:
+    """The args of every scope this integration opens (a new dict: scopes keep theirs)."""
+    return {"framework": FRAMEWORK}
 
 
 def failed(hook: str, exc: BaseException) -> None:
     """Note that ``hook`` failed (logged the first time, counted every time in :data:`ERRORS`)."""
-    HOOKS.failed(hook, exc)
+    RUNTIME.part(VerlErrors).failed(hook, exc)
+
+
+def _claim() -> bool:
+    """Mark this process instrumented; False when it already was."""
+    state = _state()
+    with state.lock:
+        if state.instrumented:
+            return False
+        state.instrumented = True
+    return True
 
 
 def is_instrumented() -> bool:
     """Whether :func:`instrument` ran in this process."""
-    return bool(_STATE["instrumented"])
+    return _state().instrumented
 
 
 def instrument(ray_workers: bool = True) -> None:
@@ -93,10 +135,8 @@ def instrument(ray_workers: bool = True) -> None:
     (``ray_workers``) in every Ray worker process of the job.  Idempotent; before or after
     verl's modules were imported.  Configure rltrace first (``rltrace.configure(...)``) for the
     Ray workers to get the driver's configuration."""
-    with _LOCK:
-        if _STATE["instrumented"]:
-            return
-        _STATE["instrumented"] = True
+    if not _claim():
+        return
     if runtime.get_config() is None:
         runtime.logger.warning(
             "rltrace.integrations.verl.instrument(): rltrace is not configured yet: verl runs "
@@ -116,11 +156,8 @@ def _instrument_here() -> None:
 
 def worker_setup() -> None:
     """In each Ray worker process at start (:func:`rltrace.ray.on_worker_setup`)."""
-    with _LOCK:
-        if _STATE["instrumented"]:
-            return
-        _STATE["instrumented"] = True
-    _instrument_here()
+    if _claim():
+        _instrument_here()
 
 
 # ---- Ray ---------------------------------------------------------------------------------------
@@ -135,7 +172,7 @@ def _instrument_ray() -> None:
 
     rltrace_ray.on_worker_setup(f"{__name__}:worker_setup")
     if ray.is_initialized():
-        if rltrace_ray._JOB.registry is None:  # started without rltrace.ray.init
+        if rltrace_ray.current_job().registry is None:  # started without rltrace.ray.init
             runtime.logger.warning(
                 "rltrace.integrations.verl: Ray was started before instrument() without "
                 "rltrace.ray.init: verl's Ray workers (its trainer and agent loop) are not "
@@ -150,9 +187,10 @@ def _instrument_ray() -> None:
     def init(*args: Any, **kwargs: Any) -> Any:
         """verl's ``ray.init(...)``: through :func:`rltrace.ray.init` when rltrace is configured,
         so each worker is configured from the driver and instrumented."""
-        if runtime.get_config() is None or _STATE.get("in_init"):
+        state = _state()
+        if runtime.get_config() is None or state.in_init:
             return original(*args, **kwargs)
-        _STATE["in_init"] = True
+        state.in_init = True
         ray.init = original  # rltrace.ray.init calls ray.init itself
         try:
             return rltrace_ray.init(*args, **kwargs)
@@ -162,7 +200,7 @@ def _instrument_ray() -> None:
                 return None
             return original(*args, **kwargs)  # Ray's own error comes again, as untraced
         finally:
-            _STATE["in_init"] = False
+            state.in_init = False
 
     init._rltrace_original = original  # type: ignore[attr-defined]
     ray.init = init
@@ -171,20 +209,22 @@ def _instrument_ray() -> None:
 # ---- trainer timers ----------------------------------------------------------------------------
 
 
-def _is_timer(fn: Any) -> bool:
+def _is_timer(fn: object) -> bool:
     """A verl timer function, untraced."""
     return (callable(fn) and getattr(fn, "__name__", None) in _TIMER_NAMES
             and str(getattr(fn, "__module__", "")).startswith("verl.utils.profiler")
             and getattr(fn, "_rltrace_original", None) is None)
 
 
-def _traced(original: Any) -> Any:
-    traced = _TRACED.get(original)
+def _traced(original: _Timer) -> _Timer:
+    known = _state().traced
+    traced = known.get(original)
     if traced is not None:
         return traced
 
     @functools.wraps(original)
-    def timer(name: str, timing_raw: dict[str, float], *args: Any, **kwargs: Any) -> Any:
+    def timer(name: str, timing_raw: dict[str, float], *args: object,
+              **kwargs: object) -> AbstractContextManager[object]:
         inner = original(name, timing_raw, *args, **kwargs)
         if not STATE.enabled or SESSION_CV.get() is not None:  # off, or one sample's phase
             return inner
@@ -195,7 +235,7 @@ def _traced(original: Any) -> Any:
             return inner
 
     timer._rltrace_original = original  # type: ignore[attr-defined]
-    _TRACED[original] = timer
+    known[original] = timer
     return timer
 
 
@@ -219,7 +259,7 @@ def _rebind_loaded() -> None:
             continue
 
 
-def _trainer_of(frame: Any) -> Any:
+def _trainer_of(frame: FrameType | None) -> object:
     """The trainer whose method runs the timer: ``self`` of the caller, or of a few callers up
     (a helper method)."""
     for _ in range(4):
@@ -232,7 +272,7 @@ def _trainer_of(frame: Any) -> Any:
     return None
 
 
-def _trainer_version(trainer: Any, step: int | None) -> int | None:
+def _trainer_version(trainer: object, step: int | None) -> int | None:
     """The policy version the trainer trains from: the fully-async parameter version, else the
     weights of the step before this one."""
     v = getattr(trainer, "current_param_version", None)
@@ -247,14 +287,14 @@ class _TimerScope:
 
     __slots__ = ("frame", "inner", "name", "scope", "trainer")
 
-    def __init__(self, inner: Any, name: str, frame: Any) -> None:
+    def __init__(self, inner: AbstractContextManager[object], name: str, frame: FrameType) -> None:
         self.inner = inner
         self.name = name
-        self.scope: Any = None
-        self.trainer: Any = None
+        self.scope: TracedScope | None = None
+        self.trainer: object = None
         self.frame = frame if (name == "step" or name in _WEIGHT_SYNCS) else None
 
-    def __enter__(self) -> Any:
+    def __enter__(self) -> object:
         try:
             self.scope = self._open()
             self.scope.__enter__()
@@ -268,29 +308,32 @@ class _TimerScope:
             self._close(*sys.exc_info())
             raise
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Any:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> bool | None:
         try:
             return self.inner.__exit__(exc_type, exc, tb)
         finally:
             self._close(exc_type, exc, tb)
 
-    def _open(self) -> Any:
+    def _open(self) -> TracedScope:
         name = self.name
         if name == "step":
             trainer = _trainer_of(self.frame)
             n = getattr(trainer, "global_steps", None)
             if type(n) is not int:
-                _STEPS_SEEN[0] += 1
-                n = _STEPS_SEEN[0]
+                state = _state()
+                state.steps_seen += 1
+                n = state.steps_seen
             v = _trainer_version(trainer, n)
             if v is not None:
                 steps.set_policy_version(v)
-            return steps.step(n, args=_ARGS)
+            return steps.step(n, args=_args())
         if name in _WEIGHT_SYNCS:
             self.trainer = _trainer_of(self.frame)
-        return trace_scope(f"train.{name}", args=_ARGS)
+        return trace_scope(f"train.{name}", args=_args())
 
-    def _close(self, exc_type: Any, exc: Any, tb: Any) -> None:
+    def _close(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+               tb: TracebackType | None) -> None:
         scope, self.scope = self.scope, None
         if scope is None:
             return

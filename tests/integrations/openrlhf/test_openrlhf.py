@@ -29,6 +29,7 @@ import rltrace
 from rltrace.analysis import ReportOptions, build_report, load_run
 from rltrace.config import current_user
 from rltrace.goodput import TRUNCATED, ZERO_ADVANTAGE
+from rltrace.runtime import RUNTIME
 
 # OpenRLHF lives in a folder of its own (.ci/run installs it there: its wheel pins a CUDA build and
 # ships a top-level ``tests`` package that would shadow this suite's in a shared site-packages)
@@ -240,10 +241,17 @@ def test_a_failing_sample_is_finalized_failed_and_openrlhf_sees_its_error(tmp_pa
     assert len(phases(rec, "toolcall")) == 1
 
 
+def test_errors_is_the_count_the_runtime_holds_and_other_names_stay_missing() -> None:
+    from rltrace.integrations import openrlhf
+
+    assert openrlhf.ERRORS is RUNTIME.part(openrlhf.OpenRLHFState).errors.counts
+    assert not hasattr(openrlhf, "NO_SUCH_NAME")
+
+
 def test_instrument_names_the_fix_when_openrlhf_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     from rltrace.integrations import openrlhf
 
     monkeypatch.setitem(sys.modules, "openrlhf.utils.agent", None)  # importing it then raises ImportError
-    monkeypatch.setitem(openrlhf._STATE, "instrumented", False)
+    monkeypatch.setattr(RUNTIME.part(openrlhf.OpenRLHFState), "instrumented", False)
     with pytest.raises(ImportError, match=r"install OpenRLHF \(tested: openrlhf==0\.11\.2\)"):
         openrlhf.instrument()

@@ -381,15 +381,15 @@ def test_instrument_registers_the_worker_setup_with_rltrace_ray(
     ray = pytest.importorskip("ray", reason="ray is not installed (pip install ray==2.60.0)")
     import rltrace.ray
 
-    monkeypatch.setattr(rltrace.ray, "_WORKER_SETUPS", [])
+    monkeypatch.setattr(rltrace.ray.worker_setups(), "targets", [])
     monkeypatch.setattr(ray, "init", ray.init)  # restored after the test
     original = ray.init
     rv._instrument_ray()
-    assert rltrace.ray._WORKER_SETUPS == ["rltrace.integrations.verl:worker_setup"]
+    assert rltrace.ray.worker_setups().targets == ["rltrace.integrations.verl:worker_setup"]
     # verl's own ray.init(...) goes through rltrace.ray.init (so workers are configured)
     assert ray.init is not original and ray.init._rltrace_original is original
     # in a worker, the hook runs the setup: instrumenting there is the same as here (idempotent)
-    rltrace.ray._run_worker_setups(tuple(rltrace.ray._WORKER_SETUPS))
+    rltrace.ray.run_worker_setups(tuple(rltrace.ray.worker_setups().targets))
     assert rv.is_instrumented()
 
 
@@ -399,7 +399,7 @@ def test_a_failing_worker_setup_is_logged_not_raised(caplog: pytest.LogCaptureFi
 
     with pytest.raises(ValueError, match=r"package\.module:function"):
         rltrace.ray.on_worker_setup("no_colon_here")
-    rltrace.ray._run_worker_setups(("rltrace.integrations.verl:no_such_setup",))
+    rltrace.ray.run_worker_setups(("rltrace.integrations.verl:no_such_setup",))
     assert "rltrace.integrations.verl:no_such_setup failed" in caplog.text
 
 
@@ -455,6 +455,15 @@ def test_a_failing_hook_leaves_verl_running_untraced(agent: dict[str, Any], tmp_
     assert len(out) == 4  # verl's batch, as untraced
     assert out.batch["response_mask"].sum(-1).tolist()[:2] == [22, 22]
     assert rv.ERRORS["agent_loop.generate_sequences"] == before + 1
+
+
+def test_errors_is_the_count_the_runtime_holds_and_other_names_stay_missing() -> None:
+    from rltrace.integrations._verl_agent import VerlErrors
+
+    assert rv.ERRORS is rltrace.runtime.RUNTIME.part(VerlErrors).counts
+    assert not hasattr(rv, "NO_SUCH_NAME")
+    with pytest.raises(AttributeError, match="NO_SUCH_NAME"):
+        getattr(rv, "NO_SUCH_NAME")  # noqa: B009
 
 
 def test_the_agent_loop_modules_keep_verls_untraced_per_sample_timer(agent: dict[str, Any]) -> None:

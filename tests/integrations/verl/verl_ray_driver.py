@@ -62,7 +62,7 @@ def main(out: Path) -> None:
 
     timing, batch = Trainer().fit_step()
     result = {
-        "through_rltrace_ray": rltrace.ray._JOB.registry is not None,
+        "through_rltrace_ray": rltrace.ray.current_job().registry is not None,
         "timing_raw": sorted(timing),
         "samples": len(batch),
         "response_mask": batch.batch["response_mask"].sum(-1).tolist(),
