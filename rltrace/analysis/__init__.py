@@ -45,11 +45,11 @@ if _MISSING:
     )
 
 from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
 
 from .load import ReportError, StepRange  # noqa: E402
 from .render import FORMATS, resolve_output, write  # noqa: E402
 from .report import build_report  # noqa: E402
+from .report_shape import Report  # noqa: E402
 from .run import ReportOptions, Run, load_run  # noqa: E402
 
 __all__ = ["FORMATS", "MissingDependencyError", "ReportError", "ReportOptions", "Run", "StepRange",
@@ -57,7 +57,7 @@ __all__ = ["FORMATS", "MissingDependencyError", "ReportError", "ReportOptions", 
 
 
 def report(logdir: str | Path, out: str | Path | None = None, fmt: str | None = None, *,
-           options: ReportOptions | None = None) -> tuple[dict[str, Any], list[Path]]:
+           options: ReportOptions | None = None) -> tuple[Report, list[Path]]:
     """Read ``logdir``, analyse it and write the report; return it and the files written."""
     resolve_output(out, Path(logdir), fmt)  # a bad -o fails before the run is read
     run = load_run(logdir, options)

@@ -29,15 +29,19 @@ from __future__ import annotations
 
 import heapq
 import statistics
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from .traces import StepInfo
+
+if TYPE_CHECKING:
+    from .run import Run
 
 #: links named over the run in the report
 TOP_LINKS = 5
 
 
-def analyze(run: Any) -> dict[str, Any]:
+def analyze(run: Run) -> dict[str, Any]:
     """Per step its chain and what-ifs, and the links that cost most over the run, for ``run``
     (a :class:`~.run.Run`)."""
     by_step: dict[int, list[tuple[int, StepInfo]]] = {}
@@ -45,7 +49,7 @@ def analyze(run: Any) -> dict[str, Any]:
         by_step.setdefault(step, []).append((rank, info))
     medians = _scope_medians(run.steps_info.values())
     steps = [_step_path(run, step, lst, medians) for step, lst in sorted(by_step.items())]
-    totals: dict[tuple[Any, ...], dict[str, Any]] = {}
+    totals: dict[tuple[object, ...], dict[str, Any]] = {}
     for st in steps:
         for link in st["links"]:
             key = (link["rank"], link["what"]) if link["kind"] == "scope" else (
@@ -60,7 +64,7 @@ def analyze(run: Any) -> dict[str, Any]:
     return {"steps": steps, "top_links": top}
 
 
-def _scope_medians(infos: Any) -> dict[str, float]:
+def _scope_medians(infos: Iterable[StepInfo]) -> dict[str, float]:
     durs: dict[str, list[float]] = {}
     for info in infos:
         for name, _, dur in info.scopes:
@@ -68,7 +72,7 @@ def _scope_medians(infos: Any) -> dict[str, float]:
     return {name: statistics.median(v) for name, v in durs.items()}
 
 
-def _last_sessions(run: Any, step: int, ranks: list[int] | None) -> list[tuple[float, dict[str, Any]]]:
+def _last_sessions(run: Run, step: int, ranks: list[int] | None) -> list[tuple[float, dict[str, Any]]]:
     """(own end, brief) of the sessions that finished their work last in ``step`` (on ``ranks``,
     else on every rank), latest first."""
     out: list[tuple[float, dict[str, Any]]] = []
@@ -79,7 +83,7 @@ def _last_sessions(run: Any, step: int, ranks: list[int] | None) -> list[tuple[f
     return out
 
 
-def _step_path(run: Any, step: int, lst: list[tuple[int, StepInfo]],
+def _step_path(run: Run, step: int, lst: list[tuple[int, StepInfo]],
                medians: dict[str, float]) -> dict[str, Any]:
     # within each rank: never one rank's start to another's end (see the module docstring)
     lengths = sorted((i.dur_us / 1e6, r) for r, i in lst)
@@ -105,7 +109,7 @@ def _step_path(run: Any, step: int, lst: list[tuple[int, StepInfo]],
             "what_if_s": sum(x["what_if_s"] for x in links)}
 
 
-def _rollout_link(run: Any, step: int, rank: int, slack: float) -> dict[str, Any] | None:
+def _rollout_link(run: Run, step: int, rank: int, slack: float) -> dict[str, Any] | None:
     """The session that ended ``rank``'s rollout in ``step`` (its own last, else any rank's)."""
     last = _last_sessions(run, step, [rank]) or _last_sessions(run, step, None)
     if not last:

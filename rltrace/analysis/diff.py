@@ -22,6 +22,7 @@ from typing import Any
 
 from ..goodput import BUCKETS
 from .report import build_report, fmt_pct, fmt_s
+from .report_shape import Report
 from .run import ReportOptions, Run, load_run
 from .sessions import NO_STEP
 
@@ -41,7 +42,7 @@ class Side:
     steps: int
 
 
-def series_of(run: Run, rep: dict[str, Any]) -> dict[str, dict[int, float]]:
+def series_of(run: Run, rep: Report) -> dict[str, dict[int, float]]:
     """quantity -> step -> value (seconds) for ``run`` and its report ``rep``."""
     out: dict[str, dict[int, float]] = {}
 

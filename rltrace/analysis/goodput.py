@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..goodput import (
     BUCKETS,
@@ -29,6 +29,9 @@ from ..goodput import (
     truncated_of,
 )
 from ..readers import timeline
+
+if TYPE_CHECKING:
+    from .run import Run
 
 __all__ = ["GoodputReader", "build", "sections", "staleness"]
 
@@ -45,8 +48,8 @@ class GoodputReader:
         #: (status, reason) of wasted sessions -> [sessions, phase seconds, tokens]
         self.thrown: dict[tuple[str, str], list[float]] = {}
         #: the groups (tasks) seen, and those with a zero-advantage session
-        self.groups: set[Any] = set()
-        self.zero_groups: set[Any] = set()
+        self.groups: set[int | str] = set()
+        self.zero_groups: set[int | str] = set()
 
     def add(self, rec: dict[str, Any], rank: int, step: int, status: str,
             d: timeline.Decomposition, submit: float | None, final: float) -> None:
@@ -83,64 +86,81 @@ def _add(into: dict[str, float], sec: dict[str, float]) -> None:
         into[k] = into.get(k, 0.0) + v
 
 
-def build(run: Any) -> dict[str, Any]:
-    """The goodput section of the report of ``run`` (a :class:`~.run.Run`; see the module
-    docstring)."""
-    reader: GoodputReader = run.reader.goodput
+_TOKEN_KINDS = ("generated", "accepted", "wasted")
+
+
+def _add_tokens(into: dict[str, float], work: RankStepWork) -> None:
+    into["generated"] += work.tokens_generated
+    into["accepted"] += work.tokens_accepted
+    into["wasted"] += work.tokens_wasted
+
+
+def _new_row(**head: object) -> dict[str, Any]:
+    return {**head, "wall_s": 0.0, "seconds": dict.fromkeys(BUCKETS, 0.0),
+            "tokens": dict.fromkeys(_TOKEN_KINDS, 0.0)}
+
+
+class _TimeSplit:
+    """Each (rank, step)'s wall time split into the goodput buckets, summed overall, by role, and
+    as one row per step (its wall time: the longest rank's) and per rank (its steps' sum)."""
+
+    def __init__(self) -> None:
+        self.overall = dict.fromkeys(BUCKETS, 0.0)
+        self.by_role: dict[str, dict[str, float]] = {}
+        self.steps: dict[int, dict[str, Any]] = {}
+        self.ranks: dict[int, dict[str, Any]] = {}
+
+    def add(self, rank: int, step: int, role: str | None, wall: float, sec: dict[str, float],
+            work: RankStepWork | None) -> None:
+        _add(self.overall, sec)
+        _add(self.by_role.setdefault(role or "–", dict.fromkeys(BUCKETS, 0.0)), sec)
+        st = self.steps.setdefault(step, _new_row(step=step))
+        st["wall_s"] = max(st["wall_s"], wall)
+        rk = self.ranks.setdefault(rank, _new_row(rank=rank, role=role))
+        rk["wall_s"] += wall
+        for row in (st, rk):
+            _add(row["seconds"], sec)
+            if work is not None:
+                _add_tokens(row["tokens"], work)
+
+    def rows(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The step rows and the rank rows, in order, with their shares and token rates."""
+        for row in (*self.steps.values(), *self.ranks.values()):
+            row["share"] = _shares(row["seconds"])
+            row["tokens_per_s"] = {k: (v / row["wall_s"] if row["wall_s"] > 0 else None)
+                                   for k, v in row["tokens"].items()}
+        return ([self.steps[s] for s in sorted(self.steps)],
+                [self.ranks[r] for r in sorted(self.ranks)])
+
+
+def _split_time(run: Run, reader: GoodputReader) -> _TimeSplit:
     infos = run.steps_info
     roles = {**run.traces.roles(), **run.reader.roles}
-    keys = sorted(set(infos) | set(reader.work))
-    overall = dict.fromkeys(BUCKETS, 0.0)
-    by_role: dict[str, dict[str, float]] = {}
-    steps: dict[int, dict[str, Any]] = {}
-    ranks: dict[int, dict[str, Any]] = {}
-    for rank, step in keys:
+    split = _TimeSplit()
+    for rank, step in sorted(set(infos) | set(reader.work)):
         work = reader.work.get((rank, step))
         wall, sec = split_rank_step(infos.get((rank, step)), work, run.options.rollout_scope)
-        if wall <= 0:
-            continue
-        role = roles.get(rank) or "–"
-        _add(overall, sec)
-        _add(by_role.setdefault(role, dict.fromkeys(BUCKETS, 0.0)), sec)
-        st = steps.setdefault(step, {"step": step, "wall_s": 0.0, "seconds": dict.fromkeys(BUCKETS, 0.0),
-                                     "tokens": dict.fromkeys(("generated", "accepted", "wasted"), 0.0)})
-        st["wall_s"] = max(st["wall_s"], wall)
-        _add(st["seconds"], sec)
-        rk = ranks.setdefault(rank, {"rank": rank, "role": roles.get(rank), "wall_s": 0.0,
-                                     "seconds": dict.fromkeys(BUCKETS, 0.0),
-                                     "tokens": dict.fromkeys(("generated", "accepted", "wasted"), 0.0)})
-        rk["wall_s"] += wall
-        _add(rk["seconds"], sec)
-        if work is not None:
-            for row in (st, rk):
-                row["tokens"]["generated"] += work.tokens_generated
-                row["tokens"]["accepted"] += work.tokens_accepted
-                row["tokens"]["wasted"] += work.tokens_wasted
-    for row in (*steps.values(), *ranks.values()):
-        row["share"] = _shares(row["seconds"])
-        row["tokens_per_s"] = {k: (v / row["wall_s"] if row["wall_s"] > 0 else None)
-                               for k, v in row["tokens"].items()}
-    tokens = dict.fromkeys(("generated", "accepted", "wasted"), 0.0)
+        if wall > 0:
+            split.add(rank, step, roles.get(rank), wall, sec, work)
+    return split
+
+
+def _tokens(reader: GoodputReader, step_wall: float) -> dict[str, Any]:
+    """Every generated token of the run: accepted, wasted, and per second of step wall time."""
+    tokens = dict.fromkeys(_TOKEN_KINDS, 0.0)
     for w in reader.work.values():
-        tokens["generated"] += w.tokens_generated
-        tokens["accepted"] += w.tokens_accepted
-        tokens["wasted"] += w.tokens_wasted
-    step_wall = sum(s["wall_s"] for s in steps.values())
+        _add_tokens(tokens, w)
+    return {**tokens, "trained": tokens["accepted"],
+            "wasted_share": tokens["wasted"] / tokens["generated"] if tokens["generated"] else None,
+            "per_s": {k: (v / step_wall if step_wall > 0 else None) for k, v in tokens.items()}}
+
+
+def _zero_advantage_and_truncated(reader: GoodputReader) -> dict[str, dict[str, Any]]:
+    """The groups whose rewards had zero spread, and the truncated completions."""
     works = reader.work.values()
     sessions = sum(w.sessions for w in works)
     truncated = sum(w.truncated for w in works)
     return {
-        "buckets": list(BUCKETS),
-        "seconds": overall, "share": _shares(overall),
-        "by_role": {role: {"seconds": sec, "share": _shares(sec)} for role, sec in sorted(by_role.items())},
-        "by_step": [steps[s] for s in sorted(steps)],
-        "by_rank": [ranks[r] for r in sorted(ranks)],
-        "tokens": {**tokens, "trained": tokens["accepted"],
-                   "wasted_share": tokens["wasted"] / tokens["generated"] if tokens["generated"] else None,
-                   "per_s": {k: (v / step_wall if step_wall > 0 else None) for k, v in tokens.items()}},
-        "staleness": staleness(run, reader),
-        "sections": sections(run),
-        "section_outliers": section_outliers(run),
         "zero_advantage": {"groups": len(reader.zero_groups), "groups_total": len(reader.groups),
                            "sessions": sum(w.zero_adv for w in works),
                            "seconds": sum(w.zero_adv_s for w in works),
@@ -151,11 +171,31 @@ def build(run: Any) -> dict[str, Any]:
     }
 
 
+def build(run: Run) -> dict[str, Any]:
+    """The goodput section of the report of ``run`` (see the module docstring)."""
+    reader: GoodputReader = run.reader.goodput
+    split = _split_time(run, reader)
+    by_step, by_rank = split.rows()
+    return {
+        "buckets": list(BUCKETS),
+        "seconds": split.overall, "share": _shares(split.overall),
+        "by_role": {role: {"seconds": sec, "share": _shares(sec)}
+                    for role, sec in sorted(split.by_role.items())},
+        "by_step": by_step,
+        "by_rank": by_rank,
+        "tokens": _tokens(reader, sum(s["wall_s"] for s in by_step)),
+        "staleness": staleness(run, reader),
+        "sections": sections(run),
+        "section_outliers": section_outliers(run),
+        **_zero_advantage_and_truncated(reader),
+    }
+
+
 #: a section's own time in a step is an outlier past this many times its median over the steps
 OUTLIER_X_MEDIAN = 2.0
 
 
-def section_outliers(run: Any) -> list[dict[str, Any]]:
+def section_outliers(run: Run) -> list[dict[str, Any]]:
     """The sections that took far longer than usual in one step, nested ones included (a TRL
     reward function inside the generation, a verl ``update_weights``): own time above its median
     over the (rank, step)s that ran it by ``k`` scaled MADs and by :data:`OUTLIER_X_MEDIAN` times,
@@ -185,22 +225,19 @@ def section_outliers(run: Any) -> list[dict[str, Any]]:
     return out
 
 
-def sections(run: Any) -> list[dict[str, Any]]:
+def sections(run: Run) -> list[dict[str, Any]]:
     """Each ``train.*`` section under the steps with its class in the waste taxonomy and its own
     time (less its nested sections') summed over ranks and steps, longest first."""
-    total: dict[str, list[Any]] = {}
+    total: dict[str, tuple[str, float]] = {}
     for info in run.steps_info.values():
         for name, (cls, sec) in section_times(info, run.options.rollout_scope)[0].items():
             t = total.get(name)
-            if t is None:
-                total[name] = [cls, sec]
-            else:
-                t[1] += sec
+            total[name] = (cls, sec) if t is None else (t[0], t[1] + sec)
     return [{"section": name, "class": cls, "seconds": sec}
             for name, (cls, sec) in sorted(total.items(), key=lambda kv: -kv[1][1])]
 
 
-def staleness(run: Any, reader: GoodputReader) -> dict[str, Any]:
+def staleness(run: Run, reader: GoodputReader) -> dict[str, Any]:
     """The version lag of trained samples, and the sessions thrown away by reason."""
     versions = run.traces.step_versions()
     trainers: dict[int, list[int]] = {}

@@ -23,7 +23,7 @@ from ..readers import MAX_TEXT
 from . import timeline
 from .load import Progress, Skipped, file_rank
 from .run import Run, describe
-from .sessions import BAD_RECORD, iter_sessions, step_or_none
+from .sessions import BAD_RECORD, Parsed, iter_sessions, step_or_none
 from .stats import fnum
 
 MAX_GROUPS = 5
@@ -65,10 +65,10 @@ def _needle(run: Run, keys: list[GroupKey]) -> re.Pattern[bytes] | None:
     return re.compile(b'"task_id": ?(?:' + b"|".join(alts) + b")[,}]")
 
 
-def collect(run: Run, keys: list[GroupKey]) -> dict[GroupKey, list[tuple[dict[str, Any], Any]]]:
+def collect(run: Run, keys: list[GroupKey]) -> dict[GroupKey, list[tuple[dict[str, Any], Parsed]]]:
     """Every record of the wanted groups, read again from the session files."""
     wanted = set(keys)
-    out: dict[GroupKey, list[tuple[dict[str, Any], Any]]] = {k: [] for k in keys}
+    out: dict[GroupKey, list[tuple[dict[str, Any], Parsed]]] = {k: [] for k in keys}
     needle = _needle(run, keys)
     want = (lambda raw: needle.search(raw) is not None) if needle is not None else None
     ranks = {k[0] for k in keys}
@@ -91,7 +91,7 @@ def collect(run: Run, keys: list[GroupKey]) -> dict[GroupKey, list[tuple[dict[st
     return out
 
 
-def _member(run: Run, rec: dict[str, Any], p: Any, group_start: float, group_end: float) -> dict[str, Any]:
+def _member(run: Run, rec: dict[str, Any], p: Parsed, group_start: float, group_end: float) -> dict[str, Any]:
     d: timeline.Decomposition = p.decomp
     segs = timeline.split_segments(d, group_end)
     out = {"session_id": rec.get("session_id"), "status": p.status, "total_s": p.total, "own_s": d.own_s,
@@ -100,7 +100,7 @@ def _member(run: Run, rec: dict[str, Any], p: Any, group_start: float, group_end
     return out
 
 
-def analyze_group(run: Run, key: GroupKey, members: list[tuple[dict[str, Any], Any]]) -> dict[str, Any]:
+def analyze_group(run: Run, key: GroupKey, members: list[tuple[dict[str, Any], Parsed]]) -> dict[str, Any]:
     """One group: its members' decompositions, who held it, and the wait it caused."""
     rank, step, code = key
     start = min(p.decomp.start for _, p in members)

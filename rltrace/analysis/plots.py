@@ -2,20 +2,29 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from matplotlib.figure import Figure
 
+if TYPE_CHECKING:
+    from matplotlib.artist import Artist
+    from matplotlib.axes import Axes
+    from matplotlib.patches import Rectangle
+    from matplotlib.typing import ColorType
+
+from .report_shape import Report
 from .units import SCALE, unit_of, with_unit
 
 DPI = 100
 MAX_CDF_STEPS = 12
-STATUS_COLORS = {"accepted": "#2ca02c", "rejected": "#ff7f0e", "failed": "#d62728",
-                 "dropped": "#9467bd", "pending": "#7f7f7f"}
+STATUS_COLORS: Mapping[str, str] = MappingProxyType({
+    "accepted": "#2ca02c", "rejected": "#ff7f0e", "failed": "#d62728", "dropped": "#9467bd",
+    "pending": "#7f7f7f"})
 
 
 @dataclass
@@ -28,15 +37,18 @@ class Plot:
     caption: str
 
 
-def _colors(names: list[str]) -> dict[str, Any]:
+def _colors(names: list[str]) -> dict[str, ColorType]:
     from matplotlib import colormaps
 
     cmap = colormaps["tab10"]
-    fixed = {"generate": cmap(0), "toolcall": cmap(1), "reward": cmap(3), "other": "#bbbbbb",
-             "untracked": "#bbbbbb", "queue wait": "#c9c9c9", "group wait": "#f2a8a0",
-             "before finalize": "#8c8c8c", "no phase recorded": "#dddddd"}
-    extra = [cmap(i) for i in (2, 4, 5, 6, 8, 9)] + [colormaps["tab20b"](i) for i in range(20)]
-    out, j, k = {}, 0, 0
+    fixed: dict[str, ColorType] = {
+        "generate": cmap(0), "toolcall": cmap(1), "reward": cmap(3), "other": "#bbbbbb",
+        "untracked": "#bbbbbb", "queue wait": "#c9c9c9", "group wait": "#f2a8a0",
+        "before finalize": "#8c8c8c", "no phase recorded": "#dddddd"}
+    extra: Sequence[ColorType] = ([cmap(i) for i in (2, 4, 5, 6, 8, 9)]
+                                  + [colormaps["tab20b"](i) for i in range(20)])
+    out: dict[str, ColorType] = {}
+    j = k = 0
     greys = ["#d9d9d9", "#b8b8b8", "#e8e8e8", "#a6a6a6", "#cfcfcf", "#f0f0f0"]
     for n in names:
         if n in fixed:
@@ -50,29 +62,29 @@ def _colors(names: list[str]) -> dict[str, Any]:
     return out
 
 
-def _unit(rep: dict[str, Any], view: str) -> tuple[str, float]:
+def _unit(rep: Report, view: str) -> tuple[str, float]:
     """The time unit of ``view`` (:mod:`.units`: the one its tables use) and the seconds in one."""
     unit = unit_of(rep, view)
     return unit, SCALE[unit]
 
 
-def _in(values: Any, scale: float) -> np.ndarray:
+def _in(values: Iterable[float | None], scale: float) -> np.ndarray:
     """Seconds (None: NaN) in a unit of ``scale`` seconds."""
     v: np.ndarray = np.array([np.nan if x is None else x for x in values], dtype=float) / scale
     return v
 
 
-def _step_labels(steps: list[Any]) -> list[str]:
+def _step_labels(steps: Sequence[object]) -> list[str]:
     return ["–" if s is None else str(s) for s in steps]
 
 
-def _xticks(ax: Any, n: int, labels: list[str]) -> None:
+def _xticks(ax: Axes, n: int, labels: list[str]) -> None:
     every = max(1, n // 25)
     ax.set_xticks(range(0, n, every))
     ax.set_xticklabels(labels[::every], rotation=0 if n <= 25 else 90, fontsize=8)
 
 
-def plot_cdf(rep: dict[str, Any]) -> Figure | None:
+def plot_cdf(rep: Report) -> Figure | None:
     lt = rep["longtail"]
     curves: dict[Any, tuple[np.ndarray, np.ndarray]] = lt.get("_curves") or {}
     if not lt["overall"]["count"]:
@@ -105,13 +117,13 @@ def plot_cdf(rep: dict[str, Any]) -> Figure | None:
     return fig
 
 
-def _legend_above(ax: Any, handles: list[Any], labels: list[str]) -> None:
+def _legend_above(ax: Axes, handles: list[Artist], labels: list[str]) -> None:
     """A legend above the axes, outside the data area, so it covers no curve, point or label."""
     ax.legend(handles, labels, fontsize=7, ncol=min(len(labels), 7), loc="lower center",
               bbox_to_anchor=(0.5, 1.02), borderaxespad=0.0, frameon=False)
 
 
-def plot_step_tail(rep: dict[str, Any]) -> Figure | None:
+def plot_step_tail(rep: Report) -> Figure | None:
     rows = [r for r in rep["longtail"]["per_step"] if r["count"]]
     if not rows:
         return None
@@ -120,7 +132,7 @@ def plot_step_tail(rep: dict[str, Any]) -> Figure | None:
     ax = fig.add_subplot()
     x = np.arange(len(rows))
     p99, top = (_in([r[k] for r in rows], scale) for k in ("p99_s", "max_s"))
-    same = _same_pixel(ax, p99, top, [r[k] / scale for r in rows for k in ("p50_s", "max_s")])
+    same = _same_pixel(fig, ax, p99, top, [r[k] / scale for r in rows for k in ("p50_s", "max_s")])
     for key, lab, color in (("p50_s", "P50", "#1f77b4"), ("p90_s", "P90", "#ff7f0e")):
         ax.plot(x, _in([r[key] for r in rows], scale), marker="o", ms=3, label=lab, color=color)
     _p99_and_max(ax, x, p99, top, same)
@@ -141,10 +153,9 @@ def plot_step_tail(rep: dict[str, Any]) -> Figure | None:
     return fig
 
 
-def _same_pixel(ax: Any, a: np.ndarray, b: np.ndarray, span: list[float]) -> np.ndarray:
+def _same_pixel(fig: Figure, ax: Axes, a: np.ndarray, b: np.ndarray, span: list[float]) -> np.ndarray:
     """Where ``a`` and ``b`` would be drawn within a pixel of each other on ``ax`` (whose y range
-    covers ``span``, plus matplotlib's 5% margins)."""
-    fig = ax.get_figure()
+    covers ``span``, plus matplotlib's 5% margins; ``fig`` is the figure ``ax`` is on)."""
     px = max(ax.get_position().height * fig.get_figheight() * fig.dpi, 1.0)
     lo, hi = float(np.nanmin(span)), float(np.nanmax(span))
     one_px = (hi - lo) * 1.1 / px if hi > lo else 0.0
@@ -152,7 +163,7 @@ def _same_pixel(ax: Any, a: np.ndarray, b: np.ndarray, span: list[float]) -> np.
     return same
 
 
-def _p99_and_max(ax: Any, x: np.ndarray, p99: np.ndarray, top: np.ndarray, same: np.ndarray) -> None:
+def _p99_and_max(ax: Axes, x: np.ndarray, p99: np.ndarray, top: np.ndarray, same: np.ndarray) -> None:
     """P99 and max per step, both readable where they coincide: one line "P99 = max" when they do
     in every step, else max as black dots and P99 drawn over it as red rings (a ring around a dot
     where they coincide)."""
@@ -197,7 +208,7 @@ def comparable_steps(m: np.ndarray) -> bool:
     return bool(m.size) and bool((np.isfinite(m).sum(axis=0) >= 2).any())
 
 
-def stragglers_caption(rep: dict[str, Any], caption: str) -> str:
+def stragglers_caption(rep: Report, caption: str) -> str:
     """The stragglers plot's caption: ``caption``, what was aggregated past MANY_RANKS ranks, or
     why there is nothing to compare (one rank)."""
     ranks, _, m = rep["stragglers"].get("_matrix", ([], [], np.zeros((0, 0))))
@@ -211,7 +222,7 @@ def stragglers_caption(rep: dict[str, Any], caption: str) -> str:
             f"step (min–max, P10–P90 and P25–P75 bands, median line), then the barrier wait per step.")
 
 
-def plot_stragglers(rep: dict[str, Any]) -> Figure | None:
+def plot_stragglers(rep: Report) -> Figure | None:
     sg = rep["stragglers"]
     ranks, steps, m = sg.get("_matrix", ([], [], np.zeros((0, 0))))
     if m.size == 0 or not np.isfinite(m).any():
@@ -241,7 +252,8 @@ def plot_stragglers(rep: dict[str, Any]) -> Figure | None:
     return fig
 
 
-def _plot_one_rank(ranks: list[Any], steps: list[Any], m: np.ndarray, unit: str, scale: float) -> Figure:
+def _plot_one_rank(ranks: Sequence[object], steps: Sequence[object], m: np.ndarray, unit: str,
+                   scale: float) -> Figure:
     """No step with two ranks: each rank's rollout time per step, and no barrier-wait axes (a
     ratio to the fastest rank is 1 everywhere and the wait 0, so a heatmap and bars would say
     nothing); the title says why."""
@@ -260,7 +272,7 @@ def _plot_one_rank(ranks: list[Any], steps: list[Any], m: np.ndarray, unit: str,
     return fig
 
 
-def _plot_many_stragglers(sg: dict[str, Any], ranks: list[Any], steps: list[Any], m: np.ndarray,
+def _plot_many_stragglers(sg: dict[str, Any], ranks: Sequence[object], steps: Sequence[object], m: np.ndarray,
                           unit: tuple[str, float]) -> Figure:
     """More than MANY_RANKS ranks: a heatmap of the TOP_RANKS slowest, the distribution of all
     ranks per step as quantile bands, and the barrier wait; the height does not grow with ranks."""
@@ -309,7 +321,7 @@ def _plot_many_stragglers(sg: dict[str, Any], ranks: list[Any], steps: list[Any]
     return fig
 
 
-def _barrier_axes(ax2: Any, rows: list[dict[str, Any]], unit: str, scale: float) -> None:
+def _barrier_axes(ax2: Axes, rows: list[dict[str, Any]], unit: str, scale: float) -> None:
     ax2.bar(range(len(rows)), [r.get("barrier_wait_s", 0.0) / scale for r in rows], color="#d62728",
             alpha=0.7, label="barrier wait (slowest − fastest)")
     ax2.set_ylabel(f"barrier wait ({unit})")
@@ -320,13 +332,13 @@ def _barrier_axes(ax2: Any, rows: list[dict[str, Any]], unit: str, scale: float)
     ax2.grid(alpha=0.3, axis="y")
 
 
-def _rect(x: float, y: float) -> Any:
+def _rect(x: float, y: float) -> Rectangle:
     from matplotlib.patches import Rectangle
 
     return Rectangle((x, y), 1, 1, fill=False, edgecolor="#00bfff", lw=2)
 
 
-def _stacked(ax: Any, steps: list[Any], names: list[str], values: dict[str, list[float]]) -> None:
+def _stacked(ax: Axes, steps: Sequence[object], names: list[str], values: dict[str, list[float]]) -> None:
     colors = _colors(names)
     x = np.arange(len(steps))
     bottom = np.zeros(len(steps))
@@ -340,7 +352,7 @@ def _stacked(ax: Any, steps: list[Any], names: list[str], values: dict[str, list
     ax.grid(alpha=0.3, axis="y")
 
 
-def plot_session_phases(rep: dict[str, Any]) -> Figure | None:
+def plot_session_phases(rep: Report) -> Figure | None:
     ph = rep["phases"]["session"]
     if not ph["per_step"]:
         return None
@@ -353,7 +365,7 @@ def plot_session_phases(rep: dict[str, Any]) -> Figure | None:
     return fig
 
 
-def plot_train_phases(rep: dict[str, Any]) -> Figure | None:
+def plot_train_phases(rep: Report) -> Figure | None:
     tr = rep["phases"]["train"]
     if not tr["per_step"]:
         return None
@@ -367,7 +379,7 @@ def plot_train_phases(rep: dict[str, Any]) -> Figure | None:
     return fig
 
 
-def plot_turns(rep: dict[str, Any]) -> Figure | None:
+def plot_turns(rep: Report) -> Figure | None:
     tu = rep["turns"]
     if not tu["distribution"]:
         return None
@@ -393,7 +405,7 @@ def plot_turns(rep: dict[str, Any]) -> Figure | None:
     return fig
 
 
-def _integer_ticks(ax: Any, xs: list[int]) -> None:
+def _integer_ticks(ax: Axes, xs: list[int]) -> None:
     """Whole-number x ticks: at each value when there are few (one-turn sessions get one tick at
     1, not 0.6 0.8 1.0 1.2 1.4), else wherever matplotlib puts integer ticks."""
     from matplotlib.ticker import MaxNLocator
@@ -406,7 +418,7 @@ def _integer_ticks(ax: Any, xs: list[int]) -> None:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
-def plot_status(rep: dict[str, Any]) -> Figure | None:
+def plot_status(rep: Report) -> Figure | None:
     st = rep["status"]
     if not st["per_step"]:
         return None
@@ -441,7 +453,7 @@ BAR_PAD_Y = 0.04
 BAR_PAD_X = 0.35
 
 
-def _pad_bars(ax: Any, n: int, tallest: float) -> None:
+def _pad_bars(ax: Axes, n: int, tallest: float) -> None:
     """Limits that keep bars at 0..n-1 (width < 1) and 0..tallest clear of the axes on every side."""
     ax.set_xlim(-0.5 - BAR_PAD_X, n - 0.5 + BAR_PAD_X)
     top = tallest if tallest > 0 else 1.0
@@ -451,7 +463,7 @@ def _pad_bars(ax: Any, n: int, tallest: float) -> None:
 MAX_SCOPE_BARS = 15
 
 
-def scopes_caption(rep: dict[str, Any], caption: str) -> str:
+def scopes_caption(rep: Report, caption: str) -> str:
     """The scopes plot's caption, counting the bars it draws (``caption`` is not used)."""
     n = len(rep["summary"]["scopes"])
     shown = min(n, MAX_SCOPE_BARS)
@@ -460,7 +472,7 @@ def scopes_caption(rep: dict[str, Any], caption: str) -> str:
     return f"The {shown} of {n:,} scope names with the most total time."
 
 
-def plot_scopes(rep: dict[str, Any]) -> Figure | None:
+def plot_scopes(rep: Report) -> Figure | None:
     rows = rep["summary"]["scopes"][:MAX_SCOPE_BARS]
     if not rows:
         return None
@@ -480,7 +492,7 @@ def plot_scopes(rep: dict[str, Any]) -> Figure | None:
     return fig
 
 
-PLOTS: list[tuple[str, str, str, Callable[[dict[str, Any]], Figure | None]]] = [
+PLOTS: tuple[tuple[str, str, str, Callable[[Report], Figure | None]], ...] = (
     ("cdf", "Session completion CDF",
      "Fraction of sessions finished by time since their step's start: every step (black) and a "
      "sample of single steps; the red line marks 80% of sessions.", plot_cdf),
@@ -504,21 +516,21 @@ PLOTS: list[tuple[str, str, str, Callable[[dict[str, Any]], Figure | None]]] = [
     ("status", "Sessions by status, per step", "Session counts by status and the acceptance rate.",
      plot_status),
     ("scopes", "Scopes by total time", "", plot_scopes),
-]
+)
 #: captions that depend on the report (what was drawn): key -> (report, static caption) -> caption
-CAPTIONS: dict[str, Callable[[dict[str, Any], str], str]] = {
-    "stragglers": stragglers_caption, "scopes": scopes_caption}
+CAPTIONS: Mapping[str, Callable[[Report, str], str]] = MappingProxyType({
+    "stragglers": stragglers_caption, "scopes": scopes_caption})
 
 
 MAX_TIMELINES = 3
 MAX_TIMELINE_ROWS = 16
-WAIT_STYLE = {  # segment kind -> (colour, hatch, legend label)
+WAIT_STYLE: Mapping[str, tuple[str, str, str]] = MappingProxyType({  # kind -> (colour, hatch, label)
     "queue": ("#c9c9c9", "//", "queue wait"),
     "gap": ("#e3e3e3", "", "between phases"),
     "group": ("#f2a8a0", "xx", "group wait (for the holder)"),
     "finalize": ("#8c8c8c", "", "before finalize"),
     "none": ("#dddddd", "..", "no phase recorded"),
-}
+})
 
 
 def _timeline_rows(g: dict[str, Any]) -> list[dict[str, Any]]:
@@ -526,7 +538,7 @@ def _timeline_rows(g: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def _segment_style(seg: dict[str, Any], colors: dict[str, Any]) -> tuple[Any, str, str]:
+def _segment_style(seg: dict[str, Any], colors: dict[str, ColorType]) -> tuple[ColorType, str, str]:
     if seg["kind"] == "phase":
         return colors[seg["label"]], "", seg["label"]
     return WAIT_STYLE.get(seg["kind"], WAIT_STYLE["gap"])
@@ -542,7 +554,7 @@ def plot_group_timeline(g: dict[str, Any], unit: str = "s") -> Figure:
     fig = Figure(figsize=(10, 1.3 + 0.42 * len(rows)))
     ax = fig.add_subplot()
     span = (max((seg["end_s"] for m in rows for seg in m["segments"]), default=1.0) or 1.0) / scale
-    seen: dict[str, Any] = {}
+    seen: dict[str, Artist] = {}
     for y, m in enumerate(rows):
         for seg in m["segments"]:
             color, hatch, label = _segment_style(seg, colors)
@@ -582,7 +594,7 @@ def _timeline_text(g: dict[str, Any], unit: str = "s") -> tuple[str, str]:
     return title, caption
 
 
-def write_plots(rep: dict[str, Any], directory: Path, stem: str) -> list[Plot]:
+def write_plots(rep: Report, directory: Path, stem: str) -> list[Plot]:
     """Render every plot that has data to ``directory/{stem}-{key}.png``."""
     directory.mkdir(parents=True, exist_ok=True)
     out = []

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import functools
 import math
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from .report import (
     why_slow,
     zero_advantage_line,
 )
+from .report_shape import Report
 from .template import HTML
 from .units import unit_of
 
@@ -68,11 +70,11 @@ def _checked(path: Path) -> Path:
     return path
 
 
-def _x(v: Any) -> str:
+def _x(v: float | None) -> str:
     return "–" if v is None or not math.isfinite(v) else f"{v:.2f}×"
 
 
-def _num(v: Any) -> str:
+def _num(v: object) -> str:
     """A number as the CLI shows it: four significant digits, ``109.9k``/``4.56M``/``1.20G`` from
     ten thousand up (never scientific notation); integers as they are."""
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
@@ -87,7 +89,7 @@ def _num(v: Any) -> str:
     return str(v)
 
 
-def _step(v: Any) -> str:
+def _step(v: object) -> str:
     return "–" if v is None else str(v)
 
 
@@ -116,7 +118,7 @@ def rank_table(per_rank: list[dict[str, Any]], unit: str | None = None) -> dict[
     return {"top": top, "bottom": bottom, "more": len(mid), "text": text}
 
 
-def _spread(values: dict[str, float | None], fmt: Any, unit: str = "") -> str:
+def _spread(values: dict[str, float | None], fmt: Callable[[float], str], unit: str = "") -> str:
     """``min 1.2 s (rank 3), median 1.5 s, max 9.1 s (rank 7)`` over ranks (None skipped)."""
     have = sorted((v, r) for r, v in values.items() if v is not None)
     if not have:
@@ -127,7 +129,7 @@ def _spread(values: dict[str, float | None], fmt: Any, unit: str = "") -> str:
             f"max {fmt(hi)}{unit} (rank {hi_r})")
 
 
-def many_ranks(rep: dict[str, Any]) -> dict[str, Any]:
+def many_ranks(rep: Report) -> dict[str, Any]:
     """Per-rank lists of the summary aggregated past MANY_RANKS ranks (empty strings otherwise)."""
     sm = rep["summary"]
     out: dict[str, Any] = {"wall": "", "counters": {}}
@@ -143,7 +145,7 @@ def many_ranks(rep: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def render_html(rep: dict[str, Any], plots: list[Plot]) -> str:
+def render_html(rep: Report, plots: list[Plot]) -> str:
     import jinja2
 
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=False)
@@ -159,8 +161,8 @@ def render_html(rep: dict[str, Any], plots: list[Plot]) -> str:
                                     many=many_ranks(rep))
 
 
-def _md_table(headers: list[str], rows: list[list[Any]]) -> list[str]:
-    def cell(v: Any) -> str:
+def _md_table(headers: list[str], rows: Sequence[Sequence[object]]) -> list[str]:
+    def cell(v: object) -> str:
         return str(v).replace("|", "\\|").replace("\n", " ")
 
     out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
@@ -188,7 +190,7 @@ def _in_unit(headers: tuple[str, ...], unit: str) -> list[str]:
     return [f"{h} ({unit})" for h in headers]
 
 
-def _md_groups(rep: dict[str, Any], img: dict[str, str]) -> list[str]:
+def _md_groups(rep: Report, img: dict[str, str]) -> list[str]:
     u = unit_of(rep, "groups")
     n = functools.partial(units.number, unit=u)
     gr = rep["groups"]
@@ -212,7 +214,7 @@ def _md_groups(rep: dict[str, Any], img: dict[str, str]) -> list[str]:
     return L
 
 
-def _md_longtail(rep: dict[str, Any], img: dict[str, str]) -> list[str]:
+def _md_longtail(rep: Report, img: dict[str, str]) -> list[str]:
     u = unit_of(rep, "longtail")
     n = functools.partial(units.number, unit=u)
     lt = rep["longtail"]
@@ -242,7 +244,7 @@ def _held(b: dict[str, Any] | None, unit: str | None = None) -> str:
     return "–" if not b else f"{session_name(b)}: {why_slow(b, unit)}"
 
 
-def _md_stragglers(rep: dict[str, Any], img: dict[str, str]) -> list[str]:
+def _md_stragglers(rep: Report, img: dict[str, str]) -> list[str]:
     u = unit_of(rep, "stragglers")
     n = functools.partial(units.number, unit=u)
     sg = rep["stragglers"]
@@ -279,7 +281,7 @@ def _md_stragglers(rep: dict[str, Any], img: dict[str, str]) -> list[str]:
     return L
 
 
-def _md_phases(rep: dict[str, Any], img: dict[str, str]) -> list[str]:
+def _md_phases(rep: Report, img: dict[str, str]) -> list[str]:
     u = unit_of(rep, "session_phases")
     n = functools.partial(units.number, unit=u)
     ps, tr = rep["phases"]["session"], rep["phases"]["train"]
@@ -318,7 +320,7 @@ def _turn_cell(row: dict[str, Any], phase: str, unit: str | None = None) -> str:
     return f"{fmt_s(row['mean_s'][phase], unit)} ×{row['executions'][phase]}"
 
 
-def _md_turns(rep: dict[str, Any], img: dict[str, str]) -> list[str]:
+def _md_turns(rep: Report, img: dict[str, str]) -> list[str]:
     u = unit_of(rep, "turns")
     n = functools.partial(units.number, unit=u)
     tu = rep["turns"]
@@ -364,7 +366,7 @@ def waste_lines(gp: dict[str, Any]) -> list[str]:
     return out
 
 
-def _md_goodput(rep: dict[str, Any], img: dict[str, str]) -> list[str]:
+def _md_goodput(rep: Report, img: dict[str, str]) -> list[str]:
     gp = rep["goodput"]
     L = ["## Goodput: where the step time and the tokens went", "", BUCKETS_EXPLAINED, ""]
     if not gp["by_step"]:
@@ -414,7 +416,7 @@ def chain_text(st: dict[str, Any], unit: str | None = None) -> str:
     return " → ".join(parts)
 
 
-def _md_critical(rep: dict[str, Any], img: dict[str, str]) -> list[str]:
+def _md_critical(rep: Report, img: dict[str, str]) -> list[str]:
     cp = rep["critical_path"]
     L = ["## Critical path", "",
          "Per step, its length (measured within each rank: ranks started apart are no step time) and the "
@@ -435,7 +437,7 @@ def _md_critical(rep: dict[str, Any], img: dict[str, str]) -> list[str]:
     return L
 
 
-def _md_status(rep: dict[str, Any], img: dict[str, str]) -> list[str]:
+def _md_status(rep: Report, img: dict[str, str]) -> list[str]:
     st = rep["status"]
     L = ["## 6. Status and staleness", "", f"Acceptance rate {fmt_pct(st['acceptance_rate'])}.", ""]
     L += _md_table(["status", "sessions"], [[k, v] for k, v in st["counts"].items()])
@@ -453,7 +455,7 @@ def _md_status(rep: dict[str, Any], img: dict[str, str]) -> list[str]:
     return L
 
 
-def _md_summary(rep: dict[str, Any], img: dict[str, str]) -> list[str]:
+def _md_summary(rep: Report, img: dict[str, str]) -> list[str]:
     u = unit_of(rep, "summary")
     n = functools.partial(units.number, unit=u)
     sm = rep["summary"]
@@ -467,7 +469,7 @@ def _md_summary(rep: dict[str, Any], img: dict[str, str]) -> list[str]:
     return [*L, img.get("scopes", "")]
 
 
-def render_md(rep: dict[str, Any], plots: list[Plot]) -> str:
+def render_md(rep: Report, plots: list[Plot]) -> str:
     img = {p.key: f"![{p.title}]({p.path.name})\n\n_{p.caption}_\n" for p in plots}
     inp = rep["inputs"]
     L = [f"# rltrace report — `{rep['logdir']}`", "",
@@ -487,12 +489,12 @@ def render_md(rep: dict[str, Any], plots: list[Plot]) -> str:
     return "\n".join(L) + "\n"
 
 
-def render_json(rep: dict[str, Any]) -> bytes:
+def render_json(rep: Report) -> bytes:
     return orjson.dumps(public(rep), option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY
                         | orjson.OPT_NON_STR_KEYS) + b"\n"
 
 
-def write(rep: dict[str, Any], path: Path, fmt: str) -> list[Path]:
+def write(rep: Report, path: Path, fmt: str) -> list[Path]:
     """Write ``rep`` as ``fmt`` to ``path`` (plus PNGs for html/md); return every file written."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

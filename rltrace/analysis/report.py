@@ -10,6 +10,7 @@ from typing import Any
 
 from . import critical, goodput, groups, longtail, phases, status, stragglers, summary, turns, units
 from .load import skip_summary
+from .report_shape import Report
 from .run import Run
 
 SCHEMA_VERSION = 1
@@ -38,7 +39,7 @@ def fmt_pct(x: float | None) -> str:
     return "–" if x is None else f"{x * 100:.1f}%"
 
 
-def rank_name(rank: Any, role: str | None = None) -> str:
+def rank_name(rank: object, role: str | None = None) -> str:
     """``rank 3``, or ``rank 3 (rollout)`` when its records name a role (a Ray actor's)."""
     return f"rank {rank} ({role})" if role else f"rank {rank}"
 
@@ -71,10 +72,10 @@ def why_slow(b: dict[str, Any], unit: str | None = None) -> str:
     return f"{segment_name(b)} {fmt_s(b.get('slow_phase_s'), unit)}{why}"
 
 
-def build_report(run: Run) -> dict[str, Any]:
+def build_report(run: Run) -> Report:
     """Every analysis as one JSON-ready dict (keys starting with ``_`` hold plot data)."""
     s = run.sessions
-    rep: dict[str, Any] = {
+    rep: Report = {
         "rltrace_report": SCHEMA_VERSION,
         "generated_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "logdir": str(run.logdir),
@@ -110,11 +111,11 @@ def build_report(run: Run) -> dict[str, Any]:
 Add = Callable[..., None]
 
 
-def findings(rep: dict[str, Any]) -> list[dict[str, Any]]:
+def findings(rep: Report) -> list[dict[str, Any]]:
     """The report's headline observations, most actionable first."""
     out: list[dict[str, Any]] = []
 
-    def add(kind: str, text: str, **extra: Any) -> None:
+    def add(kind: str, text: str, **extra: object) -> None:
         out.append({"kind": kind, "text": text, **extra})
 
     for section in (_group_findings, _straggler_findings, _critical_findings, _goodput_findings,
@@ -124,7 +125,7 @@ def findings(rep: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _group_findings(rep: dict[str, Any], add: Add) -> None:
+def _group_findings(rep: Report, add: Add) -> None:
     for i, g in enumerate(rep["groups"]["groups"][:MAX_GROUP_FINDINGS]):
         h = g["holder"]
         head = "Slowest group" if i == 0 else "Group"
@@ -146,7 +147,7 @@ def _group_findings(rep: dict[str, Any], add: Add) -> None:
             f"{fmt_s(gw['total_group_wait_s'])}, {fmt_pct(gw['group_wait_share'])} of session time.")
 
 
-def _rank(rep: dict[str, Any], rank: Any) -> str:
+def _rank(rep: Report, rank: object) -> str:
     return rank_name(rank, rep["inputs"].get("roles", {}).get(str(rank)))
 
 
@@ -157,7 +158,7 @@ def _held(b: dict[str, Any] | None) -> str:
             f"{why_slow(b)}")
 
 
-def _straggler_findings(rep: dict[str, Any], add: Add) -> None:
+def _straggler_findings(rep: Report, add: Add) -> None:
     sg = rep["stragglers"]
     held = {r["step"]: r.get("held_by") for r in sg["per_step"]}
     for o in sg["outliers"][:MAX_OUTLIER_FINDINGS]:
@@ -177,7 +178,7 @@ def _straggler_findings(rep: dict[str, Any], add: Add) -> None:
             rank=top["slowest_rank"])
 
 
-def _slowest_rank_finding(rep: dict[str, Any], add: Add) -> None:
+def _slowest_rank_finding(rep: Report, add: Add) -> None:
     """A rank that is the slowest in most steps, when it is slower beyond the run's noise: its
     median excess over the step's fastest rank passes the stragglers' noise limit."""
     sg = rep["stragglers"]
@@ -196,7 +197,7 @@ def _slowest_rank_finding(rep: dict[str, Any], add: Add) -> None:
         f"+{fmt_pct(limit)}).", rank=worst["rank"])
 
 
-def _longtail_findings(rep: dict[str, Any], add: Add) -> None:
+def _longtail_findings(rep: Report, add: Add) -> None:
     ov = rep["longtail"]["overall"]
     if ov["count"]:
         add("longtail", f"Long tail: the last 20% of sessions take {fmt_pct(ov['tail_fraction'])} of "
@@ -204,7 +205,7 @@ def _longtail_findings(rep: dict[str, Any], add: Add) -> None:
             f"{fmt_s(ov['p90_s'])}, P99 {fmt_s(ov['p99_s'])}, max {fmt_s(ov['max_s'])}.")
 
 
-def _session_findings(rep: dict[str, Any], add: Add) -> None:
+def _session_findings(rep: Report, add: Add) -> None:
     slow = rep["longtail"]["slowest_sessions"]
     if not slow:
         return
@@ -218,7 +219,7 @@ def _session_findings(rep: dict[str, Any], add: Add) -> None:
         add("session", f"{n} of the {len(slow)} slowest sessions were slow in {phase}.", slow_phase=phase)
 
 
-def _breakdown_findings(rep: dict[str, Any], add: Add) -> None:
+def _breakdown_findings(rep: Report, add: Add) -> None:
     ph = rep["phases"]["session"]
     for a in ph["anomalies"][:MAX_OUTLIER_FINDINGS]:
         add("phase", f"Step {_step(a['step'])}: {a['phase']} takes {fmt_pct(a['share'])} of session time "
@@ -234,7 +235,7 @@ def _breakdown_findings(rep: dict[str, Any], add: Add) -> None:
         add("phase", f"Step time by train-side scope: {parts}.")
 
 
-def _turn_findings(rep: dict[str, Any], add: Add) -> None:
+def _turn_findings(rep: Report, add: Add) -> None:
     tu = rep["turns"]
     bt = tu["session_time_by_turns"]
     if tu["mean_turns"] is not None and len(bt) > 1 and bt[0]["mean_s"] > 0:
@@ -243,7 +244,7 @@ def _turn_findings(rep: dict[str, Any], add: Add) -> None:
             f"{bt[0]['turns']}-turn ones.")
 
 
-def _tool_findings(rep: dict[str, Any], add: Add) -> None:
+def _tool_findings(rep: Report, add: Add) -> None:
     tools = rep["turns"]["tools"]
     if tools:
         parts = "; ".join(f"{t['tool']}: {t['calls']} calls, P50 {fmt_s(t['p50_s'])}, "
@@ -312,7 +313,7 @@ def fmt_count(x: float | None) -> str:
     return f"{x:.0f}"
 
 
-def _goodput_findings(rep: dict[str, Any], add: Add) -> None:
+def _goodput_findings(rep: Report, add: Add) -> None:
     gp = rep["goodput"]
     line = goodput_line(gp)
     if line is not None:
@@ -336,7 +337,7 @@ def link_name(link: dict[str, Any]) -> str:
     return f"rank {link['rank']} step {_step(link.get('step'))} {link['what']}"
 
 
-def _critical_findings(rep: dict[str, Any], add: Add) -> None:
+def _critical_findings(rep: Report, add: Add) -> None:
     cp = rep["critical_path"]
     top = cp["top_links"]
     if not top:
@@ -346,7 +347,7 @@ def _critical_findings(rep: dict[str, Any], add: Add) -> None:
         "the steps would have saved at the median): " + "; ".join(parts) + ".")
 
 
-def _status_findings(rep: dict[str, Any], add: Add) -> None:
+def _status_findings(rep: Report, add: Add) -> None:
     st = rep["status"]
     if not st["sessions"]:
         return
@@ -361,7 +362,7 @@ def _status_findings(rep: dict[str, Any], add: Add) -> None:
                                                                    else "") + ".")
 
 
-def _input_findings(rep: dict[str, Any], add: Add) -> None:
+def _input_findings(rep: Report, add: Add) -> None:
     inp = rep["inputs"]
     if inp["skipped_lines"] or inp["skipped_fields"]:
         add("input", f"{skipped_text(inp)}: {inp['skipped'][0]}.")
@@ -375,11 +376,11 @@ def skipped_text(inp: dict[str, Any]) -> str:
     return skip_summary(inp["skipped_lines"], inp["skipped_fields"])
 
 
-def _step(v: Any) -> str:
+def _step(v: object) -> str:
     return "–" if v is None else str(v)
 
 
-def public(obj: Any) -> Any:
+def public(obj: object) -> object:
     """The report without plot data (keys starting with ``_``), for JSON."""
     if isinstance(obj, dict):
         return {k: public(v) for k, v in obj.items() if not (isinstance(k, str) and k.startswith("_"))}

@@ -87,13 +87,13 @@ class SessionArrays:
     turns: np.ndarray     # int16
     phases: dict[str, np.ndarray]  # float32 seconds per phase
     status_names: list[str]
-    task_names: list[Any]
+    task_names: list[object]
 
     @property
     def size(self) -> int:
         return int(self.rank.size)
 
-    def task_label(self, code: int) -> Any:
+    def task_label(self, code: int) -> object:
         return code if code >= 0 else self.task_names[-1 - code]
 
 
@@ -130,7 +130,7 @@ class Parsed:
     final: float
     total: float
     turns: int
-    task: Any
+    task: object
     decomp: timeline.Decomposition
     #: the step came from the trace's step windows (the record had none)
     resolved: bool = False
@@ -164,8 +164,8 @@ class SessionReader:
         self._phase_keys: list[tuple[str, str, array.array[float]]] = []
         self.status_names: list[str] = []
         self._status_code: dict[str, int] = {}
-        self.task_names: list[Any] = []
-        self._task_code: dict[Any, int] = {}
+        self.task_names: list[object] = []
+        self._task_code: dict[object, int] = {}
         #: (status, reason) -> sessions
         self.reasons: dict[tuple[str, str], int] = {}
         #: (step, turn) -> [total generate seconds, executions]
@@ -298,7 +298,7 @@ class SessionReader:
         self.n += 1
         self._keep_briefs(rec, p, seq)
 
-    def _keep_status(self, status: str, reason: Any) -> None:
+    def _keep_status(self, status: str, reason: object) -> None:
         code = self._status_code.get(status)
         if code is None and len(self.status_names) >= MAX_STATUSES:
             status = OTHER
@@ -313,13 +313,13 @@ class SessionReader:
             self.reasons[key] = self.reasons.get(key, 0) + 1
         self._status.append(code)
 
-    def task_code(self, task: Any) -> int | None:
+    def task_code(self, task: object) -> int | None:
         """The task column's code of ``task`` (None: never seen)."""
         if type(task) is int and 0 <= task < 1 << 63:
             return task
         return self._task_code.get(task)
 
-    def _task_id(self, task: Any) -> int:
+    def _task_id(self, task: object) -> int:
         if type(task) is int and 0 <= task < 1 << 63:
             return task
         t = self._task_code.get(task, -1)

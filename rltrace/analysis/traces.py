@@ -29,6 +29,10 @@ from .load import OTHER, Progress, Skipped, StepRange, file_rank, iter_records
 from .stats import BoundedQuantiles
 
 MAX_SCOPE_NAMES = 1000
+#: a process of a trace file: (file index, its pid as the file has it)
+Proc = tuple[int, object]
+#: a ``train.*`` or step scope: (file index, pid, tid, ts µs, dur µs, name, step argument or None)
+TrainScope = tuple[int, object, object, float, float, str, int | None]
 #: what an event could still raise past its check (a defect: it is then skipped and reported)
 BAD_EVENT = (TypeError, ValueError, AttributeError, OverflowError, KeyError)
 
@@ -91,23 +95,23 @@ class TraceReader:
         self.events = 0
         self.scopes: dict[str, BoundedQuantiles] = {}
         #: (file index, pid) -> [first ts, last end] in µs
-        self.extent: dict[tuple[int, Any], list[float]] = {}
-        self.pid_rank: dict[tuple[int, Any], int] = {}
+        self.extent: dict[Proc, list[float]] = {}
+        self.pid_rank: dict[Proc, int] = {}
         #: (file index, pid) -> the role its process labels name
-        self.pid_role: dict[tuple[int, Any], str] = {}
+        self.pid_role: dict[Proc, str] = {}
         #: (file index, pid, step) -> the policy version its step scope trained with
-        self._versions: dict[tuple[int, Any, int], int] = {}
-        self._scoped_versions: set[tuple[int, Any, int]] = set()
+        self._versions: dict[tuple[int, object, int], int] = {}
+        self._scoped_versions: set[tuple[int, object, int]] = set()
         self.file_ranks: list[int] = []
-        self.counters: dict[tuple[int, Any, str], CounterInfo] = {}
+        self.counters: dict[tuple[int, object, str], CounterInfo] = {}
         #: tool name -> durations (µs) of the tool-call phase spans
         self.tools: dict[str, BoundedQuantiles] = {}
         #: (file index, pid, tid, ts, dur, name, step arg) of train.* scopes
-        self._train: list[tuple[int, Any, Any, float, float, str, Any]] = []
+        self._train: list[TrainScope] = []
         #: with a step range: (file index, pid) -> (lo, hi) µs window of the selected steps
-        self.windows: dict[tuple[int, Any], tuple[float, float]] | None = None
+        self.windows: dict[Proc, tuple[float, float]] | None = None
         #: with a step range: the step-defining scopes of every step, seen by the prescan
-        self._prescan: list[tuple[int, Any, Any, float, float, str, Any]] | None = None
+        self._prescan: list[TrainScope] | None = None
 
     # -- reading --------------------------------------------------------------------------
 
@@ -291,7 +295,7 @@ class TraceReader:
 
     # -- results ---------------------------------------------------------------------------
 
-    def rank_of(self, fi: int, pid: Any) -> int:
+    def rank_of(self, fi: int, pid: object) -> int:
         r = self.pid_rank.get((fi, pid))
         if r is not None:
             return r
@@ -341,12 +345,12 @@ class TraceReader:
                 info.tree.append((name, ts, dur, parent))
         return infos
 
-    def _last_end(self, proc: tuple[int, Any]) -> float:
+    def _last_end(self, proc: Proc) -> float:
         """The end (µs) of process ``proc``'s last event read (-inf when none was)."""
         e = self.extent.get(proc)
         return e[1] if e is not None else -math.inf
 
-    def _selected_steps(self, by_proc: dict[tuple[int, Any], list[tuple[float, float, int]]]
+    def _selected_steps(self, by_proc: dict[Proc, list[tuple[float, float, int]]]
                         ) -> dict[tuple[int, int], StepInfo]:
         """A :class:`StepInfo` per rank and selected step: the hull of that step's windows over the
         rank's processes."""
@@ -365,7 +369,7 @@ class TraceReader:
                     info.dur_us = end - info.start_us
         return infos
 
-    def _train_scopes_with_depth(self) -> Iterator[tuple[int, Any, float, float, str, int]]:
+    def _train_scopes_with_depth(self) -> Iterator[tuple[int, object, float, float, str, int]]:
         """The train.* scopes other than the step scope, by lane (file, pid, tid) and start, each as
         (file index, pid, ts, dur, name, depth): how many of them it is nested in on its lane."""
         others = [(fi, pid, tid, ts, dur, name) for fi, pid, tid, ts, dur, name, _ in self._train
@@ -386,8 +390,8 @@ class TraceReader:
             yield fi, pid, ts, dur, name, depth
 
     def _enclosing_step(self, infos: dict[tuple[int, int], StepInfo],
-                        by_proc: dict[tuple[int, Any], list[tuple[float, float, int]]],
-                        starts: dict[tuple[int, Any], list[float]], fi: int, pid: Any, ts: float,
+                        by_proc: dict[Proc, list[tuple[float, float, int]]],
+                        starts: dict[Proc, list[float]], fi: int, pid: object, ts: float,
                         dur: float) -> StepInfo | None:
         """The selected step whose window (of process ``(fi, pid)``) holds the scope at ``ts`` lasting
         ``dur`` (ending up to 1 µs past the window counts), or None."""
@@ -431,9 +435,9 @@ def _add_rollout(info: StepInfo, ts: float, dur: float) -> None:
     info.rollout_end_us = end if hi is None else max(hi, end)
 
 
-def step_windows(events: list[tuple[int, Any, Any, float, float, str, Any]], step_scope: str,
-                 last_end: Callable[[tuple[int, Any]], float] | None = None
-                 ) -> dict[tuple[int, Any], list[tuple[float, float, int]]]:
+def step_windows(events: list[TrainScope], step_scope: str,
+                 last_end: Callable[[Proc], float] | None = None
+                 ) -> dict[Proc, list[tuple[float, float, int]]]:
     """(file index, pid) -> sorted (start, end, step) windows of its steps.
 
     A process with step scopes (``train.step``): one window per step scope, numbered by its
@@ -444,8 +448,8 @@ def step_windows(events: list[tuple[int, Any, Any, float, float, str, Any]], ste
     code that runs between two such scopes (``train_batch(batch)`` after the rollout scope, in
     the README's quick start) is part of its step's time.
     """
-    scoped: dict[tuple[int, Any], list[tuple[float, float, Any]]] = {}
-    by_arg: dict[tuple[int, Any], dict[int, list[float]]] = {}
+    scoped: dict[Proc, list[tuple[float, float, int | None]]] = {}
+    by_arg: dict[Proc, dict[int, list[float]]] = {}
     for fi, pid, _tid, ts, dur, name, stepval in events:
         if name == step_scope:
             scoped.setdefault((fi, pid), []).append((ts, ts + dur, stepval))
@@ -455,7 +459,7 @@ def step_windows(events: list[tuple[int, Any, Any, float, float, str, Any]], ste
                 by_arg[(fi, pid)][stepval] = [ts, ts + dur]
             else:
                 w[0], w[1] = min(w[0], ts), max(w[1], ts + dur)
-    out: dict[tuple[int, Any], list[tuple[float, float, int]]] = {}
+    out: dict[Proc, list[tuple[float, float, int]]] = {}
     for proc, lst in scoped.items():
         lst.sort(key=lambda t: t[0])
         out[proc] = [(s, e, i if n is None else int(n)) for i, (s, e, n) in enumerate(lst)]
@@ -479,7 +483,7 @@ STEP_ARGS = ("rl.step", "global_step", "step", "epoch_step")
 TOOL_PHASES = ("toolcall",)
 
 
-def _step_arg(args: Any) -> int | None:
+def _step_arg(args: object) -> int | None:
     if not isinstance(args, dict):
         return None
     for k in STEP_ARGS:
@@ -491,7 +495,7 @@ def _step_arg(args: Any) -> int | None:
     return None
 
 
-def _labels(text: Any) -> dict[str, str]:
+def _labels(text: object) -> dict[str, str]:
     if not isinstance(text, str):
         return {}
     out = {}

@@ -13,17 +13,20 @@ value (:func:`~.report.fmt_s`).  The JSON report stays in seconds (``*_s`` keys)
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
 from typing import Any
 
-SCALE = {"s": 1.0, "ms": 1e-3, "µs": 1e-6}
+from .report_shape import Report
+
+SCALE: Mapping[str, float] = MappingProxyType({"s": 1.0, "ms": 1e-3, "µs": 1e-6})
 #: the unit of a view with no duration
 DEFAULT = "s"
 #: decimals kept for a value below 1 in its unit (3 significant digits, at most this many)
 MAX_DECIMALS = 6
 
 
-def pick(values: Iterable[Any]) -> str:
+def pick(values: Iterable[float | None]) -> str:
     """The unit of a view whose durations (seconds; None, NaN and 0 skipped) are ``values``: the
     largest in which their median is at least 1."""
     have = sorted(abs(float(v)) for v in values if v is not None and math.isfinite(v) and v != 0)
@@ -36,7 +39,7 @@ def pick(values: Iterable[Any]) -> str:
     return "µs"
 
 
-def number(x: Any, unit: str) -> str:
+def number(x: float | None, unit: str) -> str:
     """Seconds ``x`` as a bare number in ``unit``: ``1,234``, ``12.3``, ``4.56``, ``0.0123``."""
     if x is None or not math.isfinite(x):
         return "–"
@@ -55,54 +58,54 @@ def number(x: Any, unit: str) -> str:
     return text if float(text) != 0 else f"<{10.0 ** -MAX_DECIMALS:.{MAX_DECIMALS}f}"
 
 
-def with_unit(x: Any, unit: str) -> str:
+def with_unit(x: float | None, unit: str) -> str:
     """``number(x, unit)`` followed by the unit (``–`` alone when there is no value)."""
     n = number(x, unit)
     return n if n == "–" else f"{n} {unit}"
 
 
-def _keys(rows: Iterable[dict[str, Any]], *keys: str) -> list[Any]:
+def _keys(rows: Iterable[dict[str, Any]], *keys: str) -> list[float | None]:
     return [r.get(k) for r in rows for k in keys]
 
 
-def _goodput(rep: dict[str, Any]) -> list[Any]:
+def _goodput(rep: Report) -> list[float | None]:
     gp = rep["goodput"]
     return [*_keys(gp["by_step"], "wall_s"), *_keys(gp["staleness"]["thrown_away"], "seconds")]
 
 
-def _critical(rep: dict[str, Any]) -> list[Any]:
+def _critical(rep: Report) -> list[float | None]:
     steps = rep["critical_path"]["steps"]
     return [*_keys(steps, "length_s"), *_keys((k for s in steps for k in s["links"]), "seconds")]
 
 
-def _groups(rep: dict[str, Any]) -> list[Any]:
+def _groups(rep: Report) -> list[float | None]:
     gs = rep["groups"]["groups"]
     return [*_keys(gs, "span_s"), *_keys((m for g in gs for m in g["members"]), "own_s", "total_s")]
 
 
-def _longtail(rep: dict[str, Any]) -> list[Any]:
+def _longtail(rep: Report) -> list[float | None]:
     lt = rep["longtail"]
     pcts = ("p50_s", "p90_s", "p99_s", "p999_s", "max_s")
     return [*_keys([lt["overall"], *lt["per_step"]], *pcts),
             *_keys(lt["slowest_sessions"], "own_s", "total_s", "completion_s")]
 
 
-def _stragglers(rep: dict[str, Any]) -> list[Any]:
+def _stragglers(rep: Report) -> list[float | None]:
     sg = rep["stragglers"]
     return [*_keys(sg["per_step"], "fastest_s", "slowest_s"), *_keys(sg["per_rank"], "mean_rollout_s")]
 
 
-def _session_phases(rep: dict[str, Any]) -> list[Any]:
+def _session_phases(rep: Report) -> list[float | None]:
     ps = rep["phases"]["session"]
     return [*_keys(ps["overall"], "total_s", "mean_s", "p50_s", "p99_s"), *_keys(ps["per_step"], "total_s")]
 
 
-def _train_phases(rep: dict[str, Any]) -> list[Any]:
+def _train_phases(rep: Report) -> list[float | None]:
     tr = rep["phases"]["train"]
     return [*_keys(tr["overall"], "total_s"), *(v for r in tr["per_step"] for v in r["mean_s"].values())]
 
 
-def _turns(rep: dict[str, Any]) -> list[Any]:
+def _turns(rep: Report) -> list[float | None]:
     tu = rep["turns"]
     return [*_keys(tu["session_time_by_turns"], "mean_s"), *_keys(tu["generate_by_turn"], "mean_s"),
             *(v for r in tu["phase_by_turn"]["rows"] for v in r["mean_s"].values()),
@@ -110,24 +113,24 @@ def _turns(rep: dict[str, Any]) -> list[Any]:
             *_keys(tu["workers"], "mean_own_s", "max_own_s", "mean_generate_s")]
 
 
-def _summary(rep: dict[str, Any]) -> list[Any]:
+def _summary(rep: Report) -> list[float | None]:
     return _keys(rep["summary"]["scopes"], "total_s", "mean_s", "p50_s", "p99_s", "max_s")
 
 
 #: view -> the durations that decide its unit
-VIEWS: dict[str, Callable[[dict[str, Any]], list[Any]]] = {
+VIEWS: Mapping[str, Callable[[Report], list[float | None]]] = MappingProxyType({
     "goodput": _goodput, "critical": _critical, "groups": _groups, "longtail": _longtail,
     "stragglers": _stragglers, "session_phases": _session_phases, "train_phases": _train_phases,
     "turns": _turns, "summary": _summary,
-}
+})
 
 
-def view_units(rep: dict[str, Any]) -> dict[str, str]:
+def view_units(rep: Report) -> dict[str, str]:
     """view -> its time unit (see the module docstring)."""
     return {view: pick(values(rep)) for view, values in VIEWS.items()}
 
 
-def unit_of(rep: dict[str, Any], view: str) -> str:
+def unit_of(rep: Report, view: str) -> str:
     """The unit of ``view`` in ``rep`` (:data:`DEFAULT` when the report has none: a plot drawn
     from a hand-made report)."""
     units: dict[str, str] = rep.get("_units") or {}

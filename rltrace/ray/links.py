@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import functools
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Protocol
 
+from opentelemetry.context import Context
 from opentelemetry.sdk.trace import SpanProcessor
 from opentelemetry.trace import SpanContext, SpanKind
 
@@ -31,6 +33,16 @@ from ..sessions.registry import RECENT_CAP
 
 #: the links a consumer gets carry this type (beside ``consumed`` of ``link_consumed``)
 LINK_TYPE = "ray.get"
+
+
+class _Ref(Protocol):
+    """A Ray object ref, as far as the links need one: its binary id."""
+
+    def binary(self) -> bytes: ...
+
+
+class _HasSpanContext(Protocol):
+    def get_span_context(self) -> SpanContext: ...
 
 
 class Submissions(SpanProcessor):
@@ -47,11 +59,11 @@ class Submissions(SpanProcessor):
         self._lock = threading.Lock()
         self._gens: list[dict[bytes, SpanContext]] = [{}, {}]
 
-    def on_start(self, span: Any, parent_context: Any = None) -> None:
+    def on_start(self, span: object, parent_context: Context | None = None) -> None:
         if getattr(span, "kind", None) is SpanKind.PRODUCER:
             self._local.span = span
 
-    def submit(self, original: Any, *args: Any, **kwargs: Any) -> Any:
+    def submit(self, original: Callable[..., object], *args: object, **kwargs: object) -> object:
         """Call Ray's ``_remote`` and remember the span of the call for the refs it returns."""
         local = self._local
         local.span = None
@@ -65,7 +77,7 @@ class Submissions(SpanProcessor):
                 runtime.logger.debug("rltrace.ray: refs of a call not noted: %s", exc)
         return out
 
-    def _note(self, out: Any, sc: SpanContext) -> None:
+    def _note(self, out: object, sc: SpanContext) -> None:
         keys = [r.binary() for r in _refs(out)]
         if not keys or not sc.is_valid:
             return
@@ -73,11 +85,11 @@ class Submissions(SpanProcessor):
             for key in keys:
                 remember(self._gens, key, sc, RECENT_CAP // 2)
 
-    def producer(self, ref: Any) -> SpanContext | None:
+    def producer(self, ref: _Ref) -> SpanContext | None:
         """The span of the call that returned ``ref``, if it is among the recent ones."""
         return recent(self._gens, ref.binary())
 
-    def link_consumer(self, object_refs: Any) -> int:
+    def link_consumer(self, object_refs: object) -> int:
         """Link the current span to the calls that produced ``object_refs`` (outside its own
         trace); returns how many links were added."""
         scope = recorder.current_scope()
@@ -112,12 +124,12 @@ def _max_links() -> int:
     return bound(p.builder.limits.max_links) if p is not None else 128
 
 
-def _ids(target: Any) -> tuple[int, int]:
+def _ids(target: SpanContext | _HasSpanContext) -> tuple[int, int]:
     sc = target if isinstance(target, SpanContext) else target.get_span_context()
     return sc.trace_id, sc.span_id
 
 
-def _refs(value: Any) -> list[Any]:
+def _refs(value: object) -> list[_Ref]:
     """The object refs in what ``_remote`` returned or ``ray.get`` was given (a ref, or a
     list/tuple of refs; anything else has none)."""
     import ray
@@ -141,25 +153,26 @@ def install(submissions: Submissions) -> None:
         if getattr(original, "_rltrace_original", None) is not None:
             continue
 
-        def _remote(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
+        def _remote(*args: object, _original: Callable[..., object] = original,
+                    **kwargs: object) -> object:
             return submissions.submit(_original, *args, **kwargs)
 
         functools.update_wrapper(_remote, original)
         _remote._rltrace_original = original  # type: ignore[attr-defined]
         cls._remote = _remote  # type: ignore[method-assign]
 
-    get = ray.get
+    get: Callable[..., object] = ray.get
     if getattr(get, "_rltrace_original", None) is None:
         from ray.exceptions import GetTimeoutError
 
-        def link(object_refs: Any) -> None:
+        def link(object_refs: object) -> None:
             try:
                 submissions.link_consumer(object_refs)
             except Exception as exc:
                 runtime.logger.debug("rltrace.ray: ray.get not linked: %s", exc)
 
         @functools.wraps(get)
-        def ray_get(object_refs: Any, *args: Any, **kwargs: Any) -> Any:
+        def ray_get(object_refs: object, *args: object, **kwargs: object) -> object:
             try:
                 result = get(object_refs, *args, **kwargs)
             except GetTimeoutError:  # nothing consumed
@@ -171,7 +184,7 @@ def install(submissions: Submissions) -> None:
             return result
 
         ray_get._rltrace_original = get  # type: ignore[attr-defined]
-        ray.get = ray_get
+        setattr(ray, "get", ray_get)  # noqa: B010  (ray.get is overloaded; its replacement is not)
 
 
 def uninstall() -> None:

@@ -41,11 +41,13 @@ import gzip
 import ipaddress
 import threading
 import time
+import typing
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import MappingProxyType
 from typing import Any, Literal, TypeVar
 
 import grpc
@@ -81,7 +83,7 @@ _METRICS_PATH = "/v1/metrics"
 _STALL_POLL_S = 0.05
 
 # OTLP/HTTP <-> gRPC status mapping (https://opentelemetry.io/docs/specs/otlp/#failures).
-_GRPC_TO_HTTP: dict[grpc.StatusCode, int] = {
+_GRPC_TO_HTTP: Mapping[grpc.StatusCode, int] = MappingProxyType({
     grpc.StatusCode.UNAVAILABLE: 503,
     grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
     grpc.StatusCode.DEADLINE_EXCEEDED: 504,
@@ -93,8 +95,8 @@ _GRPC_TO_HTTP: dict[grpc.StatusCode, int] = {
     grpc.StatusCode.ABORTED: 409,
     grpc.StatusCode.INTERNAL: 500,
     grpc.StatusCode.UNKNOWN: 500,
-}
-_HTTP_TO_GRPC: dict[int, grpc.StatusCode] = {
+})
+_HTTP_TO_GRPC: Mapping[int, grpc.StatusCode] = MappingProxyType({
     400: grpc.StatusCode.INVALID_ARGUMENT,
     401: grpc.StatusCode.UNAUTHENTICATED,
     403: grpc.StatusCode.PERMISSION_DENIED,
@@ -105,16 +107,17 @@ _HTTP_TO_GRPC: dict[int, grpc.StatusCode] = {
     502: grpc.StatusCode.UNAVAILABLE,
     503: grpc.StatusCode.UNAVAILABLE,
     504: grpc.StatusCode.DEADLINE_EXCEEDED,
-}
+})
 
-_SPAN_KINDS = {
+_SPAN_KINDS: Mapping[int, SpanKind] = MappingProxyType({
     1: SpanKind.INTERNAL,
     2: SpanKind.SERVER,
     3: SpanKind.CLIENT,
     4: SpanKind.PRODUCER,
     5: SpanKind.CONSUMER,
-}
-_TEMPORALITY: dict[int, Literal["delta", "cumulative"]] = {1: "delta", 2: "cumulative"}
+})
+_TEMPORALITY: Mapping[int, Literal["delta", "cumulative"]] = MappingProxyType(
+    {1: "delta", 2: "cumulative"})
 
 
 # --------------------------------------------------------------------------- decoded views
@@ -194,7 +197,7 @@ class ReceivedRequest:
     outcome: Outcome = "pending"
     error: str | None = None
     received_ns: int = field(default_factory=time.time_ns)
-    _flat: list[Any] = field(default_factory=list, repr=False, compare=False)
+    _flat: Sequence[ReceivedSpan | ReceivedMetric] = field(default_factory=tuple, repr=False, compare=False)
 
 
 def decode_any_value(value: AnyValue) -> Any:
@@ -307,13 +310,13 @@ def _flatten_metrics(
 
 # --------------------------------------------------------------------------- wire handling
 
-_SIGNALS: dict[Signal, tuple[type[Message], type[Message]]] = {
+_SIGNALS: Mapping[Signal, tuple[type[Message], type[Message]]] = MappingProxyType({
     "traces": (trace_service_pb2.ExportTraceServiceRequest, trace_service_pb2.ExportTraceServiceResponse),
     "metrics": (
         metrics_service_pb2.ExportMetricsServiceRequest,
         metrics_service_pb2.ExportMetricsServiceResponse,
     ),
-}
+})
 
 
 @dataclass
@@ -351,7 +354,16 @@ def _grpc_deserializer(cls: type[Message]) -> Callable[[bytes], _RawGrpcRequest]
     return deserialize
 
 
-def _grpc_metadata(metadata: Iterable[Any]) -> dict[str, str]:
+class _MetadataItem(typing.Protocol):
+    """One item of gRPC invocation metadata."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def value(self) -> str | bytes: ...
+
+
+def _grpc_metadata(metadata: Iterable[_MetadataItem]) -> dict[str, str]:
     out: dict[str, str] = {}
     for md in metadata:
         value = md.value
@@ -372,7 +384,7 @@ class _HTTPHandler(BaseHTTPRequestHandler):
     server: _HTTPServer
     protocol_version = "HTTP/1.0"  # one request per connection: stop() leaves no keep-alive threads
 
-    def log_message(self, format: str, *args: Any) -> None:
+    def log_message(self, format: str, *args: object) -> None:
         pass
 
     def do_POST(self) -> None:
@@ -445,7 +457,7 @@ class _TraceServicer(trace_service_pb2_grpc.TraceServiceServicer):
     def __init__(self, receiver: OTLPReceiver) -> None:
         self._receiver = receiver
 
-    def Export(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def Export(self, request: _RawGrpcRequest, context: grpc.ServicerContext) -> Message:
         return self._receiver._grpc_export("traces", request, context)
 
 
@@ -453,11 +465,12 @@ class _MetricsServicer(metrics_service_pb2_grpc.MetricsServiceServicer):
     def __init__(self, receiver: OTLPReceiver) -> None:
         self._receiver = receiver
 
-    def Export(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def Export(self, request: _RawGrpcRequest, context: grpc.ServicerContext) -> Message:
         return self._receiver._grpc_export("metrics", request, context)
 
 
-def _generic_handler(service: str, signal: Signal, servicer: Any) -> grpc.GenericRpcHandler:
+def _generic_handler(service: str, signal: Signal, servicer: _TraceServicer | _MetricsServicer
+                     ) -> grpc.GenericRpcHandler:
     request_cls, response_cls = _SIGNALS[signal]
     return grpc.method_handlers_generic_handler(
         service,
@@ -643,15 +656,15 @@ class OTLPReceiver:
 
     def spans(self, name: str | None = None) -> list[ReceivedSpan]:
         """Spans of every accepted trace request, in arrival order (optionally only ``name``)."""
-        out: list[ReceivedSpan] = self._accepted("traces")
+        out = [x for x in self._accepted("traces") if isinstance(x, ReceivedSpan)]
         return out if name is None else [s for s in out if s.name == name]
 
     def metrics(self, name: str | None = None) -> list[ReceivedMetric]:
         """Metrics of every accepted metrics request, in arrival order (optionally only ``name``)."""
-        out: list[ReceivedMetric] = self._accepted("metrics")
+        out = [x for x in self._accepted("metrics") if isinstance(x, ReceivedMetric)]
         return out if name is None else [m for m in out if m.name == name]
 
-    def _accepted(self, signal: Signal) -> list[Any]:
+    def _accepted(self, signal: Signal) -> list[ReceivedSpan | ReceivedMetric]:
         with self._cond:
             done = [r for r in self._requests if r.outcome == "accepted" and r.signal == signal]
         return [x for r in done for x in r._flat]
@@ -741,7 +754,7 @@ class OTLPReceiver:
         return req
 
     def _finish(self, req: ReceivedRequest, outcome: Outcome, error: str | None = None) -> None:
-        flat: list[Any] = []
+        flat: Sequence[ReceivedSpan | ReceivedMetric] = ()
         if outcome == "accepted" and req.message is not None:
             if req.signal == "traces":
                 flat = _flatten_traces(req.message, req.protocol)
@@ -790,7 +803,7 @@ class OTLPReceiver:
         self._finish(req, "rejected", text)
         return fault.grpc_code, text, fault.retry_after
 
-    def _grpc_export(self, signal: Signal, raw: _RawGrpcRequest, context: grpc.ServicerContext) -> Any:
+    def _grpc_export(self, signal: Signal, raw: _RawGrpcRequest, context: grpc.ServicerContext) -> Message:
         headers = _grpc_metadata(context.invocation_metadata())
         req = ReceivedRequest("grpc", signal, headers, raw.compression, raw.message, error=raw.error)
         if raw.message is None:
