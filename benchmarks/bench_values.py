@@ -17,20 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
-import shutil
-import subprocess
-import sys
 import tempfile
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
-HERE = Path(__file__).resolve().parent
-_REFS = re.compile(rb"I\s+refs:\s+([\d,]+)")
-RUN_TIMEOUT_S = 900
+from bench_instructions import callgrind, per_op_of, require_valgrind, sizes_arg
 
 
 def _span_plain(n: int) -> None:
@@ -92,33 +83,14 @@ def worker(workload: str, n: int) -> None:
 
 
 def instructions(workload: str, n: int) -> int:
-    cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
-           sys.executable, str(Path(__file__).resolve()), "--worker", workload, str(n)]
-    proc = subprocess.run(cmd, capture_output=True, timeout=RUN_TIMEOUT_S, env=os.environ.copy())
-    found = _REFS.findall(proc.stderr)
-    if proc.returncode != 0 or not found:
-        tail = proc.stderr.decode(errors="replace").strip().splitlines()[-3:]
-        raise RuntimeError(f"{workload} n={n} failed: {' | '.join(tail)}")
-    return int(found[-1].replace(b",", b""))
-
-
-def per_op(workload: str, sizes: tuple[int, int]) -> dict[str, Any]:
-    small, large = sizes
-    with ThreadPoolExecutor(2) as pool:
-        a, b = pool.map(lambda n: instructions(workload, n), (small, large))
-    return {"per_op": round((b - a) / (large - small)), "runs": {str(small): a, str(large): b}}
-
-
-def _sizes(text: str) -> tuple[int, int]:
-    small, large = (int(x) for x in text.split(","))
-    if not 0 < small < large:
-        raise argparse.ArgumentTypeError(f"{text!r}: two sizes, smaller first (e.g. 2000,8000)")
-    return small, large
+    """Instructions executed by one worker run of ``workload`` (every thread)."""
+    return callgrind([str(Path(__file__).resolve()), "--worker", workload, str(n)],
+                     f"{workload} n={n}")[0]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", type=_sizes, default=(2000, 8000))
+    ap.add_argument("--sizes", type=sizes_arg, default=(2000, 8000))
     ap.add_argument("--workloads", type=lambda s: s.split(","), default=list(WORKLOADS))
     ap.add_argument("--worker", nargs=2, metavar=("WORKLOAD", "N"), help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -128,12 +100,11 @@ def main() -> None:
     unknown = [w for w in a.workloads if w not in WORKLOADS]
     if unknown:
         ap.error(f"unknown workload(s) {unknown}; choose from {sorted(WORKLOADS)}")
-    if shutil.which("valgrind") is None:
-        print("bench_values: valgrind is not on PATH; install it (apt-get install valgrind)", file=sys.stderr)
-        raise SystemExit(2)
+    require_valgrind("bench_values")
     import rltrace
     doc = {"rltrace": str(Path(rltrace.__file__).parent),
-           "instructions_per_op": {w: per_op(w, a.sizes) for w in a.workloads}}
+           "instructions_per_op": {w: per_op_of(lambda n, w=w: instructions(w, n), a.sizes)
+                                   for w in a.workloads}}
     print(json.dumps(doc, indent=1))
 
 

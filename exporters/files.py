@@ -303,45 +303,55 @@ class LineFile:
             self._pending.append(data)
             self._pending_bytes += len(data)
         try:
-            if self._fh is not None and self._deleted():
-                self._recreate()
-            if self._fh is None:
-                self._fh = open_for_append(self.path)
-            while self._pending:
-                chunk = self._pending[0]
-                n = self._fh.write(chunk) or 0
-                self.written_bytes += n
-                self._pending_bytes -= n
-                if n < len(chunk):
-                    self.written_lines += chunk.count(b"\n", 0, n)
-                    self._pending[0] = chunk[n:]
-                    self._partial = n > 0 or self._partial
-                    continue
-                # written whole in one piece: the caller's count of its lines, if it gave one
-                self.written_lines += lines if lines is not None and chunk is data \
-                    else chunk.count(b"\n")
-                self._pending.popleft()
-                self._partial = False
+            self._write_pending(data, lines)
             return True
         except UnsafeFileError as exc:
             self._refused(exc)
             return False
         except OSError as exc:
-            if not self._warned:
-                self._warned = True
-                why = exc.strerror or exc
-                logger.warning("rltrace: cannot write %s: %s. Keeping up to %d MiB in memory and "
-                               "retrying; training continues.", self.path, why,
-                               self.pending_cap >> 20)
-            while self._pending_bytes > self.pending_cap and self._pending:
-                if not self._drop_oldest():
-                    break
-                if not self._warned_lost:
-                    self._warned_lost = True
-                    logger.warning("rltrace: %s is still unwritable and %d MiB are held in memory; "
-                                   "dropping the oldest lines (counted in rltrace.diagnostics())",
-                                   self.path, self.pending_cap >> 20)
+            self._write_failed(exc)
             return False
+
+    def _write_pending(self, data: bytes, lines: int | None) -> None:
+        """Write every pending chunk, oldest first, reopening the file when it was deleted;
+        a short write leaves the rest of its chunk at the head, to be resumed."""
+        if self._fh is not None and self._deleted():
+            self._recreate()
+        if self._fh is None:
+            self._fh = open_for_append(self.path)
+        while self._pending:
+            chunk = self._pending[0]
+            n = self._fh.write(chunk) or 0
+            self.written_bytes += n
+            self._pending_bytes -= n
+            if n < len(chunk):
+                self.written_lines += chunk.count(b"\n", 0, n)
+                self._pending[0] = chunk[n:]
+                self._partial = n > 0 or self._partial
+                continue
+            # written whole in one piece: the caller's count of its lines, if it gave one
+            self.written_lines += lines if lines is not None and chunk is data \
+                else chunk.count(b"\n")
+            self._pending.popleft()
+            self._partial = False
+
+    def _write_failed(self, exc: OSError) -> None:
+        """The file cannot be written now: warn once, keep what is pending up to the cap (the
+        oldest lines dropped past it, warned once and counted), and retry on the next append."""
+        if not self._warned:
+            self._warned = True
+            why = exc.strerror or exc
+            logger.warning("rltrace: cannot write %s: %s. Keeping up to %d MiB in memory and "
+                           "retrying; training continues.", self.path, why,
+                           self.pending_cap >> 20)
+        while self._pending_bytes > self.pending_cap and self._pending:
+            if not self._drop_oldest():
+                break
+            if not self._warned_lost:
+                self._warned_lost = True
+                logger.warning("rltrace: %s is still unwritable and %d MiB are held in memory; "
+                               "dropping the oldest lines (counted in rltrace.diagnostics())",
+                               self.path, self.pending_cap >> 20)
 
     def _refused(self, exc: UnsafeFileError) -> None:
         """The path is a link, not a file, or another user's (file or folder): this output is off

@@ -26,10 +26,12 @@ import sys
 import threading
 import time
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextvars import ContextVar
 from enum import Enum
 from itertools import islice
-from typing import Any
+from types import MappingProxyType, ModuleType
+from typing import Any, Protocol
 
 import orjson
 
@@ -68,7 +70,7 @@ def _cap(s: str) -> str:
     return s if len(s) <= MAX_STRING else s[:MAX_STRING] + f"...<{len(s) - MAX_STRING} more chars>"
 
 
-def text(value: Any) -> str:
+def text(value: object) -> str:
     """The text of ``value``, never raising, valid UTF-8 (lone surrogates escaped), size-capped.
 
     Runs none of the value's own code: plain values, library types on the documented list
@@ -78,12 +80,12 @@ def text(value: Any) -> str:
     return _cap(value if type(value) is str else _as_text(value))
 
 
-def _as_text(value: Any) -> str:
+def _as_text(value: object) -> str:
     try:
         t = type(value)
         if t in _PLAIN:
             return str(value)  # an int past 4,300 digits raises ValueError: caught below
-        r = value.resolve() if t is DeviceValue else _top(value)
+        r = value.resolve() if type(value) is DeviceValue else _top(value)
         return r if type(r) is str else repr(r)
     except Exception:
         return f"<unprintable {_name_of(type(value))}>"
@@ -101,7 +103,7 @@ def _name_of(t: type) -> str:
     return name if type(mod) is not str or mod == "builtins" else f"{mod}.{name}"
 
 
-def _marker(value: Any) -> str:
+def _marker(value: object) -> str:
     """What an object of a type rltrace does not know is recorded as: its type and identity,
     as ``object.__repr__`` writes them, with none of its own code run."""
     return f"<{_name_of(type(value))} object at {id(value):#x}>"
@@ -109,33 +111,40 @@ def _marker(value: Any) -> str:
 
 # ---- record time: the caller's thread ------------------------------------------------------
 
+class _Listable(Protocol):
+    """What a device value is read through at export: the framework's own ``tolist``."""
+
+    def tolist(self) -> object: ...
+
+
 class DeviceValue:
     """A small tensor on an accelerator (its copy to host memory, started asynchronously where
     it was recorded) or a small JAX array (immutable), read at export.
 
     The caller's thread never waits for the device: it only queues the copy.  The exporter
-    reads the value once the device says it is ready, waiting at most ``DEVICE_WAIT_S``; a value
-    still not computed by then is written as its summary (``Tensor(shape=(), dtype=...,
-    device='cuda:0')``).  The read is the framework's own code (``tolist``), never the user's.
+    reads the value once the device says it is ready, waiting at most ``DEVICE_WAIT_S`` (per
+    second, in each thread); a value still not computed by then is written as its summary
+    (``Tensor(shape=(), dtype=..., device='cuda:0')``).  The read is the framework's own code
+    (``tolist``), never the user's.
     """
 
     __slots__ = ("_done", "_ready", "_src", "_value", "summary")
 
-    def __init__(self, src: Any, ready: Callable[[], Any] | None, summary: str) -> None:
-        self._src = src
+    def __init__(self, src: _Listable, ready: Callable[[], object] | None, summary: str) -> None:
+        self._src: _Listable | None = src
         self._ready = ready
         self.summary = summary
-        self._value: Any = summary
+        self._value: object = summary
         self._done = False
 
-    def resolve(self, wait: bool = True) -> Any:
+    def resolve(self, wait: bool = True) -> object:
         """The value as numbers (lists of numbers), or its summary; computed once."""
         if self._done:
             return self._value
         src, ready = self._src, self._ready
-        value: Any = self.summary
+        value: object = self.summary
         try:
-            if ready is None or ready() or (wait and _wait_ready(ready)):
+            if src is not None and (ready is None or ready() or (wait and _wait_ready(ready))):
                 value = _top(src.tolist())
             elif not wait:
                 return value  # not ready, and this caller may not wait: ask again later
@@ -148,19 +157,21 @@ class DeviceValue:
         return repr(self.resolve(wait=False))
 
 
-#: the waiting budget: [start of the current second, seconds of it left to wait]
-_WAIT_BUDGET = [0.0, DEVICE_WAIT_S]
+#: this thread's waiting budget: (start of the current second, seconds of it left to wait)
+_WAIT_BUDGET: ContextVar[tuple[float, float]] = ContextVar("rltrace_device_wait_budget",
+                                                           default=(0.0, DEVICE_WAIT_S))
 
 
-def _wait_ready(ready: Callable[[], Any]) -> bool:
+def _wait_ready(ready: Callable[[], object]) -> bool:
     """Poll the device's own "done?" flag (it has no wait with a bound) within the budget:
-    ``DEVICE_WAIT_S`` of waiting per second in all, whatever the number of values, so a busy GPU
-    costs an export cycle (and a recording thread that runs one) at most that."""
+    ``DEVICE_WAIT_S`` of waiting per second in all in one thread, whatever the number of
+    values, so a busy GPU costs an export cycle (and a recording thread that runs one) at most
+    that."""
     now = time.monotonic()
-    budget = _WAIT_BUDGET
-    if now - budget[0] >= 1.0:
-        budget[0], budget[1] = now, DEVICE_WAIT_S
-    deadline = now + budget[1]
+    start, left = _WAIT_BUDGET.get()
+    if now - start >= 1.0:
+        start, left = now, DEVICE_WAIT_S
+    deadline = now + left
     try:
         while time.monotonic() < deadline:
             time.sleep(0.0005)
@@ -168,29 +179,34 @@ def _wait_ready(ready: Callable[[], Any]) -> bool:
                 return True
         return False
     finally:
-        budget[1] = max(0.0, deadline - time.monotonic())
+        _WAIT_BUDGET.set((start, max(0.0, deadline - time.monotonic())))
 
 
 (_K_KEEP, _K_ENUM, _K_STR, _K_INT, _K_FLOAT, _K_BYTES, _K_LIST, _K_TUPLE, _K_DICT, _K_SET,
  _K_FROZENSET, _K_TEXT, _K_DATETIME, _K_NDARRAY, _K_NPSCALAR, _K_TENSOR, _K_JAX, _K_OTHER) = range(18)
 
-_SEED: dict[type, int] = {
+_SEED: Mapping[type, int] = MappingProxyType({
     list: _K_LIST, tuple: _K_TUPLE, dict: _K_DICT, set: _K_SET, frozenset: _K_FROZENSET,
     bytes: _K_BYTES, bytearray: _K_BYTES, DeviceValue: _K_KEEP,
     complex: _K_TEXT, range: _K_TEXT, type: _K_TEXT,
     types.FunctionType: _K_TEXT, types.BuiltinFunctionType: _K_TEXT,
-}
+})
 #: each type's kind, found once per type (bounded: cleared when full)
 _KINDS: dict[type, int] = dict(_SEED)
 _MAX_KINDS = 4096
 
+#: the built-in bases a type's values are read through, in the order they are tried
+_BUILTIN_BASES: tuple[tuple[type, int], ...] = (
+    (str, _K_STR), (int, _K_INT), (float, _K_FLOAT), (bytes, _K_BYTES), (bytearray, _K_BYTES),
+    (list, _K_LIST), (tuple, _K_TUPLE), (dict, _K_DICT), (set, _K_SET), (frozenset, _K_FROZENSET))
+
 #: library types whose ``str()`` is written as the value's text (exact types only: a subclass
 #: may override ``__str__``), by module; looked up in ``sys.modules`` (never imported here)
-_TEXT_TYPES = {
+_TEXT_TYPES: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "pathlib": ("PurePath", "PurePosixPath", "PureWindowsPath", "Path", "PosixPath", "WindowsPath"),
     "decimal": ("Decimal",), "fractions": ("Fraction",), "uuid": ("UUID",),
     "datetime": ("date", "timedelta", "timezone"), "ipaddress": ("IPv4Address", "IPv6Address"),
-}
+})
 
 
 def _module_of(t: type) -> str:
@@ -218,35 +234,16 @@ def _kind_of(t: type) -> int:
     code: no ``isinstance``, which reads an instance's ``__class__``, no ``hasattr``)."""
     if issubclass(t, Enum):
         return _K_ENUM
-    for base, kind in ((str, _K_STR), (int, _K_INT), (float, _K_FLOAT), (bytes, _K_BYTES),
-                       (bytearray, _K_BYTES), (list, _K_LIST), (tuple, _K_TUPLE), (dict, _K_DICT),
-                       (set, _K_SET), (frozenset, _K_FROZENSET)):
+    for base, kind in _BUILTIN_BASES:
         if issubclass(t, base):
             return kind
     mods = sys.modules
     mod = _module_of(t)
-    np = mods.get("numpy")
-    if np is not None and mod.startswith("numpy"):
-        if issubclass(t, np.ndarray):
-            return _K_NDARRAY
-        if issubclass(t, np.generic):
-            return _K_NPSCALAR
-        if issubclass(t, np.dtype):
-            return _K_TEXT
-    torch = mods.get("torch")
-    if torch is not None and mod.startswith("torch"):
-        param = getattr(mods.get("torch.nn.parameter"), "Parameter", None)
-        if t is torch.Tensor or (param is not None and t is param):
-            return _K_TENSOR
-        if t is torch.dtype or t is torch.device:
-            return _K_TEXT
-    if mod.startswith("jax"):
-        impl = getattr(mods.get("jax._src.array"), "ArrayImpl", None)
-        if impl is not None and t is impl:
-            return _K_JAX
-    dt = mods.get("datetime")
-    if dt is not None and (t is dt.datetime or t is dt.time):
-        return _K_DATETIME
+    for prefix, library_kind in _LIBRARY_KINDS:
+        if mod.startswith(prefix):
+            found = library_kind(t, mods)
+            if found is not None:
+                return found
     names = _TEXT_TYPES.get(mod, ())
     m = mods.get(mod) if names else None
     if m is not None and any(getattr(m, n, None) is t for n in names):
@@ -254,87 +251,206 @@ def _kind_of(t: type) -> int:
     return _K_OTHER
 
 
-def _top(value: Any) -> Any:
+def _numpy_kind(t: type, mods: Mapping[str, ModuleType]) -> int | None:
+    np = mods.get("numpy")
+    if np is None:
+        return None
+    if issubclass(t, np.ndarray):
+        return _K_NDARRAY
+    if issubclass(t, np.generic):
+        return _K_NPSCALAR
+    return _K_TEXT if issubclass(t, np.dtype) else None
+
+
+def _torch_kind(t: type, mods: Mapping[str, ModuleType]) -> int | None:
+    torch = mods.get("torch")
+    if torch is None:
+        return None
+    param = getattr(mods.get("torch.nn.parameter"), "Parameter", None)
+    if t is torch.Tensor or (param is not None and t is param):
+        return _K_TENSOR
+    return _K_TEXT if t is torch.dtype or t is torch.device else None
+
+
+def _jax_kind(t: type, mods: Mapping[str, ModuleType]) -> int | None:
+    impl = getattr(mods.get("jax._src.array"), "ArrayImpl", None)
+    return _K_JAX if impl is not None and t is impl else None
+
+
+def _datetime_kind(t: type, mods: Mapping[str, ModuleType]) -> int | None:
+    dt = mods.get("datetime")
+    return _K_DATETIME if dt is not None and (t is dt.datetime or t is dt.time) else None
+
+
+#: (module prefix, how a type of such a module is classified: a kind, or None to go on)
+_LIBRARY_KINDS: tuple[tuple[str, Callable[[type, Mapping[str, ModuleType]], int | None]], ...] = (
+    ("numpy", _numpy_kind), ("torch", _torch_kind), ("jax", _jax_kind), ("datetime", _datetime_kind))
+
+
+class _Walk:
+    """The state of copying one recorded value: items it may still copy, containers open."""
+
+    __slots__ = ("left", "seen")
+
+    def __init__(self) -> None:
+        self.left = MAX_NODES
+        self.seen: set[int] = set()
+
+
+def _top(value: object) -> object:
     """One value as :func:`recorded` keeps it (``value`` is not of a plain type)."""
-    t = type(value)
-    if t is list and len(value) <= MAX_ITEMS:
-        copy = value[:]
-        for v in copy:
-            if type(v) not in _PLAIN:
-                break
-        else:
-            return copy
-    elif t is tuple and len(value) <= MAX_ITEMS:
+    if type(value) is list:
+        if len(value) <= MAX_ITEMS:
+            copy = value[:]
+            for v in copy:
+                if type(v) not in _PLAIN:
+                    break
+            else:
+                return copy
+    elif type(value) is tuple and len(value) <= MAX_ITEMS:
         for v in value:
             if type(v) not in _PLAIN:
                 break
         else:
             return value  # immutable, and so are its items
     try:
-        return _rec(value, 0, [MAX_NODES, set()])
+        return _rec(value, 0, None)
     except Exception:  # a library's own failure (or RecursionError): the value's marker
         try:
             return _marker(value)
         except Exception:
             return "<unrecordable value>"
-
-
-def _rec(value: Any, depth: int, st: list[Any]) -> Any:
+def _rec(value: object, depth: int, walk: _Walk | None) -> object:
     t = type(value)
     if t in _PLAIN:
         return value
     kind = _KINDS.get(t)
     if kind is None:
         kind = _classify(t)
-    if kind <= _K_FROZENSET:
-        if kind >= _K_LIST:
-            return _container(value, kind, depth, st)
-        if kind == _K_STR:
-            return str.__str__(value)
-        if kind == _K_INT:
-            return int.__int__(value)
-        if kind == _K_FLOAT:
-            return float.__float__(value)
-        if kind == _K_BYTES:
-            return _bytes_text(value)
-        if kind == _K_ENUM:
-            return _rec(object.__getattribute__(value, "_value_"), depth + 1, st) \
-                if depth < COPY_DEPTH else _marker(value)
-        return value  # _K_KEEP: recorded already
-    if kind == _K_TEXT:
-        return _cap(str(value))
-    if kind == _K_DATETIME:
-        tz = value.tzinfo
-        dt = sys.modules["datetime"]
-        zi = getattr(sys.modules.get("zoneinfo"), "ZoneInfo", None)
-        if tz is None or type(tz) is dt.timezone or (zi is not None and type(tz) is zi):
-            return str(value)
-        return _marker(value)  # a tzinfo of the caller's own: its utcoffset() would run
-    if kind == _K_NDARRAY:
-        if value.size <= SMALL_ARRAY and value.ndim <= COPY_DEPTH:
-            return _rec(value.tolist(), depth, st)  # numbers (objects of a dtype=object array: as any)
-        return f"{_type_name(t)}(shape={tuple(value.shape)}, dtype={value.dtype})"
-    if kind == _K_NPSCALAR:
-        return _rec(value.item(), depth, st)
-    if kind == _K_TENSOR:
-        return _tensor(value, t)
-    if kind == _K_JAX:
-        summary = f"{_type_name(t)}(shape={tuple(value.shape)}, dtype={value.dtype})"
-        if value.size > SMALL_ARRAY:
-            return summary
-        # immutable: read at export, once computed (a JAX without is_ready: read at export)
-        return DeviceValue(value, getattr(value, "is_ready", None), summary)
-    return _marker(value)
+    if _K_LIST <= kind <= _K_FROZENSET:
+        return _container(value, kind, depth, _Walk() if walk is None else walk)
+    return _RECORDERS[kind](value, depth, walk)
 
 
-def _tensor(value: Any, t: type) -> Any:
+class _Array(Protocol):
+    """A numpy array or a JAX array, as read here (library attributes and methods only)."""
+
+    size: int
+    ndim: int
+    shape: tuple[int, ...]
+    dtype: object
+
+    def tolist(self) -> object: ...
+
+
+class _Device(Protocol):
+    type: str
+
+
+class _Tensor(Protocol):
+    """A ``torch.Tensor``, as read here (library attributes and methods only)."""
+
+    layout: object
+    device: _Device
+    is_quantized: bool
+    shape: tuple[int, ...]
+    dtype: object
+
+    def numel(self) -> int: ...
+    def tolist(self) -> object: ...
+    def detach(self) -> _Tensor: ...
+    def to(self, device: str, *, non_blocking: bool) -> _Tensor: ...
+
+
+def _keep(value: object, depth: int, walk: _Walk | None) -> object:
+    return value  # a DeviceValue: recorded already
+
+
+def _enum(value: Enum, depth: int, walk: _Walk | None) -> object:
+    if depth >= COPY_DEPTH:
+        return _marker(value)
+    return _rec(object.__getattribute__(value, "_value_"), depth + 1, walk)
+
+
+def _str(value: str, depth: int, walk: _Walk | None) -> str:
+    return str.__str__(value)
+
+
+def _int(value: int, depth: int, walk: _Walk | None) -> int:
+    return int.__int__(value)
+
+
+def _float(value: float, depth: int, walk: _Walk | None) -> float:
+    return float.__float__(value)
+
+
+def _bytes(value: bytes | bytearray, depth: int, walk: _Walk | None) -> str:
+    return _bytes_text(value)
+
+
+def _as_str(value: object, depth: int, walk: _Walk | None) -> str:
+    return _cap(str(value))  # a library type on the documented list: library code
+
+
+def _datetime(value: _DateTime, depth: int, walk: _Walk | None) -> str:
+    tz = value.tzinfo
+    dt = sys.modules["datetime"]
+    zi = getattr(sys.modules.get("zoneinfo"), "ZoneInfo", None)
+    if tz is None or type(tz) is dt.timezone or (zi is not None and type(tz) is zi):
+        return str(value)
+    return _marker(value)  # a tzinfo of the caller's own: its utcoffset() would run
+
+
+class _DateTime(Protocol):
+    @property
+    def tzinfo(self) -> object: ...
+
+
+def _ndarray(value: _Array, depth: int, walk: _Walk | None) -> object:
+    if value.size <= SMALL_ARRAY and value.ndim <= COPY_DEPTH:
+        return _rec(value.tolist(), depth, walk)  # numbers (objects of a dtype=object array: as any)
+    return f"{_type_name(type(value))}(shape={tuple(value.shape)}, dtype={value.dtype})"
+
+
+def _npscalar(value: _Item, depth: int, walk: _Walk | None) -> object:
+    return _rec(value.item(), depth, walk)
+
+
+class _Item(Protocol):
+    def item(self) -> object: ...
+
+
+def _torch_tensor(value: _Tensor, depth: int, walk: _Walk | None) -> object:
+    return _tensor(value, type(value))
+
+
+def _jax(value: _Array, depth: int, walk: _Walk | None) -> object:
+    summary = f"{_type_name(type(value))}(shape={tuple(value.shape)}, dtype={value.dtype})"
+    if value.size > SMALL_ARRAY:
+        return summary
+    # immutable: read at export, once computed (a JAX without is_ready: read at export)
+    return DeviceValue(value, getattr(value, "is_ready", None), summary)
+
+
+def _other(value: object, depth: int, walk: _Walk | None) -> str:
+    return _marker(value)  # a type not on the documented list: none of its code runs
+
+
+#: how a value of each kind is recorded, by kind (the containers' kinds, list to frozenset, never
+#: come here: :func:`_rec` copies them with :func:`_container`)
+_RECORDERS: tuple[Callable[[Any, int, _Walk | None], object], ...] = (
+    _keep, _enum, _str, _int, _float, _bytes, _keep, _keep, _keep, _keep, _keep,
+    _as_str, _datetime, _ndarray, _npscalar, _torch_tensor, _jax, _other)
+
+
+def _tensor(value: _Tensor, t: type) -> object:
     """A ``torch.Tensor``: a small one on the CPU as numbers now, a small CUDA one copied to
     host memory asynchronously (read at export), anything else its summary."""
     if value.numel() <= SMALL_ARRAY and value.layout is sys.modules["torch"].strided:
         dev = value.device.type
         if dev == "cpu" and not value.is_quantized:
             try:
-                return _rec(value.tolist(), 0, [MAX_NODES, set()])
+                return _rec(value.tolist(), 0, None)
             except Exception:
                 pass  # e.g. a tensor under vmap: its summary
         elif dev == "cuda":
@@ -346,56 +462,48 @@ def _tensor(value: Any, t: type) -> Any:
     return _tensor_summary(value, t)
 
 
-def _tensor_summary(value: Any, t: type) -> str:
+def _tensor_summary(value: _Tensor, t: type) -> str:
     dev = value.device
     where = "" if dev.type == "cpu" else f", device='{dev}'"
     return f"{_type_name(t)}(shape={tuple(value.shape)}, dtype={value.dtype}{where})"
 
 
-def _bytes_text(value: Any) -> str:
+def _bytes_text(value: bytes | bytearray) -> str:
     with memoryview(value) as mv:
         n = mv.nbytes
         s = repr(mv[:MAX_STRING].tobytes())
     return s if n <= MAX_STRING else s + f"...<{n - MAX_STRING} more bytes>"
 
 
-_BASES: dict[int, Any] = {_K_LIST: list, _K_TUPLE: tuple, _K_DICT: dict, _K_SET: set,
-                          _K_FROZENSET: frozenset}
-_NAMES = {_K_LIST: "list", _K_TUPLE: "tuple", _K_DICT: "dict", _K_SET: "set", _K_FROZENSET: "frozenset"}
-_LOOPS = {_K_LIST: "[...]", _K_TUPLE: "(...)", _K_DICT: "{...}", _K_SET: "{...}", _K_FROZENSET: "{...}"}
+_BASES: Mapping[int, type[list[object]] | type[tuple[object, ...]] | type[dict[object, object]]
+                | type[set[object]] | type[frozenset[object]]] = MappingProxyType({
+    _K_LIST: list, _K_TUPLE: tuple, _K_DICT: dict, _K_SET: set, _K_FROZENSET: frozenset})
+_NAMES: Mapping[int, str] = MappingProxyType({
+    _K_LIST: "list", _K_TUPLE: "tuple", _K_DICT: "dict", _K_SET: "set", _K_FROZENSET: "frozenset"})
+_LOOPS: Mapping[int, str] = MappingProxyType({
+    _K_LIST: "[...]", _K_TUPLE: "(...)", _K_DICT: "{...}", _K_SET: "{...}", _K_FROZENSET: "{...}"})
 
 
-def _container(value: Any, kind: int, depth: int, st: list[Any]) -> Any:
+def _container(value: Any, kind: int, depth: int, walk: _Walk) -> object:
     """A copy of a list/tuple/dict/set (or subclass: read through the base type's own methods,
     so an overridden ``__iter__``/``items`` never runs), items made safe in turn."""
-    base = _BASES[kind]
+    base: Any = _BASES[kind]
     n = base.__len__(value)
     vid = id(value)
-    seen: set[int] = st[1]
+    seen = walk.seen
     if vid in seen:
         return _LOOPS[kind]  # a container that holds itself, as Python's repr writes it
     if depth >= COPY_DEPTH:
         return f"<{_NAMES[kind]} of {n} items>"
-    take = min(n, MAX_ITEMS, max(st[0], 0))
-    st[0] -= take
+    take = min(n, MAX_ITEMS, max(walk.left, 0))
+    walk.left -= take
     seen.add(vid)
     try:
         if kind == _K_DICT:
-            out: dict[Any, Any] = {}
-            for k, v in islice(dict.items(value), take):
-                if type(k) not in _PLAIN:
-                    k = text(k)
-                out[k] = v if type(v) in _PLAIN else _rec(v, depth + 1, st)
-            if take < n:
-                out["..."] = f"<{n - take} more items>"
-            return out
+            return _dict_copy(value, n, take, depth, walk)
         if kind >= _K_SET:
-            items = [_rec(v, depth + 1, st) for v in islice(base.__iter__(value), take)]
-            body = ", ".join(map(repr, items)) + (f", ...<{n - take} more items>" if take < n else "")
-            if kind == _K_SET:
-                return "{" + body + "}" if n else "set()"
-            return "frozenset({" + body + "})" if n else "frozenset()"
-        seq = [v if type(v) in _PLAIN else _rec(v, depth + 1, st)
+            return _set_text(base.__iter__(value), kind, n, take, depth, walk)
+        seq = [v if type(v) in _PLAIN else _rec(v, depth + 1, walk)
                for v in base.__getitem__(value, slice(0, take))]
         if take < n:
             seq.append(f"...<{n - take} more items>")
@@ -404,7 +512,27 @@ def _container(value: Any, kind: int, depth: int, st: list[Any]) -> Any:
         seen.discard(vid)
 
 
-def _as_dict(args: Any) -> dict[Any, Any]:
+def _dict_copy(value: dict[object, object], n: int, take: int, depth: int,
+               walk: _Walk) -> dict[object, object]:
+    out: dict[object, object] = {}
+    for k, v in islice(dict.items(value), take):
+        if type(k) not in _PLAIN:
+            k = text(k)
+        out[k] = v if type(v) in _PLAIN else _rec(v, depth + 1, walk)
+    if take < n:
+        out["..."] = f"<{n - take} more items>"
+    return out
+
+
+def _set_text(items_of: Iterator[object], kind: int, n: int, take: int, depth: int, walk: _Walk) -> str:
+    items = [_rec(v, depth + 1, walk) for v in islice(items_of, take)]
+    body = ", ".join(map(repr, items)) + (f", ...<{n - take} more items>" if take < n else "")
+    if kind == _K_SET:
+        return "{" + body + "}" if n else "set()"
+    return "frozenset({" + body + "})" if n else "frozenset()"
+
+
+def _as_dict(args: Any) -> dict[Any, object]:
     """A mapping that is not a ``dict`` (``add_event``'s attributes): a ``dict`` subclass read
     through ``dict``'s own methods, OTel's ``BoundedAttributes`` through its items, anything
     else recorded as its marker (its ``items()`` would be the caller's code)."""
@@ -420,7 +548,7 @@ def _as_dict(args: Any) -> dict[Any, Any]:
     return {"attributes": _marker(args)}
 
 
-def recorded(args: Mapping[Any, Any]) -> dict[Any, Any]:
+def recorded(args: Mapping[Any, object]) -> dict[Any, object]:
     """A copy of ``args`` safe to hold until export, made where it is recorded; never raises.
 
     Plain values (str, int, float, bool, None) are kept; anything else is made safe here, on
@@ -441,7 +569,7 @@ def recorded(args: Mapping[Any, Any]) -> dict[Any, Any]:
     return out
 
 
-def recorded_value(value: Any) -> Any:
+def recorded_value(value: object) -> object:
     """One value as :func:`recorded` keeps it; never raises, runs none of the value's code.
 
     * plain values as they are;
@@ -463,7 +591,7 @@ def recorded_value(value: Any) -> Any:
 
 # ---- export time --------------------------------------------------------------------------
 
-def attr_value(value: Any) -> Any:
+def attr_value(value: Any) -> object:
     """Convert ``value`` into an OTel attribute value (str, bool, int, float or a sequence)."""
     # the common cases first, inline (this runs for every attribute); the rest in _other_value
     t = type(value)
@@ -476,23 +604,22 @@ def attr_value(value: Any) -> Any:
     return _other_value(value)
 
 
-def _other_value(value: Any) -> Any:
+def _other_value(value: object) -> object:
     """:func:`attr_value` past the exact str/bool/int/float types: None, sequences, an
     accelerator value (read now), a mapping (its text), and a value that was not recorded
     (made safe first, as :func:`recorded_value` does: its own code never runs here either)."""
     if value is None:
         return "None"
-    t = type(value)
-    if t is tuple or t is list:
+    if type(value) is tuple or type(value) is list:
         return _sequence_value(value)
-    if t is DeviceValue:
+    if type(value) is DeviceValue:
         return attr_value(value.resolve())
-    if t is dict:
+    if type(value) is dict:
         return text(value)
     return attr_value(recorded_value(value))  # plain, a list/tuple/dict, a DeviceValue: above
 
 
-def _sequence_value(value: list[Any] | tuple[Any, ...]) -> Any:
+def _sequence_value(value: list[object] | tuple[object, ...]) -> object:
     """A list or tuple as a tuple of converted items when they are all of one scalar type and at
     most ``MAX_SEQUENCE``; otherwise its text (OTel attributes hold only homogeneous sequences;
     nested sequences, a list that holds itself among them, are never descended into)."""
@@ -509,7 +636,8 @@ def _sequence_value(value: list[Any] | tuple[Any, ...]) -> Any:
 _CONTAINERS = (list, tuple, dict)
 
 
-def flatten_into(out: dict[str, Any], prefix: str, mapping: Mapping[Any, Any], depth: int = 0) -> None:
+def flatten_into(out: dict[str, object], prefix: str, mapping: Mapping[Any, object],
+                 depth: int = 0) -> None:
     """Flatten nested mappings into ``out`` as ``prefix + key`` (``args.cfg.lr``)."""
     for k, v in mapping.items():
         key = prefix + (k if type(k) is str else text(k))
@@ -522,7 +650,7 @@ def flatten_into(out: dict[str, Any], prefix: str, mapping: Mapping[Any, Any], d
                 out[key] = f"<unconvertible {_name_of(type(v))}>"
 
 
-def json_safe(value: Any, depth: int = 0) -> Any:
+def json_safe(value: Any, depth: int = 0) -> object:
     """A JSON-encodable copy of ``value`` (nested mappings kept, keys made strings)."""
     t = type(value)
     if depth < MAX_DEPTH:
@@ -533,7 +661,7 @@ def json_safe(value: Any, depth: int = 0) -> Any:
     return attr_value(value)
 
 
-def json_default(value: Any) -> Any:
+def json_default(value: object) -> object:
     """``default=`` hook for orjson: whatever JSON cannot encode becomes an attribute value (an
     accelerator value its numbers, nested lists kept)."""
     try:
@@ -548,7 +676,7 @@ _OPT = orjson.OPT_NON_STR_KEYS
 _dumps = orjson.dumps
 
 
-def dumps_line(obj: Any) -> bytes:
+def dumps_line(obj: object) -> bytes:
     """``obj`` as compact JSON bytes, whatever it holds.
 
     String keys and JSON values take orjson's plain call (the common case, and the cheapest);
@@ -566,20 +694,16 @@ def dumps_line(obj: Any) -> bytes:
         return _dumps(json_safe(obj), default=json_default, option=_OPT)
 
 
-def category_name(category: Any, default: str = "misc") -> str:
+def category_name(category: object, default: str = "misc") -> str:
     """The string form of a category (``Category`` enum member or any string)."""
     if category is None:
         return default
+    if type(category) is str:
+        return category
     t = type(category)
-    if t is str:
-        name: str = category
-        return name
     if _KINDS.get(t) == _K_ENUM or (t not in _KINDS and _classify(t) == _K_ENUM):
         value = object.__getattribute__(category, "_value_")
-        if type(value) is str:
-            name = value
-            return name
-        return text(value)
+        return value if type(value) is str else text(value)
     return text(category)
 
 

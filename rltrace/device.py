@@ -28,7 +28,9 @@ from __future__ import annotations
 import sys
 import threading
 from collections import deque
-from typing import Any
+from collections.abc import Callable, Iterable
+from types import ModuleType, TracebackType
+from typing import Protocol
 
 from . import recorder
 from .frameworks import jax_in_use, torch_cuda
@@ -41,39 +43,66 @@ ATTR_SYNC_WAIT = "rl.device.sync_wait_s"
 ATTR_DEVICE_TIME = "rl.device.time_s"
 ATTR_TIMING = "rl.device.timing"
 
+#: ``device_sync``'s modes: every framework in use (True), one of them by name (``"torch"``,
+#: ``"jax"``), or none (False, None)
+SyncMode = bool | str | None
+
+
+class CudaEvent(Protocol):
+    """What rltrace uses of a ``torch.cuda.Event`` (timing enabled)."""
+
+    def record(self) -> None: ...
+    def query(self) -> bool: ...
+    def synchronize(self) -> None: ...
+    def elapsed_time(self, end_event: CudaEvent) -> float: ...
+
+
+class _DeviceOptions(Protocol):
+    """The part of :class:`~rltrace.config.DeviceConfig` the defaults are made from."""
+
+    @property
+    def sync_categories(self) -> Iterable[str]: ...
+    @property
+    def timing_categories(self) -> Iterable[str]: ...
+    @property
+    def annotate(self) -> bool: ...
+
+
 class DeviceDefaults:
     """Config-wide device options by category (``device:`` in the config): made by each
     pipeline from its config, put in force by ``configure`` (``recorder.STATE.device``)."""
 
     __slots__ = ("annotate", "sync", "timing")
 
-    def __init__(self, sync: Any = (), timing: Any = (), annotate: bool = False) -> None:
+    def __init__(self, sync: Iterable[str] = (), timing: Iterable[str] = (),
+                 annotate: bool = False) -> None:
         self.sync: frozenset[str] = frozenset(sync)
         self.timing: frozenset[str] = frozenset(timing)
         self.annotate = bool(annotate)
 
     @classmethod
-    def of(cls, cfg: Any) -> DeviceDefaults | None:
+    def of(cls, cfg: _DeviceOptions) -> DeviceDefaults | None:
         """The defaults a :class:`~rltrace.config.DeviceConfig` asks for; None when it asks for
         none (the hot path then pays one ``is None`` check)."""
         d = cls(cfg.sync_categories, cfg.timing_categories, cfg.annotate)
         return d if d.sync or d.timing or d.annotate else None
 
 
-#: at most this many spans wait for their CUDA events at once (more are exported unresolved)
+#: at most this many spans wait for their CUDA events at once, by default (more are exported
+#: unresolved); :attr:`HeldEvents.max_pending` is the one in force
 MAX_PENDING = 4096
 #: completed events kept per device for reuse
 EVENT_POOL_MAX = 2 * MAX_PENDING
 
 
-def sync_needed(mode: Any) -> bool:
+def sync_needed(mode: object) -> bool:
     """Whether ``device_sync(mode)`` could have anything to wait for (cheap check)."""
     if mode is True:
         return jax_in_use() is not None or torch_cuda() is not None
     return bool(mode)
 
 
-def require(framework: str) -> Any:
+def require(framework: str) -> ModuleType:
     try:
         return __import__(framework)
     except ImportError:
@@ -83,7 +112,7 @@ def require(framework: str) -> Any:
         ) from None
 
 
-def device_sync(mode: Any = True, outputs: Any = None) -> tuple[str, int]:
+def device_sync(mode: SyncMode = True, outputs: object = None) -> tuple[str, int]:
     """Wait for outstanding device work; returns (what was synchronised, wait in ns).
 
     ``mode``: True = every framework in use; ``"torch"`` / ``"jax"`` = that one (an error if
@@ -103,36 +132,54 @@ def device_sync(mode: Any = True, outputs: Any = None) -> tuple[str, int]:
             if outputs is not None:
                 jax.block_until_ready(outputs)
             else:
-                _jax_fence(jax)
+                _held().jax_fence.wait(jax)
             used.append("jax")
     return ("+".join(used) or "none"), recorder.now_ns() - t0
 
 
-#: per local device, a committed scalar to run the fence op on (made on first use)
-_FENCE_INPUTS: dict[Any, Any] = {}
-_FENCE_OP: list[Any] = []
-
-
-def _jax_fence(jax: Any) -> None:
-    """Wait for the work queued on every local JAX device (GPU, TPU cores, CPU).
+class JaxFence:
+    """Waits for the work queued on every local JAX device (GPU, TPU cores, CPU).
 
     A trivial jitted op is dispatched on each device and blocked on: a device runs what was
     queued on it in order, so it completes after everything before it.  The cost does not
     depend on how many arrays are alive (waiting on ``jax.live_arrays()`` grows with them);
-    the op is compiled once per device, on first use.
+    the op is compiled once, and its input committed once per device, on first use (kept here,
+    by the runtime's :class:`HeldEvents`).
     """
-    if not _FENCE_OP:
-        _FENCE_OP.append(jax.jit(lambda v: v + 1))
-    op = _FENCE_OP[0]
-    outs = []
-    for dev in jax.local_devices():
-        x = _FENCE_INPUTS.get(dev)
-        if x is None:
-            import numpy as np
 
-            x = _FENCE_INPUTS[dev] = jax.device_put(np.zeros((), np.int32), dev)
-        outs.append(op(x))
-    jax.block_until_ready(outs)
+    __slots__ = ("inputs", "op")
+
+    def __init__(self) -> None:
+        self.op: Callable[[object], object] | None = None
+        #: per local device, a committed scalar to run the fence op on
+        self.inputs: dict[object, object] = {}
+
+    def wait(self, jax: ModuleType) -> None:
+        op = self.op
+        if op is None:
+            op = self.op = jax.jit(lambda v: v + 1)
+        outs = []
+        for dev in jax.local_devices():
+            x = self.inputs.get(dev)
+            if x is None:
+                import numpy as np
+
+                x = self.inputs[dev] = jax.device_put(np.zeros((), np.int32), dev)
+            outs.append(op(x))
+        jax.block_until_ready(outs)
+
+
+def _jax_fence(jax: ModuleType) -> None:
+    """Wait for the work queued on every local JAX device, with the runtime's fence."""
+    _held().jax_fence.wait(jax)
+
+
+def _held() -> HeldEvents:
+    """The runtime's :class:`HeldEvents` (made with the runtime, before any scope runs)."""
+    held: HeldEvents | None = STATE.held_events
+    if held is None:
+        raise RuntimeError("rltrace: the runtime's device state is not set up")
+    return held
 
 
 class _Annotation:
@@ -172,7 +219,7 @@ class DeviceScope:
     __slots__ = ("_ann", "_ev", "_token", "_wait", "annotate", "outputs", "scope", "sync",
                  "timing")
 
-    def __init__(self, scope: Scope, sync: Any = None, timing: str | None = None,
+    def __init__(self, scope: Scope, sync: SyncMode = None, timing: str | None = None,
                  annotate: bool = False) -> None:
         if timing not in (None, "events"):
             raise ValueError(f"rltrace: device_timing must be None or 'events', got {timing!r}")
@@ -182,11 +229,11 @@ class DeviceScope:
         self.sync = sync
         self.timing = timing
         self.annotate = annotate
-        self.outputs: Any = None
+        self.outputs: object = None
         self._ann: _Annotation | None = None
-        self._ev: Any = None
+        self._ev: CudaEvent | None = None
         self._wait = 0
-        self._token: Any = None
+        self._token: object = None
 
     def __enter__(self) -> Scope:
         kind = None
@@ -203,19 +250,21 @@ class DeviceScope:
         if self.timing == "events":
             torch = torch_cuda()
             if torch is not None:
-                ev = STATE.held_events.event(torch)
+                ev = _held().event(torch)
                 ev.record()
                 self._ev = ev
             else:
                 attrs[ATTR_TIMING] = "unavailable (no CUDA device in use)"
         return scope
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         scope = self.scope
         end_ev = None
         try:
-            if self._ev is not None:
-                end_ev = STATE.held_events.event(torch_cuda())
+            torch = torch_cuda() if self._ev is not None else None
+            if torch is not None:
+                end_ev = _held().event(torch)
                 end_ev.record()
             if self.sync:
                 kind, wait = device_sync(self.sync, self.outputs)
@@ -228,37 +277,42 @@ class DeviceScope:
         detach(self._token)
         if self._ann is not None:
             self._ann.close()
-        if end_ev is not None:
-            STATE.held_events.hold(scope, self._ev, end_ev, end, exc)
+        if end_ev is not None and self._ev is not None:
+            _held().hold(scope, self._ev, end_ev, end, exc)
         else:
             scope.finish(end, exc)
 
     async def __aenter__(self) -> Scope:
         return self.__enter__()
 
-    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
         self.__exit__(exc_type, exc, tb)
 
 
 class HeldEvents:
     """Spans held for their CUDA events (``device_timing="events"``), and the events to reuse.
 
-    Owned by the runtime (its recorder state's ``held_events``): a scope in events mode is
+    Owned by the runtime (its recorder state's ``held_events``), with the device room's other
+    process state (the :class:`JaxFence` ``device_sync`` waits with): a scope in events mode is
     closed at once but held here until its end event has completed; the exporter's cycle
     resolves what completed (``rl.device.time_s``) and queues it, and a pipeline's close waits
     for the rest.  Completed events go back to a pool per device (creating an event pair per
     scope cost ~60 µs on an H100 host; a recycled one costs a list pop).
     """
 
-    __slots__ = ("lock", "pending", "pools", "resolved", "unresolved")
+    __slots__ = ("jax_fence", "lock", "max_pending", "pending", "pools", "resolved", "unresolved")
 
-    def __init__(self) -> None:
+    def __init__(self, max_pending: int = MAX_PENDING) -> None:
+        #: at most this many spans wait for their events at once (more are exported unresolved)
+        self.max_pending = max_pending
         #: (scope, start event, end event) awaiting resolution, oldest first
-        self.pending: deque[tuple[Scope, Any, Any]] = deque()
+        self.pending: deque[tuple[Scope, CudaEvent, CudaEvent]] = deque()
         self.lock = threading.RLock()  # reentrant: a SIGTERM drain may interrupt a holder
-        self.pools: dict[int, list[Any]] = {}
+        self.pools: dict[int, list[CudaEvent]] = {}
         self.resolved = 0
         self.unresolved = 0
+        self.jax_fence = JaxFence()
 
     def __len__(self) -> int:
         return len(self.pending)
@@ -271,7 +325,7 @@ class HeldEvents:
         """Counts are per pipeline, as the others in ``diagnostics()`` are."""
         self.resolved = self.unresolved = 0
 
-    def event(self, torch: Any) -> Any:
+    def event(self, torch: ModuleType) -> CudaEvent:
         """A timing-enabled CUDA event for the current device, from the pool when one is free."""
         pool = self.pools.get(torch.cuda.current_device())
         if pool:
@@ -279,9 +333,10 @@ class HeldEvents:
                 return pool.pop()
             except IndexError:  # emptied by another thread meanwhile
                 pass
-        return torch.cuda.Event(enable_timing=True)
+        event: CudaEvent = torch.cuda.Event(enable_timing=True)
+        return event
 
-    def _recycle(self, *events: Any) -> None:
+    def _recycle(self, *events: CudaEvent) -> None:
         """Return completed events to their device's pool (bounded; extras are let go)."""
         for ev in events:
             device = getattr(getattr(ev, "device", None), "index", None)
@@ -289,12 +344,12 @@ class HeldEvents:
             if len(pool) < EVENT_POOL_MAX:
                 pool.append(ev)
 
-    def hold(self, scope: Scope, start_ev: Any, end_ev: Any, end: int,
+    def hold(self, scope: Scope, start_ev: CudaEvent, end_ev: CudaEvent, end: int,
              exc: BaseException | None) -> None:
         """Close the span now but export it once its CUDA events have completed."""
         scope.finish(end, exc, hold=True)
         with self.lock:
-            if len(self.pending) >= MAX_PENDING:
+            if len(self.pending) >= self.max_pending:
                 self.unresolved += 1
                 scope.extra["attrs"][ATTR_TIMING] = "dropped (too many outstanding events)"  # type: ignore[index]
                 push(scope)

@@ -49,10 +49,11 @@ import re
 import stat
 import struct
 import threading
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 from zlib import crc32
 
 import orjson
@@ -94,25 +95,19 @@ DAMAGED = ".damaged"
 FLAG_PER_PROCESS, FLAG_ROLE, FLAG_LOCKED, FLAG_V1 = 1, 2, 4, 8
 #: problems listed one by one in a summary (the rest are counted)
 SHOWN_PROBLEMS = 20
-_SERIAL = itertools.count()
 logger = logging.getLogger("rltrace")
-#: folders already warned about (others can write them: recovery will not read their rings)
-_WARNED: set[str] = set()
 _NAME = re.compile(r"\.flight-r([0-9]{1,9})-p([0-9]{1,10})-([0-9]{1,20})\.ring")
 _SESSIONS_DIR = "session_tracer"
-#: (device, inode) of the rings this process made and has not closed: never recovered by it (where
-#: ``flock`` is emulated by POSIX locks, as on NFS, its own lock would not stop it), and told
-#: apart from a dead process's ring of the same pid (a restarted container) when no lock says it
-_OPEN: set[tuple[int, int]] = set()
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 
 
 def ring_name(rank: int, pid: int) -> str:
-    """A new ring's file name: one per recorder, so a reconfigure never truncates a ring another
-    thread may still be writing to (its map would fault)."""
-    return f".flight-r{rank}-p{pid}-{next(_SERIAL)}{SUFFIX}"
+    """A new ring's file name: one per recorder (numbered by the monotonic clock, so every ring
+    of a process has its own name), so a reconfigure never truncates a ring another thread may
+    still be writing to (its map would fault); the file is created exclusively, never reused."""
+    return f".flight-r{rank}-p{pid}-{time.monotonic_ns()}{SUFFIX}"
 
 
 def records_name(rank: int, pid: int, per_process: bool) -> str:
@@ -124,11 +119,13 @@ class FlightRecorder:
     """This process's ring: :meth:`add` one finished session (the registry calls it).
 
     ``path`` is named by :func:`ring_name`; ``records`` is the records file it backs up, beside
-    it and named by rltrace's layout (:func:`records_name`), else ``ValueError``.
+    it and named by rltrace's layout (:func:`records_name`), else ``ValueError``.  ``warned``:
+    the folders its owner has already warned about (others can write them, so recovery will not
+    read their rings); the ring's folder is added when it warns, so one owner warns once.
     """
 
     def __init__(self, path: Path, records: Path, capacity: int = DEFAULT_CAPACITY,
-                 role: bool = False) -> None:
+                 role: bool = False, warned: set[str] | None = None) -> None:
         m = _NAME.fullmatch(path.name)
         if m is None or not 0 < capacity <= MAX_CAPACITY:
             raise ValueError(f"flight recorder: {path.name!r} is not a ring name of "
@@ -144,7 +141,7 @@ class FlightRecorder:
         self.path = path
         self.capacity = capacity
         path.parent.mkdir(parents=True, exist_ok=True)
-        _warn_if_untrusted(path.parent)
+        _warn_if_untrusted(path.parent, set() if warned is None else warned)
         dev = ino = offset = 0
         try:  # the attempt's identity: what the records file held before it
             st = os.stat(records, follow_symlinks=False)
@@ -171,12 +168,15 @@ class FlightRecorder:
             raise
         self._fd = fd  # kept open: it holds the lock (and the map keeps the file)
         st = os.fstat(fd)
-        self._id = (st.st_dev, st.st_ino)
+        #: (device, inode) of the ring: its owner passes it to :func:`recover` while the ring is
+        #: open, so the process never recovers its own ring (where ``flock`` is emulated by POSIX
+        #: locks, as on NFS, its own lock would not stop it) and tells it apart from a dead
+        #: process's ring of the same pid (a restarted container) when no lock says it
+        self.ring_id = (st.st_dev, st.st_ino)
         self._written = 0
         self._lock = threading.Lock()
         self._map[:_HEADER.size] = _HEADER.pack(MAGIC, capacity, os.getpid(), flags, dev, ino,
                                                  offset)
-        _OPEN.add(self._id)
         #: entries added (sessions), entries too large for the ring (never expected), and
         #: sessions whose entry could not be encoded at all (never expected either)
         self.entries = 0
@@ -238,21 +238,20 @@ class FlightRecorder:
                 os.close(fd)
             except OSError:
                 pass
-        _OPEN.discard(self._id)
 
 
-def _warn_if_untrusted(folder: Path) -> None:
+def _warn_if_untrusted(folder: Path, warned: set[str]) -> None:
     """Say now, not after a kill, that recovery will not read rings in ``folder`` (another user's,
-    or writable by group or others: a umask of 002 makes it so)."""
+    or writable by group or others: a umask of 002 makes it so), unless ``warned`` holds it."""
     key = os.path.abspath(folder)
-    if key in _WARNED:
+    if key in warned:
         return
     try:
         st = os.stat(folder)
     except OSError:
         return
     if st.st_uid not in (os.geteuid(), 0) or st.st_mode & 0o022:
-        _WARNED.add(key)
+        warned.add(key)
         logger.warning("rltrace: %s is writable by group or others (mode %o) or another user's: "
                        "the flight recorder's ring there would not be trusted after a kill, and "
                        "the sessions it keeps not recovered. Make it private: chmod go-w %s",
@@ -376,7 +375,7 @@ def _entries(ring: bytes) -> tuple[list[list[Any]], int, list[str]]:
     return entries, bad, reasons
 
 
-def _is_int(v: Any, lo: int = 0, hi: int = (1 << 63) - 1) -> bool:
+def _is_int(v: object, lo: int = 0, hi: int = (1 << 63) - 1) -> TypeGuard[int]:
     return type(v) is int and lo <= v <= hi
 
 
@@ -386,6 +385,13 @@ def entry_problem(e: Any) -> str | None:
     if type(e) is not list or len(e) != 8:
         return f"not an 8-item list ({type(e).__name__}{'' if type(e) is not list else f' of {len(e)}'})"
     _, _, status, reason, start, end, step, phases = e
+    return _session_problem(status, reason, start, end, step) or _phases_problem(phases)
+
+
+def _session_problem(status: object, reason: object, start: object, end: object,
+                     step: object) -> str | None:
+    """Why an entry's status, reason, times or step are not what :meth:`FlightRecorder.add`
+    writes, or None."""
     if type(status) is not str or not status:
         return f"status {type(status).__name__} is not a name"
     if reason is not None and type(reason) is not str:
@@ -394,6 +400,12 @@ def entry_problem(e: Any) -> str | None:
         return f"times {str(start)[:24]!r}..{str(end)[:24]!r} are not nanoseconds in order"
     if step is not None and not _is_int(step, -(1 << 63)):
         return f"step {str(step)[:24]!r} is not an integer"
+    return None
+
+
+def _phases_problem(phases: object) -> str | None:
+    """Why an entry's phases are not a list of ``[name, start_ns, end_ns, turn, interrupted]``,
+    or None."""
     if type(phases) is not list:
         return f"phases is a {type(phases).__name__}, not a list"
     for x in phases:
@@ -435,17 +447,19 @@ class Recovery:
         return out
 
 
-def recover(logdir: Path, *, only_dead: bool = True) -> Recovery:
+def recover(logdir: Path, *, only_dead: bool = True,
+            own: Collection[tuple[int, int]] = ()) -> Recovery:
     """Append to their records files the sessions that rings in ``logdir`` (searched without
     following links) hold and the files lack, then remove the rings; ``only_dead``: skip rings
-    of processes still running (else read them too, and leave them to their process).
+    of processes still running (else read them too, and leave them to their process); ``own``:
+    the :attr:`FlightRecorder.ring_id` of the rings this process has open (a running one's).
 
     Never raises for what it finds: each ring is read on its own, and one it cannot use is in
     :attr:`Recovery.problems` with the reason."""
     out = Recovery()
     for folder, names in _ring_folders(Path(logdir), out):
         try:
-            _recover_folder(folder, names, only_dead, out)
+            _recover_folder(folder, names, only_dead, frozenset(own), out)
         except Exception as exc:  # a folder that vanished or cannot be listed: the others go on
             out.problems.append((folder, f"not read: {_why(exc)}"))
     return out
@@ -473,7 +487,8 @@ def _ring_folders(root: Path, out: Recovery) -> list[tuple[Path, list[str]]]:
     return found
 
 
-def _recover_folder(folder: Path, names: list[str], only_dead: bool, out: Recovery) -> None:
+def _recover_folder(folder: Path, names: list[str], only_dead: bool,
+                    own: frozenset[tuple[int, int]], out: Recovery) -> None:
     dfd = os.open(folder, os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC)
     try:
         st = os.fstat(dfd)
@@ -489,35 +504,26 @@ def _recover_folder(folder: Path, names: list[str], only_dead: bool, out: Recove
             return
         for name in names:
             try:
-                _recover_ring(dfd, folder, name, only_dead, out)
+                _recover_ring(dfd, folder, name, only_dead, own, out)
             except Exception as exc:  # never let one ring stop the others
                 out.problems.append((folder / name, f"not read: {_why(exc)}"))
     finally:
         os.close(dfd)
 
 
-def _recover_ring(dfd: int, folder: Path, name: str, only_dead: bool, out: Recovery) -> None:
+def _recover_ring(dfd: int, folder: Path, name: str, only_dead: bool,
+                  own: frozenset[tuple[int, int]], out: Recovery) -> None:
     path = folder / name
-    try:
-        fd = os.open(name, os.O_RDWR | _NOFOLLOW | _CLOEXEC | os.O_NONBLOCK, dir_fd=dfd)
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.EMLINK):
-            out.problems.append((path, "a symbolic link: not read"))
-        elif exc.errno == errno.EISDIR:
-            out.problems.append((path, "a folder, not a ring: not read"))
-        elif exc.errno != errno.ENOENT:  # gone meanwhile: recovered by another process
-            out.problems.append((path, f"cannot be opened: {_why(exc)}"))
+    fd = _open_ring(dfd, path, name, out)
+    if fd is None:
         return
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            out.problems.append((path, "not a regular file: not read"))
+        why = _not_ours(st)
+        if why is not None:
+            out.problems.append((path, why))
             return
-        if st.st_uid != os.geteuid():
-            out.problems.append((path, f"belongs to another user (uid {st.st_uid}): not read "
-                                       "(rltrace reads only rings of your own)"))
-            return
-        mine = (st.st_dev, st.st_ino) in _OPEN  # this process's own, still being written
+        mine = (st.st_dev, st.st_ino) in own  # this process's own, still being written
         locked = False if mine else _try_lock(fd)
         if locked is False:  # its writer holds it (or another recovery does)
             out.running += 1
@@ -539,20 +545,51 @@ def _recover_ring(dfd: int, folder: Path, name: str, only_dead: bool, out: Recov
                 if only_dead:
                     return
             locked = not alive
-        n = _append_missing(dfd, folder, ring, name)
-        out.rings += 1
-        out.bad_entries += ring.bad_entries
-        if ring.bad_entries:
-            out.problems.append((path, f"{ring.bad_entries} entr(ies) skipped: "
-                                       + "; ".join(ring.bad_reasons)))
-        if ring.truncated:
-            out.problems.append((path, ring.truncated))
-        if n:
-            out.restored.append((folder / ring.records_name, n))
+        _restore(dfd, folder, name, ring, out)
         if locked:  # a dead process's: done with (a running one's is its own to remove)
             os.unlink(name, dir_fd=dfd)
     finally:
         os.close(fd)
+
+
+def _open_ring(dfd: int, path: Path, name: str, out: Recovery) -> int | None:
+    """The ring ``name`` in the folder ``dfd``, opened without following a link; None (and the
+    reason in ``out``, unless it is gone) when it cannot be."""
+    try:
+        return os.open(name, os.O_RDWR | _NOFOLLOW | _CLOEXEC | os.O_NONBLOCK, dir_fd=dfd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EMLINK):
+            out.problems.append((path, "a symbolic link: not read"))
+        elif exc.errno == errno.EISDIR:
+            out.problems.append((path, "a folder, not a ring: not read"))
+        elif exc.errno != errno.ENOENT:  # gone meanwhile: recovered by another process
+            out.problems.append((path, f"cannot be opened: {_why(exc)}"))
+        return None
+
+
+def _not_ours(st: os.stat_result) -> str | None:
+    """Why an opened ring is not read (not a regular file, another user's), or None."""
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file: not read"
+    if st.st_uid != os.geteuid():
+        return f"belongs to another user (uid {st.st_uid}): not read (rltrace reads only rings of your own)"
+    return None
+
+
+def _restore(dfd: int, folder: Path, name: str, ring: Ring, out: Recovery) -> None:
+    """Append the ring's missing sessions to its records file and note what was done and what
+    was skipped."""
+    path = folder / name
+    n = _append_missing(dfd, folder, ring, name)
+    out.rings += 1
+    out.bad_entries += ring.bad_entries
+    if ring.bad_entries:
+        out.problems.append((path, f"{ring.bad_entries} entr(ies) skipped: "
+                                   + "; ".join(ring.bad_reasons)))
+    if ring.truncated:
+        out.problems.append((path, ring.truncated))
+    if n:
+        out.restored.append((folder / ring.records_name, n))
 
 
 def _try_lock(fd: int) -> bool | None:

@@ -131,9 +131,9 @@ TAXONOMY: tuple[Section, ...] = (
 TABLE: Mapping[str, Mapping[str, SectionClass]] = MappingProxyType({
     fw: MappingProxyType({s.name: s.cls for s in TAXONOMY if s.framework == fw})
     for fw in dict.fromkeys(s.framework for s in TAXONOMY)})
-_BY_NAME: dict[str, SectionClass] = {}
-for _s in TAXONOMY:
-    _BY_NAME.setdefault(_s.name, _s.cls)
+#: section name -> class, the first framework's that names it (read-only)
+_BY_NAME: Mapping[str, SectionClass] = MappingProxyType(
+    {s.name: s.cls for s in reversed(TAXONOMY)})
 
 
 def classify(scope: str, framework: str | None = None, parent: SectionClass | None = None,

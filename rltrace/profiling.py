@@ -10,15 +10,22 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
 import re
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
 
 from .device import require
 from .exporters.files import make_folders
 from .recorder import internal_error
 from .runtime import RUNTIME
 from .steps import current_step, enclosing_scope_args
+
+if TYPE_CHECKING:
+    from torch.profiler import ProfilerActivity
 
 
 class profile_steps:
@@ -30,7 +37,8 @@ class profile_steps:
     ``baseTimeNanoseconds``), as a separate process per rank named ``torch.profiler``.
     """
 
-    def __init__(self, steps: Any, *, activities: Any = None, record_shapes: bool = False,
+    def __init__(self, steps: Iterable[int] | None, *,
+                 activities: Iterable[ProfilerActivity] | None = None, record_shapes: bool = False,
                  out_dir: str | None = None) -> None:
         self.steps = set(steps or ())
         self.activities = activities
@@ -38,13 +46,13 @@ class profile_steps:
         self.out_dir = out_dir
         self.written: list[str] = []
 
-    def step(self, n: int) -> Any:
+    def step(self, n: int) -> AbstractContextManager[object]:
         """A context manager for step ``n`` (profiling only if ``n`` was chosen)."""
         if n not in self.steps:
             return contextlib.nullcontext()
         return self._profiled(n)
 
-    def _profiled(self, n: int) -> Any:
+    def _profiled(self, n: int) -> AbstractContextManager[object]:
         p = RUNTIME.pipeline
         out = Path(self.out_dir) if self.out_dir else profiler_dir()
         rank = p.rank if p is not None else 0
@@ -54,14 +62,15 @@ class profile_steps:
         return torch_profile(path, activities=self.activities, record_shapes=self.record_shapes)
 
 
-def profiler_dir() -> Any:
+def profiler_dir() -> Path:
     """Where torch.profiler traces go: ``{log_dir}/torch_profiler/`` (``rltrace convert`` on the
     log dir merges them), or ``./torch_profiler`` when rltrace is not configured."""
     p = RUNTIME.pipeline
     return p.log_dir / "torch_profiler" if p is not None else Path("torch_profiler")
 
 
-def torch_profile(path: Any, *, activities: Any = None, **profiler_args: Any) -> Any:
+def torch_profile(path: str | os.PathLike[str], *, activities: Iterable[ProfilerActivity] | None = None,
+                  **profiler_args: Any) -> AbstractContextManager[object]:
     """A context manager running ``torch.profiler.profile`` and exporting its Chrome trace to ``path``.
 
     ``activities`` default to the CPU, plus CUDA when a GPU is available; other keyword
@@ -74,13 +83,11 @@ def torch_profile(path: Any, *, activities: Any = None, **profiler_args: Any) ->
 
     acts = activities
     if acts is None:
-        acts = [ProfilerActivity.CPU]
-        if torch.cuda.is_available():
-            acts.append(ProfilerActivity.CUDA)
+        acts = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])]
     target = Path(path)
 
     @contextlib.contextmanager
-    def run() -> Any:
+    def run() -> Iterator[object]:
         with profile(activities=acts, **profiler_args) as prof:
             yield prof
         try:
@@ -98,7 +105,7 @@ _PROFILER_ACTIVE: contextvars.ContextVar[bool] = contextvars.ContextVar("rltrace
 _SAFE = re.compile(r"[^A-Za-z0-9_.]+")
 
 
-def _global_step(args: dict[str, Any] | None) -> Any:
+def _global_step(args: Mapping[str, object] | None) -> object:
     """AReaL's step of a scope: its ``global_step`` arg, an enclosing scope's, or rltrace.step."""
     if args and "global_step" in args:
         return args["global_step"]
@@ -120,7 +127,7 @@ def _profile_steps() -> frozenset[int]:
     return frozenset(out)
 
 
-def profile_path(name: str, step: Any) -> Path:
+def profile_path(name: str, step: object) -> Path:
     p = RUNTIME.pipeline
     rank = p.rank if p is not None else 0
     role = f"{p.cfg.role}-" if p is not None and p.cfg.role else ""
@@ -145,30 +152,33 @@ class _ProfiledScope:
         self.scope = scope
         self.path = path
         self._prof = torch_profile(path, **kwargs)
-        self._token: Any = None
+        self._token: contextvars.Token[bool] | None = None
 
     def __enter__(self) -> Any:
         self._token = _PROFILER_ACTIVE.set(True)
         self._prof.__enter__()
         return self.scope.__enter__()
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         try:
             self.scope.__exit__(exc_type, exc, tb)
         finally:
             try:
                 self._prof.__exit__(None, None, None)
             finally:
-                _PROFILER_ACTIVE.reset(self._token)
+                if self._token is not None:
+                    _PROFILER_ACTIVE.reset(self._token)
 
     async def __aenter__(self) -> Any:
         return self.__enter__()
 
-    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
         self.__exit__(exc_type, exc, tb)
 
 
-def maybe_profiled(scope: Any, name: str, args: dict[str, Any] | None,
+def maybe_profiled(scope: Any, name: str, args: Mapping[str, object] | None,
                    profiler_args: dict[str, Any] | None) -> Any:
     """``scope`` with ``torch.profiler`` around it when its step is among the config's
     ``profile_steps`` and no profiler started this way is running (AReaL's

@@ -17,10 +17,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping, MutableMapping
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
+from opentelemetry.util.types import AttributeValue
+
+if TYPE_CHECKING:
+    import aiohttp
 
 __all__ = ["aiohttp_trace_config", "extract_context", "httpx_event_hook", "inject_headers",
            "server_span"]
@@ -39,15 +43,22 @@ def inject_headers(headers: MutableMapping[str, str] | None = None,
     return headers
 
 
-def extract_context(headers: Mapping[str, Any]) -> Context:
+class _WithHeaders(Protocol):
+    """An outgoing request (httpx's, aiohttp's request parameters): its mutable headers."""
+
+    @property
+    def headers(self) -> MutableMapping[str, str]: ...
+
+
+def extract_context(headers: Mapping[str, object]) -> Context:
     """The OTel context carried by incoming request headers (case-insensitive lookup)."""
     return propagate.extract(_CaseInsensitive(headers))
 
 
 @contextlib.contextmanager
-def server_span(headers: Mapping[str, Any], name: str = "generate.server",
+def server_span(headers: Mapping[str, object], name: str = "generate.server",
                 tracer: trace.Tracer | None = None,
-                attributes: Mapping[str, Any] | None = None) -> Iterator[trace.Span]:
+                attributes: Mapping[str, AttributeValue] | None = None) -> Iterator[trace.Span]:
     """Run a block as a SERVER span continuing the trace of an incoming request."""
     tracer = tracer or trace.get_tracer("rltrace.propagation")
     with tracer.start_as_current_span(name, context=extract_context(headers),
@@ -56,7 +67,7 @@ def server_span(headers: Mapping[str, Any], name: str = "generate.server",
         yield span
 
 
-def httpx_event_hook(request: Any) -> None:
+def httpx_event_hook(request: _WithHeaders) -> None:
     """An ``httpx`` request event hook: ``httpx.AsyncClient(event_hooks={"request": [hook]})``.
 
     (For ``AsyncClient`` wrap it: ``async def hook(r): httpx_event_hook(r)``.)
@@ -64,11 +75,11 @@ def httpx_event_hook(request: Any) -> None:
     inject_headers(request.headers)
 
 
-def aiohttp_trace_config() -> Any:
+def aiohttp_trace_config() -> aiohttp.TraceConfig:
     """An ``aiohttp.TraceConfig`` injecting the context into every request of a session."""
     import aiohttp  # only when asked for
 
-    async def on_request_start(session: Any, ctx: Any, params: Any) -> None:
+    async def on_request_start(session: object, ctx: object, params: _WithHeaders) -> None:
         inject_headers(params.headers)
 
     cfg = aiohttp.TraceConfig()
@@ -76,17 +87,17 @@ def aiohttp_trace_config() -> Any:
     return cfg
 
 
-class _CaseInsensitive(Mapping[str, Any]):
+class _CaseInsensitive(Mapping[str, object]):
     """Header lookup that ignores case (plain dicts from some servers keep the sender's case)."""
 
-    def __init__(self, headers: Mapping[str, Any]) -> None:
+    def __init__(self, headers: Mapping[str, object]) -> None:
         self._h = headers
         self._lower = {str(k).lower(): k for k in headers}
 
-    def __getitem__(self, key: str) -> Any:
+    def __getitem__(self, key: str) -> object:
         return self._h[self._lower[key.lower()]]
 
-    def get(self, key: str, default: Any = None) -> Any:
+    def get(self, key: str, default: object = None) -> object:
         k = self._lower.get(key.lower())
         return default if k is None else self._h[k]
 

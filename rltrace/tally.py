@@ -16,7 +16,6 @@ from __future__ import annotations
 import mmap
 import os
 from pathlib import Path
-from typing import Any
 
 from .exporters.files import open_no_follow
 
@@ -42,7 +41,7 @@ class SessionTally:
         finally:
             os.close(fd)  # the map keeps the file
         #: the writable slots (``view[REGISTERED] += 1``): what the registry and writer hold
-        self.view: Any = memoryview(self._map).cast("q")
+        self.view: memoryview = memoryview(self._map).cast("q")
 
     def counts(self) -> dict[str, int]:
         """The counts now, by name."""

@@ -17,7 +17,7 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 import orjson
 
@@ -25,7 +25,17 @@ from ..readers import Oversize, check_trace_event, iter_lines
 from ..readers import lines as line_reader
 from ..readers.fields import MAX_SECONDS, is_number
 from ..readers.trace_event import plain_ids
-from ..timeline.arrows import WHOLE, line_ts_ns
+from ..timeline.arrows import Window, line_ts_ns
+
+if TYPE_CHECKING:
+    from ..timeline.arrows import Plan
+    from ..timeline.chrome_tracks import ChromeTracks
+
+
+class _Progress(Protocol):
+    """The progress bar a conversion advances (tqdm's), by bytes read."""
+
+    def update(self, n: float | None = 1) -> bool | None: ...
 
 logger = logging.getLogger("rltrace")
 
@@ -52,7 +62,7 @@ class Part:
     """One output file: its path, the time range and steps it holds, its events."""
 
     path: Path
-    window: Any
+    window: Window
     events: int
 
 
@@ -220,7 +230,7 @@ def _events_of_json(path: Path, merge: _Merge) -> Iterator[dict[str, Any]]:
     events, base = loaded
     rank = profiler_rank(path)
     label = f"[Rank {rank}, torch.profiler]" if rank is not None and base is not None else None
-    pids: set[Any] = set()
+    pids: set[object] = set()
     for i, e in enumerate(events):
         if merge.check(e, f"{path}: event {i}", text_pid=True) is None:
             continue
@@ -242,7 +252,7 @@ def _events_of_json(path: Path, merge: _Merge) -> Iterator[dict[str, Any]]:
 class _Merge:
     """One conversion: the writer, the pid map (per input file) and the result's counts."""
 
-    def __init__(self, fh: BinaryIO, result: ConvertResult, bar: Any, window: Any) -> None:
+    def __init__(self, fh: BinaryIO, result: ConvertResult, bar: _Progress, window: Window) -> None:
         self.writer = _Writer(fh)
         #: the time range written (:class:`rltrace.timeline.arrows.Window`): a slice goes to the
         #: file of its start; metadata to every file
@@ -252,7 +262,7 @@ class _Merge:
         self.pids: dict[tuple[int, int], int] = {}
         self._notes: list[str] = []
         #: the named task/session tracks and arrows added to the JSON (None: lines as they are)
-        self.tracks: Any = None
+        self.tracks: ChromeTracks | None = None
 
     def new_pid(self, file_index: int, pid: int) -> int:
         key = (file_index, pid)
@@ -260,7 +270,7 @@ class _Merge:
             self.pids[key] = len(self.pids) + 1
         return self.pids[key]
 
-    def check(self, ev: Any, where: str, text_pid: bool = False) -> bool | None:
+    def check(self, ev: object, where: str, text_pid: bool = False) -> bool | None:
         """Check one event (:func:`check_trace_event`): None when it is skipped, else whether a
         malformed field was removed from it (it must then be written anew)."""
         if not isinstance(ev, dict):
@@ -282,7 +292,7 @@ class _Merge:
         """The events that start in this file's time range (and all metadata)."""
         for ev in events:
             ts = ev.get("ts")
-            if self.window is WHOLE or not is_number(ts) or self.window.holds(round(ts * 1000)):
+            if self.window.whole or not is_number(ts) or self.window.holds(round(ts * 1000)):
                 yield ev
 
     def json_file(self, fi: int, path: Path) -> None:
@@ -305,7 +315,7 @@ class _Merge:
         except OSError as exc:
             self.result.skip_line(f"{path}: cannot be read ({exc.strerror or exc}), skipped")
             return
-        whole, holds = self.window is WHOLE, self.window.holds
+        whole, holds = self.window.whole, self.window.holds
         with src:
             for lineno, raw in enumerate(iter_lines(src), 1):
                 if isinstance(raw, Oversize):
@@ -404,7 +414,7 @@ def _need_perfetto() -> None:
                            "or write JSON (-o trace.json)") from None
 
 
-def _write_native(files: list[Path], merge: _Merge, fh: BinaryIO, result: ConvertResult, plan: Any) -> None:
+def _write_native(files: list[Path], merge: _Merge, fh: BinaryIO, result: ConvertResult, plan: Plan) -> None:
     """The native trace: the arrows that cross files planned (a first pass over the task,
     session and step lines), then each file's events onto the trace's tracks
     (:mod:`rltrace.timeline.native`)."""
@@ -473,7 +483,7 @@ def convert(
     result = ConvertResult(output=out, files=files)
     jsonl = _jsonl(files)
     plan = plan_arrows(jsonl)
-    windows = split_windows(plan, jsonl, max_events) if max_events else [WHOLE]
+    windows = split_windows(plan, jsonl, max_events) if max_events else [Window()]
     total = sum(map(_size, files)) * len(windows)
     bar = tqdm(total=total, unit="B", unit_scale=True, desc="rltrace convert",
                disable=(None if progress is None else not progress), leave=False)
@@ -503,7 +513,7 @@ def convert(
     return result
 
 
-def _part_path(out: Path, k: int, window: Any) -> Path:
+def _part_path(out: Path, k: int, window: Window) -> Path:
     """``trace.steps-0-41.pftrace`` (``trace.part-3.pftrace`` for a run without steps)."""
     if window.first_step is not None:
         last = "" if window.last_step is None else f"-{window.last_step}"
@@ -513,7 +523,7 @@ def _part_path(out: Path, k: int, window: Any) -> Path:
     return out.with_name(f"{out.stem}.{tag}{out.suffix}")
 
 
-def _write_json(files: list[Path], merge: _Merge, fh: BinaryIO, result: ConvertResult, plan: Any) -> None:
+def _write_json(files: list[Path], merge: _Merge, fh: BinaryIO, result: ConvertResult, plan: Plan) -> None:
     """The merged Chrome JSON (with the tracks and arrows of
     :mod:`rltrace.timeline.chrome_tracks`)."""
     from ..timeline.chrome_tracks import ChromeTracks

@@ -318,26 +318,56 @@ def run_demo(opts: DemoOptions) -> int:
     from .convert import convert
 
     opts = replace(opts, fileroot=str(Path(opts.fileroot).expanduser().absolute()))  # config.yaml
-    problem = check_options(opts)
-    if problem is None:
-        try:  # every rank's config, checked here: a rank that cannot configure is a bad option
-            base, overrides = _rank_config(opts, 0)
-            cfg = load_config(base, **overrides)
-            if otlp_endpoint(cfg.otlp) is not None:
-                otlp_protocol(cfg.otlp)
-            logdir = logdir_room.prepare(cfg)
-        except ConfigError as exc:
-            problem = f"rltrace demo: {str(exc).removeprefix('rltrace: ')}"
-    if problem is not None:
-        print(problem, file=sys.stderr)
+    prepared = _prepare(opts)
+    if isinstance(prepared, str):
+        print(prepared, file=sys.stderr)
         return 2
+    logdir = prepared
     t0 = time.perf_counter()
-    for old in (logdir / "perf_tracer").rglob("traces-r*.jsonl"):
-        old.unlink()  # a fresh run replaces the previous demo's files
-    for old in (logdir / "session_tracer").rglob("sessions-r*.jsonl"):
-        old.unlink()
-    for old in (logdir / "live").rglob("live-r*.json"):
-        old.unlink()
+    _remove_previous_run(logdir)
+    code = _run_ranks(opts, logdir)
+    if code:
+        return code
+    took_s = time.perf_counter() - t0
+    merged = logdir / "trace.json"
+    res = convert([logdir], merged, progress=False)
+    native, native_line = _native_trace(logdir)
+    print(f"rltrace demo: {opts.ranks} rank(s) x {opts.steps} steps in {_run_seconds(logdir, took_s):.1f} s; "
+          f"logs in {logdir}")
+    print(_summarise(logdir))
+    print(f"merged trace: {merged} ({res.events} events, Chrome JSON)")
+    print(native_line)
+    print(_next_steps(logdir, native or merged))
+    return 0
+
+
+def _prepare(opts: DemoOptions) -> Path | str:
+    """The log dir the demo writes, made ready; or what is wrong (one line) with the options or
+    with any rank's configuration (a rank that cannot configure is a bad option)."""
+    problem = check_options(opts)
+    if problem is not None:
+        return problem
+    try:
+        base, overrides = _rank_config(opts, 0)
+        cfg = load_config(base, **overrides)
+        if otlp_endpoint(cfg.otlp) is not None:
+            otlp_protocol(cfg.otlp)
+        return logdir_room.prepare(cfg)
+    except ConfigError as exc:
+        return f"rltrace demo: {str(exc).removeprefix('rltrace: ')}"
+
+
+def _remove_previous_run(logdir: Path) -> None:
+    """A fresh run replaces the previous demo's files."""
+    for folder, pattern in (("perf_tracer", "traces-r*.jsonl"), ("session_tracer", "sessions-r*.jsonl"),
+                            ("live", "live-r*.json")):
+        for old in (logdir / folder).rglob(pattern):
+            old.unlink()
+
+
+def _run_ranks(opts: DemoOptions, logdir: Path) -> int:
+    """Run every rank in its own process (watched live with ``--live``); 0 when all succeeded,
+    else the exit code, with each failed rank's error on stderr."""
     ctx = multiprocessing.get_context("spawn")
     errors = ctx.SimpleQueue()
     procs = [ctx.Process(target=_rank_entry, args=(opts, r, errors), name=f"rltrace-demo-r{r}")
@@ -355,23 +385,13 @@ def run_demo(opts: DemoOptions) -> int:
     for p in procs:
         p.join()
     failed = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode != 0]
-    if failed:
-        reported: list[tuple[int, str]] = []
-        while not errors.empty():
-            reported.append(errors.get())
-        print(rank_failures(failed, reported), file=sys.stderr)
-        return 2 if any(code == 2 for _, code in failed) else 1
-    took_s = time.perf_counter() - t0
-    merged = logdir / "trace.json"
-    res = convert([logdir], merged, progress=False)
-    native, native_line = _native_trace(logdir)
-    print(f"rltrace demo: {opts.ranks} rank(s) x {opts.steps} steps in {_run_seconds(logdir, took_s):.1f} s; "
-          f"logs in {logdir}")
-    print(_summarise(logdir))
-    print(f"merged trace: {merged} ({res.events} events, Chrome JSON)")
-    print(native_line)
-    print(_next_steps(logdir, native or merged))
-    return 0
+    if not failed:
+        return 0
+    reported: list[tuple[int, str]] = []
+    while not errors.empty():
+        reported.append(errors.get())
+    print(rank_failures(failed, reported), file=sys.stderr)
+    return 2 if any(code == 2 for _, code in failed) else 1
 
 
 def _native_trace(logdir: Path) -> tuple[Path | None, str]:

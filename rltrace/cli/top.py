@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -30,6 +30,11 @@ from ..goodput import BUCKETS
 from ..live import EDGES, LIVE_DIR, bucket_upper
 from ..quantiles import DEFINITION, hist_quantile
 from ..readers import check_live_state
+
+if TYPE_CHECKING:
+    from rich.console import Console, RenderableType
+    from rich.table import Table
+    from rich.text import Text
 
 __all__ = ["RankState", "TopView", "Unread", "find_live_files", "read_states", "render", "run_top", "watch"]
 
@@ -252,7 +257,7 @@ def _spark(s: _Step, points: list[float]) -> str:
 
 
 def render(states: list[RankState], logdir: Path | str, *, interval_s: float = 1.0,
-           unread: Unread | None = None) -> Any:
+           unread: Unread | None = None) -> RenderableType:
     """The frame for ``states`` as a ``rich`` renderable (a group of tables); ``unread``: what the
     read that gave ``states`` skipped (shown in the footer)."""
     from rich.console import Group
@@ -270,7 +275,7 @@ def render(states: list[RankState], logdir: Path | str, *, interval_s: float = 1
     title.append(status, style=style)
     doc0 = states[0].doc
     title.append(f"  experiment {doc0.get('experiment')} / {doc0.get('trial')}")
-    parts: list[Any] = [title, _ranks_table(states, live), _tail_table(_merge_steps(states))]
+    parts: list[RenderableType] = [title, _ranks_table(states, live), _tail_table(_merge_steps(states))]
     items = _oldest_in_flight(live or states)
     if items:
         parts.append(_oldest_table(items))
@@ -365,7 +370,7 @@ def _count(x: float) -> str:
     return f"{x / 1e3:.1f}k" if x >= 1e3 else f"{x:.0f}"
 
 
-def _table(title: str) -> Any:
+def _table(title: str) -> Table:
     """An empty table in the view's style: a rule under the header, the title on the left, tight padding."""
     from rich import box
     from rich.table import Table
@@ -406,7 +411,7 @@ def _newest_step(states: list[RankState]) -> int | None:
     return max(steps_now) if steps_now else None
 
 
-def _ranks_table(states: list[RankState], live: list[RankState]) -> Any:
+def _ranks_table(states: list[RankState], live: list[RankState]) -> Table:
     """One row per rank file: step and lag behind the newest live step, sessions in flight by phase,
     finished sessions and their rates, the file's age and state."""
     max_step = _newest_step(live or states)
@@ -465,7 +470,7 @@ def _cdf_range(merged: list[_Step]) -> tuple[float, float]:
     return lo, max(top_edge, lo * 2)
 
 
-def _tail_table(merged: list[_Step]) -> Any:
+def _tail_table(merged: list[_Step]) -> Table:
     """The long tail: per step, duration quantiles, the oldest in flight, how many in flight are
     already older than the previous steps' P90, and the duration CDF (the current step in bold)."""
     lo, top_edge = _cdf_range(merged)
@@ -510,7 +515,7 @@ def _oldest_in_flight(states: list[RankState]) -> list[tuple[RankState, dict[str
     return items
 
 
-def _oldest_table(items: list[tuple[RankState, dict[str, Any]]]) -> Any:
+def _oldest_table(items: list[tuple[RankState, dict[str, Any]]]) -> Table:
     """The first ``OLDEST_SHOWN`` of ``items``: session, task, step, age, open phases and turn."""
     oldest = _table("oldest sessions in flight")
     for name in ("rank", "session", "task", "step", "age", "open phases", "phase age", "turn"):
@@ -534,7 +539,7 @@ def _finished_totals(states: list[RankState]) -> tuple[int, Counter[str], int]:
     return done, by_status, missed
 
 
-def _footer(states: list[RankState], interval_s: float, unread: Unread | None = None) -> Any:
+def _footer(states: list[RankState], interval_s: float, unread: Unread | None = None) -> Text:
     """The last line: finished sessions and their acceptance, rejection and failure rates, and
     what could not be read (malformed files and fields)."""
     from rich.text import Text
@@ -578,13 +583,13 @@ class TopView:
         self._missing = not states or len({s.rank for s in states}) < world
         return states
 
-    def frame(self) -> Any:
+    def frame(self) -> RenderableType:
         """One frame as a ``rich`` renderable."""
         states = self.states()
         return render(states, self.logdir, interval_s=self.interval_s, unread=self.unread)
 
 
-def _console() -> Any:
+def _console() -> Console:
     """A console for the view: off a terminal (a pipe, a file) 200 columns, not rich's 80."""
     from rich.console import Console
 
@@ -593,7 +598,7 @@ def _console() -> Any:
 
 
 def watch(logdir: Path | str, *, interval_s: float = 1.0, until: Callable[[], bool] | None = None,
-          console: Any = None, screen: bool = False) -> None:
+          console: Console | None = None, screen: bool = False) -> None:
     """Render the live view, refreshed every ``interval_s``, until ``until()`` is true or Ctrl-C."""
     from rich.live import Live
 
@@ -612,7 +617,8 @@ def watch(logdir: Path | str, *, interval_s: float = 1.0, until: Callable[[], bo
         console.line()  # the last frame ends without a newline off a terminal
 
 
-def _print_frames(view: TopView, console: Any, interval_s: float, until: Callable[[], bool] | None) -> None:
+def _print_frames(view: TopView, console: Console, interval_s: float,
+                  until: Callable[[], bool] | None) -> None:
     """Off a terminal: every ``interval_s`` one frame as plain text, then a blank line, flushed
     (a pipe or a log file sees each as it comes), until ``until()`` is true or Ctrl-C."""
     while True:
@@ -628,7 +634,7 @@ def _print_frames(view: TopView, console: Any, interval_s: float, until: Callabl
 
 
 def run_top(logdir: Path | str, *, interval_s: float = 1.0, once: bool = False,
-            console: Any = None) -> int:
+            console: Console | None = None) -> int:
     """``rltrace top``: print one frame (``once``) or refresh until Ctrl-C; returns an exit code."""
     console = console or _console()
     if once:  # one frame: no refresh to announce

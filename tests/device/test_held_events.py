@@ -66,7 +66,7 @@ def test_held_spans_are_the_runtimes_resolved_when_done_dropped_past_the_bound_w
         assert len(held.pools[0]) == pooled + 2  # the completed pair went back to the pool
         late1.done = True
         assert cap.one("late").attributes["rl.device.time_s"] == pytest.approx(0.0075)
-        monkeypatch.setattr(device, "MAX_PENDING", 1)
+        monkeypatch.setattr(held, "max_pending", 1)
         waited = _StandInEvent(9.0, done=False)
         held.hold(_held_scope("waited"), _StandInEvent(4.0), waited, now_ns(), None)
         held.hold(_held_scope("over"), _StandInEvent(0.0), _StandInEvent(1.0), now_ns(), None)

@@ -523,6 +523,39 @@ def test_a_ring_made_in_a_folder_others_can_write_warns_at_once(tmp_path: Path,
     assert f"chmod go-w {folder}" in caplog.text and "would not be trusted" in caplog.text
 
 
+def test_one_owner_warns_once_about_a_folder_others_can_write(tmp_path: Path,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    folder = tmp_path / "session_tracer"
+    folder.mkdir()
+    folder.chmod(0o775)
+    warned: set[str] = set()
+    for _ in range(2):  # a reconfigure makes a new ring in the same folder
+        rec = flight.FlightRecorder(folder / flight.ring_name(0, os.getpid()), folder / "sessions-r0.jsonl",
+                                    capacity=4096, warned=warned)
+        rec.close(remove=True)
+    assert caplog.text.count("would not be trusted") == 1 and warned == {str(folder)}
+
+
+def test_a_ring_this_process_has_open_is_not_recovered_by_it_where_no_lock_says_so(tmp_path: Path) -> None:
+    """Where ``flock`` is emulated (NFS), this process's own lock does not stop its own
+    recovery: the ring's identity, passed as ``own``, does."""
+    import fcntl
+
+    folder = _logdir(tmp_path) / "session_tracer"
+    folder.mkdir(parents=True)
+    path = folder / flight.ring_name(0, os.getpid())
+    rec = flight.FlightRecorder(path, folder / "sessions-r0.jsonl", capacity=4096)
+    try:
+        rec.add(*_entry(0))
+        fcntl.flock(rec._fd, fcntl.LOCK_UN)  # as if the filesystem kept no lock
+        back = flight.recover(_logdir(tmp_path), own=(rec.ring_id,))
+        assert back.running == 1 and back.sessions == 0 and path.exists()
+        unowned = flight.recover(_logdir(tmp_path))  # without it, the ring looks a dead writer's
+        assert unowned.sessions == 1 and not path.exists()
+    finally:
+        rec.close(remove=False)
+
+
 def test_rings_are_private_files(tmp_path: Path) -> None:
     folder = tmp_path / "session_tracer"
     rec = flight.FlightRecorder(folder / flight.ring_name(0, os.getpid()), folder / "sessions-r0.jsonl",
