@@ -21,11 +21,13 @@ OpenTelemetry   add_span_processor, tracer_provider, link_consumed,
 from . import stats
 from . import stats as stats_tracker  # AReaL's name for the same module
 from .config import ConfigError, DeviceConfig, ExportersConfig, OTLPConfig, SessionTracerConfig, TracerConfig
+from .exporters.defaults import default_sinks
 from .phases import PhaseSpec, UnknownPhaseError
 from .profiling import profile_steps
 from .propagation import extract_context, inject_headers, server_span
 from .recorder import current_span
 from .runtime import (
+    RUNTIME,
     add_record_processor,
     add_span_processor,
     atrace_session_phase,
@@ -55,6 +57,11 @@ from .sessions import get_session_id, get_task_id, set_session_id, set_task_id
 from .spans import Category, atrace_scope, instant, trace_perf, trace_scope
 from .steps import current_step, policy_version, set_policy_version, step
 from .version import __version__
+
+# The composition point: the core builds no exporter, the package's face hands the runtime the
+# sinks its pipelines write their local files with (rltrace.exporters depends on the core, never
+# the reverse).
+RUNTIME.sinks = default_sinks()
 
 __all__ = [
     "Category",

@@ -25,8 +25,6 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 
-from rltrace.exporters.defaults import default_sinks  # the composition point of the sinks
-
 from . import flight, otel_compat, recorder
 from . import logdir as logdir_room
 from .checks import check_optional_int
@@ -40,6 +38,7 @@ from .pipeline import Pipeline
 from .provider import DelegatingTracerProvider
 from .ranks import detect_rank
 from .recorder import _noop, internal_error
+from .seams import Sinks
 from .sessions import SessionRegistry
 from .signals import TerminationHandler
 from .summary import Counters
@@ -86,6 +85,9 @@ class Runtime:
         self.sessions = sessions if sessions is not None else SessionRegistry(self.phases)
         self.lock = FairRLock()
         self.pipeline: Pipeline | None = None
+        #: what the pipeline writes its local files with, given by the composer (``rltrace``'s
+        #: public face hands it :func:`rltrace.exporters.defaults.default_sinks`)
+        self.sinks: Sinks | None = None
         self.config: TracerConfig | None = None
         self.user_processors: list[SpanProcessor] = []
         self.user_record_processors: list[Any] = []
@@ -116,6 +118,12 @@ class Runtime:
         except KeyError:
             with self.lock:
                 return self._parts.setdefault(kind, kind())  # type: ignore[no-any-return]
+
+    def _sinks(self) -> Sinks:
+        if self.sinks is None:
+            raise ConfigError("rltrace: this Runtime has no sinks to write its files with; give it "
+                              "some first: runtime.sinks = rltrace.exporters.defaults.default_sinks()")
+        return self.sinks
 
     def _current_provider(self) -> TracerProvider | None:
         p = self.pipeline
@@ -182,7 +190,7 @@ class Runtime:
                                sampler, clock=clock, id_generator=id_generator, registry=reg,
                                state=state, counters=self.counters,
                                user_record_processors=self.user_record_processors,
-                               on_unlock=self.termination.resume_pending, sinks=default_sinks())
+                               on_unlock=self.termination.resume_pending, sinks=self._sinks())
                 if rk == 0 and not cfg.per_process_files:
                     logdir_room.write_config(logdir, cfg, world)
             old = self.pipeline
