@@ -22,7 +22,7 @@ import time
 import tracemalloc
 
 import rltrace
-from rltrace.recorder import STATE
+from rltrace.recording.recorder import STATE
 
 
 def _session() -> None:

@@ -2,7 +2,7 @@
 
 ``bench_instructions`` measures spans and sessions without values; this measures the same loops
 with the values a training loop passes (plain scalars, a short list of numbers, a numpy scalar,
-phase payloads), so a change to how values are made safe (``rltrace.exporters.values``) shows
+phase payloads), so a change to how values are made safe (``rltrace.recording.user_values``) shows
 its cost on the hot path.  Each workload runs under Valgrind's callgrind at two sizes, every
 thread counted (the exporter's conversion and final flush included); the difference divided by
 the difference in operations is the cost of one operation, start-up cancelling out::

@@ -3,6 +3,6 @@
 Each is a plain OpenTelemetry ``SpanExporter``: read one, write your own.
 """
 
-from .chrome import ChromeEncoder, ChromeTraceExporter, chrome_args
+from rltrace.exporters.chrome import ChromeEncoder, ChromeTraceExporter, chrome_args
 
 __all__ = ["ChromeEncoder", "ChromeTraceExporter", "chrome_args"]

@@ -33,7 +33,7 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,13 +42,10 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace.status import StatusCode
 
-from .files import LineFile
-from .values import (
-    category_name,
-    dumps_line,
-    thread_name,
-    thread_names,
-)
+from rltrace.logdir.files import LineFile
+from rltrace.recording.recorder import STATE
+from rltrace.recording.user_values import category_name, dumps_line
+from rltrace.seams import Record
 
 logger = logging.getLogger("rltrace")
 
@@ -64,9 +61,9 @@ _OPT = orjson.OPT_NON_STR_KEYS
 _dumps = dumps_line
 
 
-def chrome_args(attributes: Any) -> dict[str, Any]:
+def chrome_args(attributes: Mapping[str, object]) -> dict[str, object]:
     """Chrome ``args`` from span attributes: ``args.`` prefix stripped, rltrace internals hidden."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for k, v in attributes.items():
         if k in _HIDDEN:
             continue
@@ -78,14 +75,12 @@ def chrome_args(attributes: Any) -> dict[str, Any]:
 #: costs less than formatting ``.%03d``, whose width takes the slow path)
 _FRACTION = tuple(b".%03d" % i for i in range(1000))
 _X = b'{"pid":%d,"tid":%d,"ph":"X","ts":%d,"dur":%d%b,"name":%s,"cat":%s,"args":%s}\n'
-#: the same line in three pieces (encode's loop): a track's head, the times, the name's tail
-_TIMES = b'%d,"dur":%d%b'
+#: the tail of a line (encode's loop writes a track's head, the times, then this)
 _TAIL = b',"name":%s,"cat":%s,"args":%s}\n'
 #: the tail's head, before a record's own args
 _NAMECAT = b',"name":%s,"cat":%s,"args":'
-#: a record with attributes of its own: head, times, name and category, its args' JSON
-#: without the closing brace, then rank (and role) and the brace
-_OWN = b'%b%d,"dur":%d%b%b%b%b}\n'
+#: a record with attributes of its own: head, times, name and category, its args, the brace
+_OWN = b'%b%d,"dur":%d%b%b%b}\n'
 #: a plain record's line: its track's head, the times, its name's tail
 _PLAIN = b'%b%d,"dur":%d%b%b'
 #: the same with the span's OTel ids (``with_ids``): its tail is left with its args open
@@ -141,15 +136,15 @@ class ChromeEncoder:
         self.unencodable = 0
         #: records not written at all (not even their marker could be)
         self.dropped = 0
-        self._names: dict[str, bytes] = {}
-        self._cats: dict[Any, bytes] = {}
+        self._names: dict[object, bytes] = {}
+        self._cats: dict[object, bytes] = {}
         #: (thread ident, lane) -> its track's head, while its thread keeps its name
         self._tracks: dict[tuple[int, int], bytes] = {}
         #: (thread ident, lane, name, category) -> (head, tail) of a plain record's line
-        self._plain: dict[tuple[Any, ...], tuple[bytes, bytes]] = {}
+        self._plain: dict[tuple[object, ...], tuple[bytes, bytes]] = {}
         #: (thread ident, lane, name, category) -> (head, name and category) of the line of a
         #: record with attributes of its own (a task, session or phase)
-        self._owned: dict[tuple[Any, ...], tuple[bytes, bytes]] = {}
+        self._owned: dict[tuple[object, ...], tuple[bytes, bytes]] = {}
         #: thread ident -> its name when ``_tracks``, ``_plain`` and ``_owned`` took it
         self._named: dict[int, str] = {}
 
@@ -163,13 +158,26 @@ class ChromeEncoder:
         self._ids = on
         self._plain = {}  # its tails are made for one setting
 
+    @property
+    def pid(self) -> int:
+        """The process the last batch was written for."""
+        return self._pid
+
+    def track_id(self, thread: int, lane: int) -> int:
+        """The Chrome track (``tid``) a record of ``thread``'s ``lane`` was last written to."""
+        return self._tids[(thread, lane)][1]
+
+    def category_text(self, category: object) -> str:
+        """A record's category as its line names it."""
+        return category_name(category)
+
     def process_label(self, pid: int | None = None) -> str:
         """The process name: AReaL's (as its trace converter writes it) plus the host."""
         proc = f"Rank {self.rank}, Process {os.getpid() if pid is None else pid}"
         name = f"[{self.role}] {proc}" if self.role else f"[{proc}]"
         return f"{name} · {self.host}"
 
-    def args_json(self, args: dict[str, Any] | None) -> bytes:
+    def args_json(self, args: Mapping[str, object] | None) -> bytes:
         """``args`` as JSON with AReaL's ``rank``/``role`` added (the caller's keys win)."""
         if not args:
             return self._args_only
@@ -194,7 +202,7 @@ class ChromeEncoder:
 
     def _tid(self, pid: int, thread: int, lane: int, out: list[bytes]) -> int:
         """The track of ``thread``'s ``lane``, named (metadata lines) the first time it is used."""
-        name = thread_name(thread)
+        name = STATE.thread_names.name(thread)
         known = self._tids.get((thread, lane))
         if known is not None and known[0] == name:
             return known[1]
@@ -207,7 +215,7 @@ class ChromeEncoder:
         out.append(head + b'"thread_sort_index","args":{"sort_index":%d}}\n' % tid)
         return tid
 
-    def _name(self, name: Any) -> bytes:
+    def _name(self, name: object) -> bytes:
         b = self._names.get(name)
         if b is None:
             if len(self._names) >= _CACHE_MAX:
@@ -215,7 +223,7 @@ class ChromeEncoder:
             b = self._names[name] = _dumps(name if type(name) is str else str(name))
         return b
 
-    def _cat(self, category: Any) -> bytes:
+    def _cat(self, category: object) -> bytes:
         try:
             b = self._cats.get(category)
         except TypeError:  # unhashable category object
@@ -266,7 +274,7 @@ class ChromeEncoder:
         own, kept for its track, name and category."""
         return self._kept(self._owned, item, self._namecat(item.name, item.category), pid, out)
 
-    def _kept(self, cache: dict[tuple[Any, ...], tuple[bytes, bytes]], item: Any, piece: bytes,
+    def _kept(self, cache: dict[tuple[object, ...], tuple[bytes, bytes]], item: Any, piece: bytes,
               pid: int, out: list[bytes]) -> tuple[bytes, bytes]:
         """``(head of item's track, piece)``, kept in ``cache`` under its track, name and
         category (not kept for an unhashable category object)."""
@@ -283,20 +291,12 @@ class ChromeEncoder:
         """Append the JSON lines for ``items`` (records or ``ReadableSpan``s) to ``out``.
 
         A plain record (no attributes, events or error of its own: most scopes) is written
-        here, from the encoder's caches; everything else by :meth:`_encode_item`.
+        here, from the encoder's caches, a task, session or phase with :meth:`_own_body`;
+        everything else by :meth:`_encode_item`.
         """
-        pid = os.getpid()
-        if pid != self._pid:
-            self.reset()
-            self._pid = pid
-            self._process_metadata(pid, out)
-        names_now = thread_names()
-        for thread, name in self._named.items():  # a thread renamed, or its ident reused
-            if names_now.get(thread, name) != name:
-                self._forget_tracks()
-                break
+        pid = self._begin(out)
         plain, owned, append = self._plain, self._owned, out.append
-        with_ids, args_tail = self._ids, self._args_tail
+        with_ids = self._ids
         for item in items:
             try:
                 own = item.slot_attrs
@@ -306,44 +306,57 @@ class ChromeEncoder:
                 self._encode_isolated(item, pid, out)  # a ReadableSpan, or events or an error
                 continue
             args = item.args
-            if own or args is None:  # a plain scope (the common case); a task, session or phase
-                try:  # its track's head, and its tail (plain) or name and category (own)
-                    head, piece = (owned if own else plain)[
-                        (item.thread, item.lane, item.name, item.category)]
-                except (KeyError, TypeError):
-                    head, piece = self._own_pieces(item, pid, out) if own else \
-                        self._plain_pieces(item, pid, out)
-                us = item.start_ns // 1000
-                d = item.end_ns - us * 1000
-                if not own:
-                    if with_ids:
-                        sc = item.get_span_context()
-                        append(_PLAIN_IDS % (head, us, d // 1000, _FRACTION[d % 1000], piece,
-                                             sc[0], sc[1]))
-                    else:
-                        append(_PLAIN % (head, us, d // 1000, _FRACTION[d % 1000], piece))
-                    continue
-                try:  # attributes built from its slots, in one piece from orjson's plain call
-                    attrs = item.record_attrs()
-                    if args:
-                        attrs = {**args, **attrs}
-                    body = None if with_ids or "rank" in attrs or "role" in attrs \
-                        else _plain_dumps(attrs)
-                except Exception:  # a value the careful path below encodes (or marks)
-                    body = None
-                if body is not None and len(body) > 2:  # AReaL's keys added
-                    append(_OWN % (head, us, d // 1000, _FRACTION[d % 1000], piece, body[:-1],
-                                   args_tail))
-                else:
-                    append(head + _TIMES % (us, d // 1000, _FRACTION[d % 1000]) + piece
-                           + self._own_args(item, args) + b"}\n")
-                continue
-            head = self._head(item, pid, out)  # a scope with args: its tail made for it
             us = item.start_ns // 1000
             d = item.end_ns - us * 1000
-            append(_PLAIN % (head, us, d // 1000, _FRACTION[d % 1000], self._tail(item, args)))
+            if not own and args is not None:  # a scope with args: its tail made for it
+                append(_PLAIN % (self._head(item, pid, out), us, d // 1000, _FRACTION[d % 1000],
+                                 self._tail(item, args)))
+                continue
+            try:  # its track's head, and its tail (plain) or name and category (own)
+                head, piece = (owned if own else plain)[
+                    (item.thread, item.lane, item.name, item.category)]
+            except (KeyError, TypeError):
+                head, piece = self._own_pieces(item, pid, out) if own else \
+                    self._plain_pieces(item, pid, out)
+            if own:  # a task, session or phase
+                append(_OWN % (head, us, d // 1000, _FRACTION[d % 1000], piece, self._own_body(item, args)))
+            elif with_ids:
+                sc = item.get_span_context()
+                append(_PLAIN_IDS % (head, us, d // 1000, _FRACTION[d % 1000], piece, sc[0], sc[1]))
+            else:  # a plain scope (the common case)
+                append(_PLAIN % (head, us, d // 1000, _FRACTION[d % 1000], piece))
 
-    def _tail(self, item: Any, args: Any) -> bytes:
+    def _begin(self, out: list[bytes]) -> int:
+        """The process id, with the process named (a new process: after a fork) and the tracks
+        of a renamed thread (or a reused ident) forgotten, before a batch is encoded."""
+        pid = os.getpid()
+        if pid != self._pid:
+            self.reset()
+            self._pid = pid
+            self._process_metadata(pid, out)
+        names_now = STATE.thread_names.names
+        for thread, name in self._named.items():
+            if names_now.get(thread, name) != name:
+                self._forget_tracks()
+                break
+        return pid
+
+    def _own_body(self, item: Any, args: Mapping[str, object] | None) -> bytes:
+        """The args of a record with attributes of its own (a task, session or phase): its
+        attributes built from its slots and the caller's args, in one piece from orjson's plain
+        call when it can, AReaL's keys added."""
+        try:
+            attrs = item.record_attrs()
+            if args:
+                attrs = {**args, **attrs}
+            body = None if self._ids or "rank" in attrs or "role" in attrs else _plain_dumps(attrs)
+        except Exception:  # a value the careful path below encodes (or marks)
+            body = None
+        if body is not None and len(body) > 2:
+            return body[:-1] + self._args_tail
+        return self._own_args(item, args)
+
+    def _tail(self, item: Any, args: Mapping[str, object]) -> bytes:
         """``,"name":…,"cat":…,"args":…}`` and the newline of a record with args (its ids in
         them with ``with_ids``): a value that cannot be encoded costs only its own args, a
         marker."""
@@ -355,11 +368,11 @@ class ChromeEncoder:
             encoded = self._with_ids(item, encoded)
         return _TAIL % (self._name(item.name), self._cat(item.category), encoded)
 
-    def _namecat(self, name: Any, category: Any) -> bytes:
+    def _namecat(self, name: object, category: object) -> bytes:
         """``,"name":…,"cat":…,"args":`` of a record with attributes of its own."""
         return _NAMECAT % (self._name(name), self._cat(category))
 
-    def _own_args(self, item: Any, args: dict[str, Any] | None) -> bytes:
+    def _own_args(self, item: Any, args: Mapping[str, object] | None) -> bytes:
         """The ``args`` of a record with attributes of its own (its slots' and the caller's;
         its own win), as JSON: a value that cannot be encoded costs only these args."""
         try:
@@ -498,10 +511,14 @@ def _no_ids(item: Any, args: bytes) -> bytes:
     return args
 
 
+#: what the exporter hands on after each write: its lines, the records, its encoder
+Tap = Callable[[list[bytes], "Sequence[Record | ReadableSpan] | None", ChromeEncoder], None]
+
+
 class ChromeTraceExporter(SpanExporter):
     """Appends Chrome-trace JSON lines for every exported span to ``path``.
 
-    Writes go through :class:`~rltrace.exporters.files.LineFile`: a write failure (unwritable
+    Writes go through :class:`~rltrace.logdir.files.LineFile`: a write failure (unwritable
     directory, full disk) is logged once and the lines are kept (bounded) and retried; a file
     deleted during the run is recreated with its metadata.  Tracing and training continue.
     """
@@ -511,9 +528,10 @@ class ChromeTraceExporter(SpanExporter):
         self.file = LineFile(path, on_reopen=self._header_again)
         self._lock = threading.RLock()  # reentrant: a SIGTERM flush may interrupt a write
         self.lines_written = 0
-        #: called with each batch of lines once written (the rank's native trace as the run
-        #: goes, :class:`rltrace.timeline.stream.RankTraceWriter`); it never raises
-        self.tap: Any = None
+        #: called with each batch of lines once written, the records they were written from
+        #: (None for counter samples) and the encoder (the rank's native trace as the run goes,
+        #: :meth:`rltrace.timeline.stream.RankTraceWriter.lines`); it never raises
+        self.tap: Tap | None = None
 
     @property
     def path(self) -> Path:
@@ -523,14 +541,15 @@ class ChromeTraceExporter(SpanExporter):
         self.encoder.reset()  # process/thread names are written again into the new file
         return b""
 
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        return self._write(lambda out: self.encoder.encode(spans, out))
+    def export(self, spans: Sequence[Record | ReadableSpan]) -> SpanExportResult:
+        return self._write(lambda out: self.encoder.encode(spans, out), spans)
 
     def write_counters(self, values: dict[str, float], ts_ns: int) -> SpanExportResult:
         """Append counter samples (user counters) to the file."""
         return self._write(lambda out: self.encoder.encode_counters(values, ts_ns, out))
 
-    def _write(self, fill: Any) -> SpanExportResult:
+    def _write(self, fill: Callable[[list[bytes]], None],
+               records: Sequence[Record | ReadableSpan] | None = None) -> SpanExportResult:
         out: list[bytes] = []
         with self._lock:
             if self.file._fh is not None and self.file._deleted():
@@ -539,7 +558,7 @@ class ChromeTraceExporter(SpanExporter):
             ok = self.file.append(b"".join(out), len(out))  # one line each
             self.lines_written += len(out)
             if self.tap is not None and out:
-                self.tap(out)
+                self.tap(out, records, self.encoder)
         # a refused file (a link, another user's) holds nothing to retry: its lines are counted
         # as lost (``stats``), not as held
         return SpanExportResult.SUCCESS if ok or self.file.refused else SpanExportResult.FAILURE

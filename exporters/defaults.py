@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rltrace.exporters.chrome import ChromeTraceExporter
+from rltrace.exporters.session_records import SessionRecordWriter
 from rltrace.seams import ChromeSink, SessionRecordSink, Sinks
-
-from .chrome import ChromeTraceExporter
-from .sessions import SessionRecordWriter
 
 
 def _chrome(path: Path, *, rank: int, world_size: int, role: str | None, host: str,

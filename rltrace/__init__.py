@@ -18,15 +18,21 @@ OpenTelemetry   add_span_processor, tracer_provider, link_consumed,
                 inject_headers, extract_context, server_span (W3C propagation)
 """
 
-from . import stats
-from . import stats as stats_tracker  # AReaL's name for the same module
-from .config import ConfigError, DeviceConfig, ExportersConfig, OTLPConfig, SessionTracerConfig, TracerConfig
-from .exporters.defaults import default_sinks
-from .phases import PhaseSpec, UnknownPhaseError
-from .profiling import profile_steps
-from .propagation import extract_context, inject_headers, server_span
-from .recorder import current_span
-from .runtime import (
+from rltrace import stats
+from rltrace import stats as stats_tracker  # AReaL's name for the same module
+from rltrace.config import (
+    ConfigError,
+    DeviceConfig,
+    ExportersConfig,
+    OTLPConfig,
+    SessionTracerConfig,
+    TracerConfig,
+)
+from rltrace.exporters.defaults import default_sinks
+from rltrace.profiling import profile_steps
+from rltrace.propagation import extract_context, inject_headers, server_span
+from rltrace.recording.recorder import current_span
+from rltrace.runtime import (
     RUNTIME,
     add_record_processor,
     add_span_processor,
@@ -52,11 +58,12 @@ from .runtime import (
     trace_session_phase,
     tracer_provider,
 )
-from .session_metrics import SessionMetricsProcessor
-from .sessions import get_session_id, get_task_id, set_session_id, set_task_id
-from .spans import Category, atrace_scope, instant, trace_perf, trace_scope
-from .steps import current_step, policy_version, set_policy_version, step
-from .version import __version__
+from rltrace.sessions import get_session_id, get_task_id, set_session_id, set_task_id
+from rltrace.sessions.metrics_processor import SessionMetricsProcessor
+from rltrace.sessions.phases import PhaseSpec, UnknownPhaseError
+from rltrace.spans import Category, atrace_scope, instant, trace_perf, trace_scope
+from rltrace.steps import current_step, policy_version, set_policy_version, step
+from rltrace.version import __version__
 
 # The composition point: the core builds no exporter, the package's face hands the runtime the
 # sinks its pipelines write their local files with (rltrace.exporters depends on the core, never

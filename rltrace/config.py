@@ -21,7 +21,7 @@ import os
 import re
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -89,7 +89,7 @@ class SessionTracerConfig:
     enabled: bool = False
     #: finished sessions buffered before ``sessions-r{rank}.jsonl`` is appended to
     flush_threshold: int = 100
-    #: keep every finished session in a ring that survives SIGKILL (:mod:`rltrace.flight`)
+    #: keep every finished session in a ring that survives SIGKILL (:mod:`rltrace.sessions.flight`)
     flight_recorder: bool = True
 
 
@@ -124,13 +124,13 @@ class OTLPConfig:
         return f"{type(self).__name__}({', '.join(shown)})"
 
 
-#: the values of ``sampling.mode`` (see :mod:`rltrace.sampling`)
+#: the values of ``sampling.mode`` (see :mod:`rltrace.pipeline.sampling`)
 SAMPLING_MODES = ("parent", "ratio", "always_off", "sessions")
 
 
 @dataclass
 class SamplingConfig:
-    """Which traces leave the process over OTel (OTLP, span processors); see :mod:`rltrace.sampling`.
+    """Which traces leave the process over OTel (OTLP, span processors); see :mod:`rltrace.pipeline.sampling`.
 
     The Chrome file, session records and metrics always see every span and session.
     """
@@ -181,6 +181,27 @@ class DeviceConfig:
     annotate: bool = False
 
 
+class DeviceDefaults:
+    """Config-wide device options by category (``device:`` in the config): made by each
+    pipeline from its config, put in force by ``configure`` (``recorder.STATE.device``, read by
+    :mod:`rltrace.spans` and :mod:`rltrace.device`)."""
+
+    __slots__ = ("annotate", "sync", "timing")
+
+    def __init__(self, sync: Iterable[str] = (), timing: Iterable[str] = (),
+                 annotate: bool = False) -> None:
+        self.sync: frozenset[str] = frozenset(sync)
+        self.timing: frozenset[str] = frozenset(timing)
+        self.annotate = bool(annotate)
+
+    @classmethod
+    def of(cls, cfg: DeviceConfig) -> DeviceDefaults | None:
+        """The defaults a :class:`~rltrace.config.DeviceConfig` asks for; None when it asks for
+        none (the hot path then pays one ``is None`` check)."""
+        d = cls(cfg.sync_categories, cfg.timing_categories, cfg.annotate)
+        return d if d.sync or d.timing or d.annotate else None
+
+
 @dataclass
 class ExportersConfig:
     """Which built-in outputs are on."""
@@ -202,7 +223,7 @@ class ExportTuning:
 
     The defaults suit a training loop on a GIL build; tests and unusual workloads set them here
     (``export_tuning: {help_rate: 0}``, ``RLTRACE_EXPORT_TUNING_HELP_RATE=0``) instead of
-    patching module constants.  See :meth:`rltrace.pipeline.Pipeline.help` for the policy.
+    patching module constants.  See :meth:`rltrace.pipeline.loop.Pipeline.help` for the policy.
     """
 
     #: queued records at which the exporter thread is woken (at most a quarter of

@@ -28,13 +28,14 @@ from __future__ import annotations
 import sys
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from types import ModuleType, TracebackType
 from typing import Protocol
 
-from . import recorder
-from .frameworks import jax_in_use, torch_cuda
-from .recorder import STATE, Scope, attach, detach, internal_error, push
+from rltrace.config import DeviceDefaults
+from rltrace.process.frameworks import jax_in_use, torch_cuda
+from rltrace.recording import recorder
+from rltrace.recording.recorder import STATE, Scope, attach, detach, internal_error, push
 
 __all__ = ["DeviceDefaults", "DeviceScope", "HeldEvents", "device_sync", "require"]
 
@@ -55,37 +56,6 @@ class CudaEvent(Protocol):
     def query(self) -> bool: ...
     def synchronize(self) -> None: ...
     def elapsed_time(self, end_event: CudaEvent) -> float: ...
-
-
-class _DeviceOptions(Protocol):
-    """The part of :class:`~rltrace.config.DeviceConfig` the defaults are made from."""
-
-    @property
-    def sync_categories(self) -> Iterable[str]: ...
-    @property
-    def timing_categories(self) -> Iterable[str]: ...
-    @property
-    def annotate(self) -> bool: ...
-
-
-class DeviceDefaults:
-    """Config-wide device options by category (``device:`` in the config): made by each
-    pipeline from its config, put in force by ``configure`` (``recorder.STATE.device``)."""
-
-    __slots__ = ("annotate", "sync", "timing")
-
-    def __init__(self, sync: Iterable[str] = (), timing: Iterable[str] = (),
-                 annotate: bool = False) -> None:
-        self.sync: frozenset[str] = frozenset(sync)
-        self.timing: frozenset[str] = frozenset(timing)
-        self.annotate = bool(annotate)
-
-    @classmethod
-    def of(cls, cfg: _DeviceOptions) -> DeviceDefaults | None:
-        """The defaults a :class:`~rltrace.config.DeviceConfig` asks for; None when it asks for
-        none (the hot path then pays one ``is None`` check)."""
-        d = cls(cfg.sync_categories, cfg.timing_categories, cfg.annotate)
-        return d if d.sync or d.timing or d.annotate else None
 
 
 #: at most this many spans wait for their CUDA events at once, by default (more are exported
@@ -119,7 +89,7 @@ def device_sync(mode: SyncMode = True, outputs: object = None) -> tuple[str, int
     it is not installed).  ``outputs``: arrays (any pytree) to wait on instead of every live
     JAX array.
     """
-    t0 = recorder.now_ns()
+    t0 = recorder.STATE.now_ns()
     used = []
     if mode in (True, "torch"):
         torch = torch_cuda() if mode is True else require("torch")
@@ -134,7 +104,7 @@ def device_sync(mode: SyncMode = True, outputs: object = None) -> tuple[str, int
             else:
                 _held().jax_fence.wait(jax)
             used.append("jax")
-    return ("+".join(used) or "none"), recorder.now_ns() - t0
+    return ("+".join(used) or "none"), recorder.STATE.now_ns() - t0
 
 
 class JaxFence:
@@ -273,7 +243,7 @@ class DeviceScope:
                 attrs[ATTR_SYNC_WAIT] = (self._wait + wait) / 1e9
         except Exception as err:
             internal_error("device sync", err)
-        end = recorder.now_ns()
+        end = recorder.STATE.now_ns()
         detach(self._token)
         if self._ann is not None:
             self._ann.close()

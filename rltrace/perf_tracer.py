@@ -1,7 +1,7 @@
 """AReaL ``perf_tracer`` compatibility namespace: ``from rltrace import perf_tracer``.
 
 Every public name of AReaL's ``areal.utils.perf_tracer`` (1.0.x) is here, as a thin object over
-rltrace's one pipeline per process (:mod:`rltrace.pipeline`, :mod:`rltrace.sessions`,
+rltrace's one pipeline per process (:mod:`rltrace.pipeline.loop`, :mod:`rltrace.sessions`,
 :mod:`rltrace.spans`) -- not a second tracer:
 
 * :func:`configure` returns a :class:`PerfTracer` (``save``, ``trace_scope``, ``instant``,
@@ -41,12 +41,13 @@ from pathlib import Path
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from . import runtime as _runtime
-from .config import SessionTracerConfig
-from .config import TracerConfig as PerfTracerConfig
-from .profiling import maybe_profiled, profile_path
-from .recorder import STATE, RecordBase
-from .runtime import (
+from rltrace import runtime as _runtime
+from rltrace.config import SessionTracerConfig
+from rltrace.config import TracerConfig as PerfTracerConfig
+from rltrace.profiling import maybe_profiled, profile_path
+from rltrace.readers.session_schema import SESSION_RECORD, Kind, RecordSchema, areal
+from rltrace.recording.recorder import STATE, RecordBase
+from rltrace.runtime import (
     RUNTIME,
     atrace_session_phase,
     flush,
@@ -59,13 +60,12 @@ from .runtime import (
     trace_session,
     trace_session_phase,
 )
-from .semconv import ATTR_POLICY_VERSION
-from .sessions import get_session_id, get_task_id, set_session_id, set_task_id
-from .sessions.schema import SESSION_RECORD, Kind, RecordSchema, areal
-from .spans import atrace_scope as _atrace_scope
-from .spans import instant as _instant
-from .spans import trace_perf
-from .spans import trace_scope as _trace_scope
+from rltrace.semconv import ATTR_POLICY_VERSION
+from rltrace.sessions import get_session_id, get_task_id, set_session_id, set_task_id
+from rltrace.spans import atrace_scope as _atrace_scope
+from rltrace.spans import instant as _instant
+from rltrace.spans import trace_perf
+from rltrace.spans import trace_scope as _trace_scope
 
 __all__ = [
     "GLOBAL_TRACER",
@@ -414,7 +414,7 @@ class SessionRecord:
     @classmethod
     def default_field_specs(cls, schema: RecordSchema = SESSION_RECORD) -> tuple[FieldSpec, ...]:
         """AReaL's serialised fields, in AReaL's order: the ``areal`` fields of the session
-        record's schema (:mod:`rltrace.sessions.schema`) but ``phases`` and ``counters``, which
+        record's schema (:mod:`rltrace.readers.session_schema`) but ``phases`` and ``counters``, which
         :meth:`to_dict` writes itself."""
         specs = []
         for f in areal(schema):

@@ -18,11 +18,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from .device import require
-from .exporters.files import make_folders
-from .recorder import internal_error
-from .runtime import RUNTIME
-from .steps import current_step, enclosing_scope_args
+from rltrace.device import require
+from rltrace.logdir.files import make_folders
+from rltrace.recording.recorder import internal_error
+from rltrace.runtime import RUNTIME
+from rltrace.steps import current_step, enclosing_scope_args
 
 if TYPE_CHECKING:
     from torch.profiler import ProfilerActivity

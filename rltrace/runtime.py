@@ -1,6 +1,6 @@
 """The runtime: the one object that owns a process's tracing state and its lifecycle.
 
-``configure()`` builds a :class:`~rltrace.pipeline.Pipeline` (the export loop), switches the
+``configure()`` builds a :class:`~rltrace.pipeline.loop.Pipeline` (the export loop), switches the
 recorder and the session registry on and wraps OpenTelemetry's runtime context so that OTel code
 sees rltrace's records as current spans; ``shutdown()`` (also at interpreter exit and on SIGTERM)
 flushes, switches them off and gives OpenTelemetry its own runtime context back; a fork re-arms
@@ -16,6 +16,7 @@ import atexit
 import logging
 import os
 import sys
+import threading
 import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -25,23 +26,23 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 
-from . import flight, otel_compat, recorder
-from . import logdir as logdir_room
-from .checks import check_optional_int
-from .children import ChildConfig, parent_config
-from .config import ConfigError, TracerConfig, load_config
-from .device import HeldEvents
-from .locks import FairRLock
-from .materialize import bound
-from .phases import PhaseRegistry
-from .pipeline import Pipeline
-from .provider import DelegatingTracerProvider
-from .ranks import detect_rank
-from .recorder import _noop, internal_error
-from .seams import Sinks
-from .sessions import SessionRegistry
-from .signals import TerminationHandler
-from .summary import Counters
+from rltrace.accounting.counters import Counters
+from rltrace.config import ConfigError, TracerConfig, load_config
+from rltrace.device import HeldEvents
+from rltrace.logdir import layout as logdir_room
+from rltrace.pipeline.fair_lock import FairRLock
+from rltrace.pipeline.loop import Pipeline
+from rltrace.pipeline.readable_spans import bound
+from rltrace.process.children import ChildConfig, parent_config
+from rltrace.process.ranks import detect_rank
+from rltrace.process.signals import TerminationHandler
+from rltrace.process.tracer_provider import DelegatingTracerProvider
+from rltrace.recording import otel_context, recorder
+from rltrace.recording.arguments import check_optional_int
+from rltrace.recording.recorder import _noop, internal_error
+from rltrace.seams import Sinks
+from rltrace.sessions import SessionRegistry, flight
+from rltrace.sessions.phases import PhaseRegistry
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.metrics.export import MetricReader
@@ -57,14 +58,14 @@ _FINAL_SWITCH_INTERVAL = 1e6  # seconds: no other thread is scheduled until this
 class Runtime:
     """The owner of a process's tracing state.
 
-    It owns the recorder's switchboard (:class:`~rltrace.recorder.RecorderState`: the queue,
+    It owns the recorder's switchboard (:class:`~rltrace.recording.recorder.RecorderState`: the queue,
     its bounds, the hot path's on/off), the phase registry, the session registry, the
-    :class:`~rltrace.pipeline.Pipeline` each ``configure`` builds, what is kept across
+    :class:`~rltrace.pipeline.loop.Pipeline` each ``configure`` builds, what is kept across
     reconfiguration (the user's span and record processors), and the process's lifecycle: exit,
-    SIGTERM (:class:`~rltrace.signals.TerminationHandler`), fork (one ordered hook) and what
-    spawned children inherit (:class:`~rltrace.children.ChildConfig`).
+    SIGTERM (:class:`~rltrace.process.signals.TerminationHandler`), fork (one ordered hook) and what
+    spawned children inherit (:class:`~rltrace.process.children.ChildConfig`).
 
-    The process has one, :data:`RUNTIME`, made over the recorder's :data:`~rltrace.recorder.STATE`
+    The process has one, :data:`RUNTIME`, made over the recorder's :data:`~rltrace.recording.recorder.STATE`
     (the one state the hot path reads); ``rltrace.configure``, ``flush``, ``register_session``,
     ``register_phase``, ... are bound methods of it and of its registries, as Logfire binds its
     module functions to a default instance.  A second instance (``Runtime()``) has a state of
@@ -99,6 +100,10 @@ class Runtime:
         self._atexit = False
         self._mp_hooked = False
         self._parts: dict[type[Any], Any] = {}
+        #: guards the making of parts (never the flush/close lock, which configure and shutdown
+        #: hold for seconds) and the registration of the fork hook
+        self._parts_lock = threading.Lock()
+        self._fork_lock = threading.Lock()
         #: unknown RLTRACE_* variables already warned about (once per name and process)
         self.env_warned: set[str] = set()
         #: whether this process registered the runtime's fork hook (at the first ``configure``;
@@ -116,8 +121,10 @@ class Runtime:
         try:
             return self._parts[kind]  # type: ignore[no-any-return]
         except KeyError:
-            with self.lock:
-                return self._parts.setdefault(kind, kind())  # type: ignore[no-any-return]
+            pass
+        self._arm_fork_hook()  # a part holds locks: a child forked from now on gets fresh ones
+        with self._parts_lock:
+            return self._parts.setdefault(kind, kind())  # type: ignore[no-any-return]
 
     def _sinks(self) -> Sinks:
         if self.sinks is None:
@@ -152,7 +159,7 @@ class Runtime:
         torch.distributed or JAX.  Rank 0 writes the effective config to
         ``{log_dir}/config.yaml``.  ``metric_readers`` (OTel ``MetricReader`` objects) receive
         the session metrics.  ``sampler`` (an OTel SDK ``Sampler``) decides which traces are
-        sent over OTel, once per trace (see :mod:`rltrace.sampling`; the local files always get
+        sent over OTel, once per trace (see :mod:`rltrace.pipeline.sampling`; the local files always get
         everything).  ``clock`` (epoch nanoseconds, ``time.time_ns`` by default) and
         ``id_generator`` (an OTel ``IdGenerator``; random by default) are this pipeline's:
         every rltrace record takes its times and ids from them, spans other instrumentation
@@ -406,7 +413,7 @@ class Runtime:
             p = self.pipeline
             if p is not None and processor in p.user_processors:
                 p.user_processors.remove(processor)
-                otel_compat.remove_span_processor(p.processor, processor)
+                otel_context.remove_span_processor(p.processor, processor)
                 p._refresh_direct()
                 self.state.on_start = p.on_start_hooks
 
@@ -468,12 +475,15 @@ class Runtime:
         self.children.remove_secrets()  # none in a forked child: the parent's file is the parent's
 
     def _arm_fork_hook(self) -> None:
-        """Register the runtime's fork hook, once per process (at the first ``configure``: importing
-        rltrace registers nothing).  A process forked before that, from a parent that never
-        configured, has no hook run for it: it re-arms here, as the hook would have."""
+        """Register the runtime's fork hook, once per process, at the first ``configure`` or the
+        first part made (importing rltrace registers nothing).  A process forked before that,
+        from a parent that had done neither, has no hook run for it: it re-arms here, as the hook
+        would have."""
+        if self._fork_hooked:
+            return
         if self.state.pid != os.getpid():
-            self._after_fork_child()  # (replaces the lock: before it is taken)
-        with self.lock:
+            self._after_fork_child()  # (replaces the locks: before they are taken)
+        with self._fork_lock:
             if not self._fork_hooked:
                 _register_fork_hooks(self)
                 self._fork_hooked = True
@@ -502,6 +512,8 @@ class Runtime:
         self.lock = FairRLock()  # another thread may have held it at fork time
         self.children.after_fork_in_child()
         self.termination.after_fork_in_child()
+        self._parts_lock = threading.Lock()
+        self._fork_lock = threading.Lock()
         for part in list(self._parts.values()):
             reset_part = getattr(part, "after_fork_in_child", None)
             if reset_part is not None:

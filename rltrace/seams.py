@@ -40,7 +40,7 @@ __all__ = [
 
 
 class Record(Protocol):
-    """A finished rltrace scope as the pipeline hands it on (:class:`rltrace.recorder.Scope`).
+    """A finished rltrace scope as the pipeline hands it on (:class:`rltrace.recording.recorder.Scope`).
 
     ``record_attrs()`` gives its attributes (the ``rl.*`` attributes of tasks, sessions and
     phases, and any set through ``set_attribute``); :func:`rltrace.steps.step_of` its training
@@ -232,7 +232,7 @@ class ChromeSinkFactory(Protocol):
 class SessionRecordSink(Protocol):
     """Writes session records (one JSON object a line): the ``sessions-r{rank}.jsonl`` writer."""
 
-    #: counts that outlive the process (:mod:`rltrace.tally`), or None
+    #: counts that outlive the process (:mod:`rltrace.sessions.shared_counts`), or None
     tally: object
 
     @property

@@ -13,13 +13,12 @@ from enum import Enum
 from types import TracebackType
 from typing import TypeVar, overload
 
-from rltrace.exporters.values import category_name, recorded
-
-from . import recorder
-from .checks import check_scope_args
-from .device import DeviceScope, sync_needed
-from .recorder import NOOP, STATE, Scope, TracedScope, attach, detach, internal_error
-from .resumptions import adrive, drive
+from rltrace.device import DeviceScope, sync_needed
+from rltrace.recording import recorder
+from rltrace.recording.arguments import check_scope_args
+from rltrace.recording.generators import adrive, drive
+from rltrace.recording.recorder import NOOP, STATE, Scope, TracedScope, attach, detach, internal_error
+from rltrace.recording.user_values import category_name, recorded
 
 __all__ = ["Category", "TracedScope", "atrace_scope", "instant", "trace_perf", "trace_scope"]
 
@@ -168,7 +167,7 @@ class _GeneratorSpan:
 
     def finish(self, error: BaseException | None) -> None:
         if self.begun:
-            self.scope.finish(recorder.now_ns(), error)
+            self.scope.finish(recorder.STATE.now_ns(), error)
 
 
 def _traced_generator(gen: Generator[_Y, _S, _R], name: str,

@@ -16,8 +16,16 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry.trace import Span
 
-from .recorder import NOOP, STATE, RecordBase, Scope, TracedScope, context_value, current_span
-from .semconv import ATTR_POLICY_VERSION, ATTR_STEP
+from rltrace.recording.recorder import (
+    NOOP,
+    STATE,
+    RecordBase,
+    Scope,
+    TracedScope,
+    context_value,
+    current_span,
+)
+from rltrace.semconv import ATTR_POLICY_VERSION, ATTR_STEP
 
 __all__ = ["current_step", "policy_version", "scope_arg_step", "set_policy_version", "step", "step_of"]
 

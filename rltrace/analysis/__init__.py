@@ -46,11 +46,11 @@ if _MISSING:
 
 from pathlib import Path  # noqa: E402
 
-from .load import ReportError, StepRange  # noqa: E402
-from .render import FORMATS, resolve_output, write  # noqa: E402
-from .report import build_report  # noqa: E402
-from .report_shape import Report  # noqa: E402
-from .run import ReportOptions, Run, load_run  # noqa: E402
+from rltrace.analysis.load import ReportError, StepRange  # noqa: E402
+from rltrace.analysis.render import FORMATS, resolve_output, write  # noqa: E402
+from rltrace.analysis.report import build_report  # noqa: E402
+from rltrace.analysis.report_shape import Report  # noqa: E402
+from rltrace.analysis.run import ReportOptions, Run, load_run  # noqa: E402
 
 __all__ = ["FORMATS", "MissingDependencyError", "ReportError", "ReportOptions", "Run", "StepRange",
            "build_report", "load_run", "report"]

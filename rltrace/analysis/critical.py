@@ -32,10 +32,10 @@ import statistics
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from .traces import StepInfo
+from rltrace.analysis.trace_aggregates import StepInfo
 
 if TYPE_CHECKING:
-    from .run import Run
+    from rltrace.analysis.run import Run
 
 #: links named over the run in the report
 TOP_LINKS = 5

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..goodput import BUCKETS
-from .report import build_report, fmt_pct, fmt_s
-from .report_shape import Report
-from .run import ReportOptions, Run, load_run
-from .sessions import NO_STEP
+from rltrace.accounting.goodput import BUCKETS
+from rltrace.analysis.report import build_report, fmt_pct, fmt_s
+from rltrace.analysis.report_shape import Report
+from rltrace.analysis.run import ReportOptions, Run, load_run
+from rltrace.analysis.session_aggregates import NO_STEP
 
 #: standard errors a difference must exceed
 Z = 3.0
@@ -91,7 +91,7 @@ def _sessions_per_step(run: Run) -> dict[int, int]:
 
 def side(logdir: str | Path, steps: str | None, label: str) -> Side:
     """Load one side (a log dir, optionally a step range ``A:B``)."""
-    from .load import StepRange
+    from rltrace.analysis.load import StepRange
 
     opts = ReportOptions(steps=StepRange.parse(steps), progress=False)
     run = load_run(logdir, opts)
@@ -162,7 +162,7 @@ def render_html(d: dict[str, Any]) -> str:
     """The diff as one HTML page."""
     import jinja2
 
-    from .template import DIFF_HTML
+    from rltrace.analysis.template import DIFF_HTML
 
     env = jinja2.Environment(autoescape=True)
     env.filters.update(s=fmt_s, pct=fmt_pct)

@@ -7,7 +7,7 @@ the group, and every sibling's time after its own end is group wait caused by it
 
 The slowest groups with at least two sessions (by span) are re-read from the session files
 (a second pass that keeps only their records) and shown whole: every member's time
-decomposition (:mod:`.timeline`, adding up to 100%) and segments for the timeline plot, and
+decomposition (:mod:`.columns`, adding up to 100%) and segments for the timeline plot, and
 the holder's slowest segment (phase and turn, × its median, share of the holder's own time).
 """
 
@@ -19,12 +19,12 @@ from typing import Any
 import numpy as np
 import orjson
 
-from ..readers import MAX_TEXT
-from . import timeline
-from .load import Progress, Skipped, file_rank
-from .run import Run, describe
-from .sessions import BAD_RECORD, Parsed, iter_sessions, step_or_none
-from .stats import fnum
+from rltrace.analysis import columns
+from rltrace.analysis.descriptive import fnum
+from rltrace.analysis.load import Progress, Skipped, file_rank
+from rltrace.analysis.run import Run, describe
+from rltrace.analysis.session_aggregates import BAD_RECORD, Parsed, iter_sessions, step_or_none
+from rltrace.readers import MAX_TEXT
 
 MAX_GROUPS = 5
 MAX_MEMBERS = 64
@@ -92,8 +92,8 @@ def collect(run: Run, keys: list[GroupKey]) -> dict[GroupKey, list[tuple[dict[st
 
 
 def _member(run: Run, rec: dict[str, Any], p: Parsed, group_start: float, group_end: float) -> dict[str, Any]:
-    d: timeline.Decomposition = p.decomp
-    segs = timeline.split_segments(d, group_end)
+    d: columns.Decomposition = p.decomp
+    segs = columns.split_segments(d, group_end)
     out = {"session_id": rec.get("session_id"), "status": p.status, "total_s": p.total, "own_s": d.own_s,
            "own_end_s": d.own_end - group_start, "trace_id": rec.get("trace_id"), "turns": rec.get("turns")}
     out.update(describe(segs, group_start, run.medians))

@@ -19,8 +19,8 @@ from typing import Any
 import orjson
 from tqdm import tqdm
 
-from ..readers import Oversize, iter_lines
-from ..readers import lines as line_reader
+from rltrace.readers import Oversize, iter_lines
+from rltrace.readers import lines as line_reader
 
 SESSION_GLOB = "sessions-r*.jsonl"
 TRACE_GLOB = "traces-r*.jsonl"

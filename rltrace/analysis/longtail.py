@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from .run import Run
-from .sessions import step_or_none
-from .stats import fnum, pct, percentiles, quantile_curve
+from rltrace.analysis.descriptive import fnum, pct, percentiles, quantile_curve
+from rltrace.analysis.run import Run
+from rltrace.analysis.session_aggregates import step_or_none
 
 TAIL_QUANTILE = 80.0
 

@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from . import timeline
-from .run import Run
-from .sessions import step_or_none
-from .stats import fnum, median_mad, pct
+from rltrace.analysis import columns
+from rltrace.analysis.descriptive import fnum, median_mad, pct
+from rltrace.analysis.run import Run
+from rltrace.analysis.session_aggregates import step_or_none
 
 MIN_JUMP = 0.05
 
@@ -35,7 +35,7 @@ def _bucket_stats(run: Run) -> dict[str, dict[str, Any]]:
         out[label] = {"sessions": sm["count"], "mean_s": fnum(sm["mean"]), "p50_s": fnum(sm["q"][0]),
                       "p99_s": fnum(sm["q"][1])}
     wait, fin, _ = run.tail()
-    for label, v in ((timeline.GROUP, wait), (timeline.FINALIZE, fin)):
+    for label, v in ((columns.GROUP, wait), (columns.FINALIZE, fin)):
         ran = v[v > 0]
         p50, p99 = pct(ran, (50.0, 99.0)) if ran.size else (None, None)
         out[label] = {"sessions": int(ran.size), "mean_s": fnum(ran.mean()) if ran.size else None,
@@ -79,8 +79,8 @@ def _session(run: Run) -> dict[str, Any]:
 
 def kind_of(label: str) -> str:
     """What a bucket is: queue, phase, gap, group, finalize or none."""
-    return {timeline.QUEUE: "queue", timeline.GROUP: "group", timeline.FINALIZE: "finalize",
-            timeline.NO_PHASE: "none"}.get(label, "gap" if label.startswith("after ") else "phase")
+    return {columns.QUEUE: "queue", columns.GROUP: "group", columns.FINALIZE: "finalize",
+            columns.NO_PHASE: "none"}.get(label, "gap" if label.startswith("after ") else "phase")
 
 
 def _anomalies(run: Run, names: list[str], steps: list[int], shares: np.ndarray) -> list[dict[str, Any]]:

@@ -17,8 +17,8 @@ if TYPE_CHECKING:
     from matplotlib.patches import Rectangle
     from matplotlib.typing import ColorType
 
-from .report_shape import Report
-from .units import SCALE, unit_of, with_unit
+from rltrace.analysis.report_shape import Report
+from rltrace.analysis.units import SCALE, unit_of, with_unit
 
 DPI = 100
 MAX_CDF_STEPS = 12

@@ -16,11 +16,11 @@ from typing import Any
 
 import orjson
 
-from ..quantiles import DEFINITION
-from . import units
-from .load import ReportError
-from .plots import MANY_RANKS, Plot, write_plots
-from .report import (
+from rltrace.accounting.quantiles import DEFINITION
+from rltrace.analysis import units
+from rltrace.analysis.load import ReportError
+from rltrace.analysis.plots import MANY_RANKS, Plot, write_plots
+from rltrace.analysis.report import (
     fmt_pct,
     fmt_s,
     link_name,
@@ -31,9 +31,9 @@ from .report import (
     why_slow,
     zero_advantage_line,
 )
-from .report_shape import Report
-from .template import HTML
-from .units import unit_of
+from rltrace.analysis.report_shape import Report
+from rltrace.analysis.template import HTML
+from rltrace.analysis.units import unit_of
 
 FORMATS = ("html", "md", "json")
 MAX_ROWS = 200
@@ -350,7 +350,8 @@ def _md_turns(rep: Report, img: dict[str, str]) -> list[str]:
 #: what each goodput bucket holds (the Markdown and HTML reports say it the same way)
 BUCKETS_EXPLAINED = (
     "Each rank's step time in buckets that add up to 100%, each framework section classified by the waste "
-    "taxonomy (rltrace.goodput; the sections table below shows each one's class): productive (train compute; "
+    "taxonomy (rltrace.accounting.goodput; the sections table below shows each one's class): "
+    "productive (train compute; "
     "generation, tool and reward time of samples trained on with a gradient), overhead (weight sync, "
     "validation, checkpoints, data loading, mode switches, untraced step time), idle (waiting on the batch "
     "or on weights; rollout time with no session phase running), wasted (phase time of rejected, failed and "

@@ -8,10 +8,21 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from . import critical, goodput, groups, longtail, phases, status, stragglers, summary, turns, units
-from .load import skip_summary
-from .report_shape import Report
-from .run import Run
+from rltrace.analysis import (
+    critical,
+    goodput,
+    groups,
+    longtail,
+    phases,
+    status,
+    stragglers,
+    summary,
+    turns,
+    units,
+)
+from rltrace.analysis.load import skip_summary
+from rltrace.analysis.report_shape import Report
+from rltrace.analysis.run import Run
 
 SCHEMA_VERSION = 1
 MAX_OUTLIER_FINDINGS = 5

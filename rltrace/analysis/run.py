@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from . import timeline
-from .load import Progress, ReportError, Skipped, StepRange, file_rank, file_size, find_files
-from .sessions import (
+from rltrace.analysis import columns
+from rltrace.analysis.load import Progress, ReportError, Skipped, StepRange, file_rank, file_size, find_files
+from rltrace.analysis.session_aggregates import (
     BAD_RECORD,
     NO_STEP,
     SessionArrays,
@@ -35,7 +35,7 @@ from .sessions import (
     rank_step_of,
     step_or_none,
 )
-from .traces import StepInfo, TraceReader
+from rltrace.analysis.trace_aggregates import StepInfo, TraceReader
 
 START_ROLLOUT, START_STEP, START_SUBMIT = "rollout scope", "step scope", "first submit"
 MAX_SEGMENTS = 200
@@ -117,8 +117,8 @@ class Run:
         """
         if self._tail is None:
             s = self.sessions
-            group_end = timeline.group_reduce((s.task, s.step, s.rank), s.own_end)
-            wait, fin = timeline.split_tail(s.own_end, s.final, group_end)
+            group_end = columns.group_reduce((s.task, s.step, s.rank), s.own_end)
+            wait, fin = columns.split_tail(s.own_end, s.final, group_end)
             self._tail = (wait, fin, group_end)
         return self._tail
 
@@ -131,7 +131,7 @@ class Run:
                 wait, fin, _ = self.tail()
                 steps, inv = np.unique(s.step, return_inverse=True)
                 inv = inv.reshape(-1)
-                for label, v in ((timeline.GROUP, wait), (timeline.FINALIZE, fin)):
+                for label, v in ((columns.GROUP, wait), (columns.FINALIZE, fin)):
                     sums = np.bincount(inv, weights=v, minlength=steps.size)
                     for st, x in zip(steps.tolist(), sums.tolist(), strict=True):
                         if x > 0:
@@ -142,31 +142,31 @@ class Run:
     def explain(self, brief: dict[str, Any]) -> dict[str, Any]:
         """A session with its completion time, time decomposition and the segment that made it slow."""
         out = {k: v for k, v in brief.items() if not k.startswith("_")}
-        d: timeline.Decomposition = brief["_decomp"]
+        d: columns.Decomposition = brief["_decomp"]
         rs = self.rank_steps.get((brief["rank"], brief.get("step")))
         out["completion_s"] = d.own_end - rs.start_s if rs is not None else None
         group_end = float(self.tail()[2][brief["_index"]]) if self.sessions.size else d.own_end
-        segs = timeline.split_segments(d, group_end)
+        segs = columns.split_segments(d, group_end)
         out.update(describe(segs, d.start, self.medians))
         return out
 
 
-def describe(segs: list[timeline.Segment], start: float, medians: dict[str, float]) -> dict[str, Any]:
+def describe(segs: list[columns.Segment], start: float, medians: dict[str, float]) -> dict[str, Any]:
     """A session's decomposition, shares (adding up to 1) and its slowest segment vs the median."""
     decomp: dict[str, float] = {}
     for seg in segs:
         decomp[seg.label] = decomp.get(seg.label, 0.0) + seg.dur
     whole = sum(decomp.values())
-    own = sum(seg.dur for seg in segs if seg.kind not in (timeline.KIND_GROUP, timeline.KIND_FINALIZE))
+    own = sum(seg.dur for seg in segs if seg.kind not in (columns.KIND_GROUP, columns.KIND_FINALIZE))
     out: dict[str, Any] = {
         "decomposition_s": decomp,
         "shares": {k: (v / whole if whole > 0 else None) for k, v in decomp.items()},
-        "group_wait_s": decomp.get(timeline.GROUP, 0.0),
+        "group_wait_s": decomp.get(columns.GROUP, 0.0),
         "segments": [{"label": g.label, "kind": g.kind, "turn": g.turn, "start_s": g.start - start,
                       "end_s": g.end - start} for g in segs[:MAX_SEGMENTS]],
         "slow_phase": None, "slow_turn": None,
     }
-    cands = [g for g in segs if g.kind in (timeline.KIND_PHASE, timeline.KIND_QUEUE, timeline.KIND_GAP)]
+    cands = [g for g in segs if g.kind in (columns.KIND_PHASE, columns.KIND_QUEUE, columns.KIND_GAP)]
     if not cands:
         return out
     best = max(cands, key=lambda g: g.dur - medians.get(g.label, 0.0))

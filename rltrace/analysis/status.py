@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from .run import Run
-from .sessions import step_or_none
-from .stats import fnum
+from rltrace.analysis.descriptive import fnum
+from rltrace.analysis.run import Run
+from rltrace.analysis.session_aggregates import step_or_none
 
 HIST_EDGES = tuple(i / 10 for i in range(11))
 LOWEST = 10

@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from .run import Run
-from .stats import fnum, median_mad
+from rltrace.analysis.descriptive import fnum, median_mad
+from rltrace.analysis.run import Run
 
 MAD_FLOOR = 0.01
 #: MAD -> standard deviation, for normally distributed noise

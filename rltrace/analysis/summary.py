@@ -3,7 +3,7 @@
 Per scope name: count, total, mean, p50, p99, max and share of wall time, where wall time is
 summed over ranks (each rank: first to last event), so a scope that runs on every rank for the
 whole run has share 1.0; concurrent scopes (sessions, phases) can exceed it.  Percentiles
-(:data:`rltrace.quantiles.DEFINITION`, as everywhere) are exact up to 8192 executions of a name,
+(:data:`rltrace.accounting.quantiles.DEFINITION`, as everywhere) are exact up to 8192 executions of a name,
 then estimated from a log histogram within one bin, ~2.3% (bounded memory).
 User counters (``rltrace.counter(name).add(n)``, written as ``"C"`` events holding the running
 total): per rank the last value (minus the value before the first selected step, with
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .run import Run
-from .stats import fnum
+from rltrace.analysis.descriptive import fnum
+from rltrace.analysis.run import Run
 
 
 def analyze(run: Run) -> dict[str, Any]:

@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from .run import Run
-from .sessions import rank_step_keys, rank_step_of, step_or_none
-from .stats import fnum
+from rltrace.analysis.descriptive import fnum
+from rltrace.analysis.run import Run
+from rltrace.analysis.session_aggregates import rank_step_keys, rank_step_of, step_or_none
 
 
 def analyze(run: Run) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from .report_shape import Report
+from rltrace.analysis.report_shape import Report
 
 SCALE: Mapping[str, float] = MappingProxyType({"s": 1.0, "ms": 1e-3, "µs": 1e-6})
 #: the unit of a view with no duration

@@ -2,6 +2,6 @@
 
 import sys
 
-from .main import main
+from rltrace.cli.main import main
 
 sys.exit(main())

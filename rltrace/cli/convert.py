@@ -21,15 +21,15 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 import orjson
 
-from ..readers import Oversize, check_trace_event, iter_lines
-from ..readers import lines as line_reader
-from ..readers.fields import MAX_SECONDS, is_number
-from ..readers.trace_event import plain_ids
-from ..timeline.arrows import Window, line_ts_ns
+from rltrace.readers import Oversize, check_trace_event, iter_lines
+from rltrace.readers import lines as line_reader
+from rltrace.readers.fields import MAX_SECONDS, is_number
+from rltrace.readers.trace_event import plain_ids
+from rltrace.timeline.arrows import Window, line_ts_ns
 
 if TYPE_CHECKING:
-    from ..timeline.arrows import Plan
-    from ..timeline.chrome_tracks import ChromeTracks
+    from rltrace.timeline.arrows import Plan
+    from rltrace.timeline.chrome_tracks import ChromeTracks
 
 
 class _Progress(Protocol):
@@ -418,8 +418,8 @@ def _write_native(files: list[Path], merge: _Merge, fh: BinaryIO, result: Conver
     """The native trace: the arrows that cross files planned (a first pass over the task,
     session and step lines), then each file's events onto the trace's tracks
     (:mod:`rltrace.timeline.native`)."""
-    from ..timeline.native import NativeTrace
-    from ..timeline.packets import PacketWriter
+    from rltrace.timeline.native import NativeTrace
+    from rltrace.timeline.packets import PacketWriter
 
     out = PacketWriter(fh)
     trace = NativeTrace(out, plan, result, merge.window)
@@ -473,7 +473,7 @@ def convert(
     """
     from tqdm import tqdm
 
-    from ..timeline.arrows import plan_arrows, split_windows
+    from rltrace.timeline.arrows import plan_arrows, split_windows
 
     native = output_format(output, fmt) == "perfetto"
     if native:
@@ -526,7 +526,7 @@ def _part_path(out: Path, k: int, window: Window) -> Path:
 def _write_json(files: list[Path], merge: _Merge, fh: BinaryIO, result: ConvertResult, plan: Plan) -> None:
     """The merged Chrome JSON (with the tracks and arrows of
     :mod:`rltrace.timeline.chrome_tracks`)."""
-    from ..timeline.chrome_tracks import ChromeTracks
+    from rltrace.timeline.chrome_tracks import ChromeTracks
 
     merge.tracks = ChromeTracks(plan, merge.window)
     fh.write(b'{"traceEvents":[')

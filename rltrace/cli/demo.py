@@ -27,9 +27,8 @@ import orjson
 
 import rltrace
 from rltrace import Category
-
-from .. import logdir as logdir_room
-from ..config import (
+from rltrace.accounting.quantiles import quantile
+from rltrace.config import (
     ConfigError,
     SessionTracerConfig,
     TracerConfig,
@@ -37,8 +36,8 @@ from ..config import (
     load_config,
     redact_endpoint,
 )
-from ..otlp import otlp_endpoint, otlp_protocol
-from ..quantiles import quantile
+from rltrace.logdir import layout as logdir_room
+from rltrace.pipeline.otlp_exporter import otlp_endpoint, otlp_protocol
 
 
 @dataclass
@@ -190,7 +189,8 @@ def _rank_main(opts: DemoOptions, rank: int) -> None:
 
 
 def _quantiles(values: list[float]) -> tuple[float, float, float]:
-    """P50, P90, P99 by :data:`rltrace.quantiles.DEFINITION` (as ``rltrace report`` and ``top``)."""
+    """P50, P90, P99 by :data:`rltrace.accounting.quantiles.DEFINITION` (as ``rltrace report``
+    and ``top``)."""
     v = sorted(values)
     p50, p90, p99 = (quantile(v, q) for q in (0.5, 0.9, 0.99))
     return p50, p90, p99
@@ -246,8 +246,8 @@ def _plain_causes(records: list[dict[str, Any]]) -> list[str]:
 
 def _report_causes(logdir: Path) -> list[str]:
     """The report's analysis (rltrace.analysis): where time goes, who held groups, slowest sessions."""
-    from ..analysis import ReportOptions, build_report, load_run
-    from ..analysis.report import (
+    from rltrace.analysis import ReportOptions, build_report, load_run
+    from rltrace.analysis.report import (
         fmt_pct,
         fmt_s,
         goodput_line,
@@ -315,7 +315,7 @@ def check_options(opts: DemoOptions) -> str | None:
 def run_demo(opts: DemoOptions) -> int:
     """Run the demo; return a process exit code (2, with one line on stderr, for bad options
     or a log dir that cannot be written)."""
-    from .convert import convert
+    from rltrace.cli.convert import convert
 
     opts = replace(opts, fileroot=str(Path(opts.fileroot).expanduser().absolute()))  # config.yaml
     prepared = _prepare(opts)
@@ -375,7 +375,7 @@ def _run_ranks(opts: DemoOptions, logdir: Path) -> int:
     for p in procs:
         p.start()
     if opts.live:
-        from .top import watch
+        from rltrace.cli.top import watch
 
         try:
             watch(logdir, interval_s=1.0, until=lambda: not any(p.is_alive() for p in procs))
@@ -396,7 +396,7 @@ def _run_ranks(opts: DemoOptions, logdir: Path) -> int:
 
 def _native_trace(logdir: Path) -> tuple[Path | None, str]:
     """The run as Perfetto's native trace (``trace.pftrace``), and the line that names it."""
-    from .convert import ConvertError, convert
+    from rltrace.cli.convert import ConvertError, convert
 
     native = logdir / "trace.pftrace"
     try:

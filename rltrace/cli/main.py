@@ -7,7 +7,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from ..version import __version__
+from rltrace.version import __version__
 
 #: events past which ``convert`` splits its output by step range: a file of 2 M events is about
 #: 0.7 GB of JSON or 0.4 GB of native trace, which Perfetto's in-browser trace processor loads
@@ -16,7 +16,7 @@ DEFAULT_MAX_EVENTS = 2_000_000
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
-    from .convert import ConvertError, convert
+    from rltrace.cli.convert import ConvertError, convert
 
     if args.max_events < 0:
         print(f"rltrace convert: --max-events must be 0 (one file whatever the size) or a positive "
@@ -49,7 +49,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 
 def _cmd_diff(args: argparse.Namespace) -> int:
     try:
-        from ..analysis import ReportError, diff
+        from rltrace.analysis import ReportError, diff
     except ImportError as exc:  # the analysis extra is optional
         print(f"rltrace diff needs the analysis extra ({getattr(exc, 'name', None) or exc} missing): "
               f"pip install 'rltrace[analysis]'", file=sys.stderr)
@@ -118,7 +118,7 @@ def _missing_rich(command: str) -> bool:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import DemoOptions, run_demo
+    from rltrace.cli.demo import DemoOptions, run_demo
 
     if args.live and _missing_rich("rltrace demo --live"):
         return 2
@@ -135,7 +135,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_top(args: argparse.Namespace) -> int:
     if _missing_rich("rltrace top"):
         return 2
-    from .top import run_top
+    from rltrace.cli.top import run_top
 
     if args.interval <= 0:
         print(f"rltrace top: --interval must be > 0, got {args.interval:g}", file=sys.stderr)
@@ -152,7 +152,7 @@ def _cmd_top(args: argparse.Namespace) -> int:
 
 def _cmd_report(args: argparse.Namespace) -> int:
     try:
-        from .. import analysis
+        from rltrace import analysis
     except ImportError as exc:  # the analysis extra is optional
         msg = str(exc)
         if "rltrace[analysis]" not in msg:
@@ -163,7 +163,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.text import Text
 
-    from ..analysis.report import skipped_text
+    from rltrace.analysis.report import skipped_text
 
     bad = report_args_problem(args) or steps_problem(args.steps)
     if bad is not None:
@@ -201,7 +201,7 @@ def _cmd_recover(args: argparse.Namespace) -> int:
     line each, never a traceback); exit 2 when a ring or entry could not be used."""
     from pathlib import Path
 
-    from ..flight import recover
+    from rltrace.sessions.flight import recover
 
     if not Path(args.logdir).is_dir():
         print(f"rltrace recover: {args.logdir} is not a folder; give a run's log dir "

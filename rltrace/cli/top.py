@@ -1,7 +1,7 @@
 """``rltrace top LOGDIR``: a live terminal view of a run in progress, across ranks.
 
 It reads the small live-state files every rank's exporter thread publishes
-(``{log_dir}/live/[{role}/]live-r{rank}[-p{pid}].json``, see :mod:`rltrace.live`), so a refresh
+(``{log_dir}/live/[{role}/]live-r{rank}[-p{pid}].json``, see :mod:`rltrace.pipeline.live_state`), so a refresh
 costs the same whatever the number of sessions, also on a shared file system, and renders
 them with ``rich``: the current step and sessions in flight by phase per rank, ranks falling
 behind, the long tail forming (the duration CDF of the current step against the previous
@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from ..goodput import BUCKETS
-from ..live import EDGES, LIVE_DIR, bucket_upper
-from ..quantiles import DEFINITION, hist_quantile
-from ..readers import check_live_state
+from rltrace.accounting.goodput import BUCKETS
+from rltrace.accounting.quantiles import DEFINITION, hist_quantile
+from rltrace.pipeline.live_state import EDGES, LIVE_DIR, bucket_upper
+from rltrace.readers import check_live_state
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
@@ -174,7 +174,7 @@ def bucket_bounds(i: int) -> tuple[float, float]:
 
 def _quantile(hist: Counter[int], q: float, high: float = math.inf) -> float | None:
     """Quantile ``q`` (0..1) of a live histogram by the report's definition
-    (:func:`rltrace.quantiles.hist_quantile`: values placed evenly within their 19%-wide
+    (:func:`rltrace.accounting.quantiles.hist_quantile`: values placed evenly within their 19%-wide
     buckets), at most ``high`` (the step's longest duration, where known)."""
     return hist_quantile(hist, q, bucket_bounds, high=high)
 
@@ -288,7 +288,7 @@ def render(states: list[RankState], logdir: Path | str, *, interval_s: float = 1
 
 def goodput_line(states: list[RankState]) -> str | None:
     """What finished sessions generated and what was thrown away, over all ranks since they
-    started, wasted as the waste taxonomy says (:func:`rltrace.goodput.session_fate`):
+    started, wasted as the waste taxonomy says (:func:`rltrace.accounting.goodput.session_fate`):
     ``goodput: thrown away 8.1% of phase time, 9.2% of tokens (zero-advantage 3.0% of phase
     time); truncated 4 of 120 completions; generated 12.3k tokens/s, accepted 10.9k/s; policy
     version lag at finalize: 0 for 95.0%, 1 for 5.0%`` (None: no finished session)."""
@@ -327,7 +327,7 @@ def goodput_line(states: list[RankState]) -> str | None:
 
 
 def step_split_line(states: list[RankState]) -> str | None:
-    """Where the ranks' step time went (:mod:`rltrace.goodput`, the report's split), for the
+    """Where the ranks' step time went (:mod:`rltrace.accounting.goodput`, the report's split), for the
     newest step every rank that reports one has finished, and over the steps the ranks keep:
     ``step time, step 7 (2 ranks): productive 61.0% · overhead 8.0% · idle 25.0% · wasted 6.0%;
     last 8 steps: ...``, then the same per role when the ranks have several (None: no step

@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import TypeVar
 
-from .. import runtime
+from rltrace import runtime
 
 __all__ = ["HookErrors", "patch_once", "sessions_on"]
 

@@ -34,16 +34,16 @@ from dataclasses import dataclass, field
 from types import ModuleType, TracebackType
 from typing import Any, Protocol
 
-from .. import runtime
-from ..goodput import TRUNCATED, ZERO_ADVANTAGE
-from ..perf_tracer import increment_counter
-from ..recorder import detach
-from ..runtime import RUNTIME
-from ..sessions.context import SESSION_CV
-from ..sessions.records import PhaseScope
-from ..steps import _STEP_CV
-from ._hooks import HookErrors, patch_once, sessions_on
-from ._verl_imports import after_import
+from rltrace import runtime
+from rltrace.accounting.goodput import TRUNCATED, ZERO_ADVANTAGE
+from rltrace.integrations._hooks import HookErrors, patch_once, sessions_on
+from rltrace.integrations._verl_imports import after_import
+from rltrace.perf_tracer import increment_counter
+from rltrace.recording.recorder import detach
+from rltrace.runtime import RUNTIME
+from rltrace.sessions.context import SESSION_CV
+from rltrace.sessions.records import PhaseScope
+from rltrace.steps import _STEP_CV
 
 __all__ = ["QUEUE_COUNTER", "VerlErrors", "install"]
 

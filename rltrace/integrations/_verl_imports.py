@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Protocol
 
-from .. import runtime
-from ..runtime import RUNTIME
+from rltrace import runtime
+from rltrace.runtime import RUNTIME
 
 __all__ = ["after_import"]
 

@@ -16,7 +16,7 @@ function file: OpenRLHF imports it inside each engine actor):
 * every executor class's ``execute``: a session per call, in a task per prompt group (the
   concurrent calls with the same ``prompt`` object: ``generate_responses`` passes one object to
   all of a prompt's samples); when the group's last sample ends, each of its sessions is
-  finalized ``accepted``, with reason :data:`~rltrace.goodput.ZERO_ADVANTAGE` when the group's
+  finalized ``accepted``, with reason :data:`~rltrace.accounting.goodput.ZERO_ADVANTAGE` when the group's
   rewards (the executor's ``reward`` output) have zero spread, or ``failed`` when ``execute``
   raised; a sample whose output says ``truncated`` gets the session counter ``truncated``;
 * the engine's ``generate`` as the executor calls it: a ``generate`` phase per call (one turn
@@ -42,12 +42,12 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from .. import runtime
-from ..goodput import TRUNCATED, ZERO_ADVANTAGE
-from ..perf_tracer import increment_counter
-from ..runtime import RUNTIME
-from ..sessions.records import PhaseScope
-from ._hooks import HookErrors, patch_once, sessions_on
+from rltrace import runtime
+from rltrace.accounting.goodput import TRUNCATED, ZERO_ADVANTAGE
+from rltrace.integrations._hooks import HookErrors, patch_once, sessions_on
+from rltrace.perf_tracer import increment_counter
+from rltrace.runtime import RUNTIME
+from rltrace.sessions.records import PhaseScope
 
 __all__ = ["ERRORS", "TESTED_VERSION", "OpenRLHFState", "instrument", "is_instrumented"]
 

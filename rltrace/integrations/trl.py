@@ -53,15 +53,15 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar
 
-from .. import recorder
-from .. import runtime as _runtime
-from ..goodput import TRUNCATED, ZERO_ADVANTAGE
-from ..perf_tracer import increment_counter
-from ..runtime import RUNTIME
-from ..sessions.records import PhaseScope
-from ..spans import TracedScope, trace_scope
-from ..steps import current_step, set_policy_version, step
-from ._hooks import HookErrors
+from rltrace import runtime as _runtime
+from rltrace.accounting.goodput import TRUNCATED, ZERO_ADVANTAGE
+from rltrace.integrations._hooks import HookErrors
+from rltrace.perf_tracer import increment_counter
+from rltrace.recording import recorder
+from rltrace.runtime import RUNTIME
+from rltrace.sessions.records import PhaseScope
+from rltrace.spans import TracedScope, trace_scope
+from rltrace.steps import current_step, set_policy_version, step
 
 if TYPE_CHECKING:
     import torch

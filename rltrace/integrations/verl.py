@@ -39,14 +39,14 @@ from contextlib import AbstractContextManager
 from types import FrameType, ModuleType, TracebackType
 from typing import Any
 
-from .. import runtime, steps
-from ..recorder import STATE
-from ..runtime import RUNTIME
-from ..sessions.context import SESSION_CV
-from ..spans import TracedScope, trace_scope
-from ._verl_agent import VerlErrors
-from ._verl_agent import install as install_agent_loop
-from ._verl_imports import after_import
+from rltrace import runtime, steps
+from rltrace.integrations._verl_agent import VerlErrors
+from rltrace.integrations._verl_agent import install as install_agent_loop
+from rltrace.integrations._verl_imports import after_import
+from rltrace.recording.recorder import STATE
+from rltrace.runtime import RUNTIME
+from rltrace.sessions.context import SESSION_CV
+from rltrace.spans import TracedScope, trace_scope
 
 __all__ = ["ERRORS", "FRAMEWORK", "VerlState", "instrument", "is_instrumented"]
 
@@ -168,7 +168,7 @@ def _instrument_ray() -> None:
         import ray
     except ImportError:
         return
-    from .. import ray as rltrace_ray
+    from rltrace import ray as rltrace_ray
 
     rltrace_ray.on_worker_setup(f"{__name__}:worker_setup")
     if ray.is_initialized():

@@ -47,7 +47,7 @@ What it does:
   or a lost node loses at most what the actor recorded in its last ``flush_interval_s``.
   A pooled worker flushes when each remote function returns (``init(flush_tasks=...)``).
   Each worker counts its sessions
-  (registered, finalized, written) in a small shared-memory file (:mod:`rltrace.tally`) whose
+  (registered, finalized, written) in a small shared-memory file (:mod:`rltrace.sessions.shared_counts`) whose
   stores survive a SIGKILL: the flush names each actor that did not answer with the exact
   number of its sessions that never reached its files (:func:`losses`); for an actor lost
   with its node the count is unknown.
@@ -64,13 +64,13 @@ job's workers, counting losses), :mod:`.worker` (a worker process's setup), :mod
 
 from __future__ import annotations
 
-from .driver import FLUSH_TASKS, init, shutdown
-from .flush import announced_actors, flush_actors, losses
-from .job import REGISTRY_NAME, Loss, RayJob, WorkerInfo, current_job
-from .labels import actor_options, labelled_options
-from .propagation import CallerContextPropagator, install_propagator
-from .ranks import DEFAULT_ROLE, RANK_ENV, ROLE_ENV, WORKER_RANK_BASE, RankAllocator
-from .worker import WorkerSetups, on_worker_setup, run_worker_setups, worker_setups
+from rltrace.ray.driver import FLUSH_TASKS, init, shutdown
+from rltrace.ray.flush import announced_actors, flush_actors, losses
+from rltrace.ray.job import REGISTRY_NAME, Loss, RayJob, WorkerInfo, current_job
+from rltrace.ray.labels import actor_options, labelled_options
+from rltrace.ray.propagation import CallerContextPropagator, install_propagator
+from rltrace.ray.ranks import DEFAULT_ROLE, RANK_ENV, ROLE_ENV, WORKER_RANK_BASE, RankAllocator
+from rltrace.ray.worker import WorkerSetups, on_worker_setup, run_worker_setups, worker_setups
 
 __all__ = [
     "DEFAULT_ROLE", "FLUSH_TASKS", "RANK_ENV", "REGISTRY_NAME", "ROLE_ENV", "WORKER_RANK_BASE",

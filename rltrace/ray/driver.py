@@ -9,15 +9,15 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
-from .. import runtime
-from ..config import ConfigError, dataclass_to_dict
-from . import links
-from .flush import flush_all
-from .job import REGISTRY_NAME, RayJob, current_job, registry_class
-from .labels import label_actor_creation, unlabel_actor_creation
-from .propagation import install_propagator
-from .ranks import DEFAULT_ROLE
-from .worker import setup_worker, worker_setups
+from rltrace import runtime
+from rltrace.config import ConfigError, dataclass_to_dict
+from rltrace.ray import links
+from rltrace.ray.flush import flush_all
+from rltrace.ray.job import REGISTRY_NAME, RayJob, current_job, registry_class
+from rltrace.ray.labels import label_actor_creation, unlabel_actor_creation
+from rltrace.ray.propagation import install_propagator
+from rltrace.ray.ranks import DEFAULT_ROLE
+from rltrace.ray.worker import setup_worker, worker_setups
 
 #: what a pooled worker flushes when a remote function returns (see :func:`init`)
 FLUSH_TASKS = ("all", "files", "cycle")

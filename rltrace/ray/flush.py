@@ -13,10 +13,10 @@ import json
 import os
 from typing import TYPE_CHECKING, Any
 
-from .. import runtime
-from ..tally import read_tally
-from .job import Loss, RayJob, WorkerInfo, current_job
-from .ranks import kv_prefix
+from rltrace import runtime
+from rltrace.ray.job import Loss, RayJob, WorkerInfo, current_job
+from rltrace.ray.ranks import kv_prefix
+from rltrace.sessions.shared_counts import read_tally
 
 if TYPE_CHECKING:
     from ray import ObjectRef
@@ -68,7 +68,7 @@ def losses() -> list[Loss]:
     """What the flushes of this driver found not flushed: one dict per actor that did not answer
     and per pooled worker that held sessions unwritten at shutdown (``role``, ``rank``,
     ``pid``; ``registered``, ``finalized``, ``written`` sessions and ``unwritten``, those whose
-    record never reached its files, read from the worker's :mod:`rltrace.tally` file; None
+    record never reached its files, read from the worker's :mod:`rltrace.sessions.shared_counts` file; None
     where no count could be read: an actor lost with its node, or one that never announced
     itself).  An actor that had ended gracefully (it flushed at its exit and wrote every
     session) is not among them."""

@@ -13,10 +13,10 @@ import itertools
 from collections.abc import Callable
 from typing import Any, TypedDict
 
-from .. import runtime
-from ..runtime import RUNTIME
-from . import links
-from .ranks import RankAllocator
+from rltrace import runtime
+from rltrace.ray import links
+from rltrace.ray.ranks import RankAllocator
+from rltrace.runtime import RUNTIME
 
 #: the registry actor's name (one per job namespace)
 REGISTRY_NAME = "rltrace-actors"

@@ -11,9 +11,9 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
-from .. import runtime
-from .job import current_job
-from .ranks import RANK_ENV, ROLE_ENV, RankAllocator, with_role_rank
+from rltrace import runtime
+from rltrace.ray.job import current_job
+from rltrace.ray.ranks import RANK_ENV, ROLE_ENV, RankAllocator, with_role_rank
 
 
 def actor_options(role: str, rank: int | None = None, **options: object) -> dict[str, object]:

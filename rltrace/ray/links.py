@@ -26,10 +26,11 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import SpanProcessor
 from opentelemetry.trace import SpanContext, SpanKind
 
-from .. import recorder, runtime
-from ..generations import recent, remember
-from ..materialize import bound
-from ..sessions.registry import RECENT_CAP
+from rltrace import runtime
+from rltrace.pipeline.readable_spans import bound
+from rltrace.recording import recorder
+from rltrace.sessions.recent import recent, remember
+from rltrace.sessions.registry import RECENT_CAP
 
 #: the links a consumer gets carry this type (beside ``consumed`` of ``link_consumed``)
 LINK_TYPE = "ray.get"

@@ -25,7 +25,7 @@ from opentelemetry.propagators.textmap import (
 )
 from opentelemetry.trace import SpanContext, TraceFlags
 
-from .. import runtime, sessions, steps
+from rltrace import runtime, sessions, steps
 
 #: the context key the caller's step is extracted under, in the callee
 STEP_KEY = steps.CALLER_STEP_KEY

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .. import runtime
+from rltrace import runtime
 
 ROLE_ENV, RANK_ENV = "RLTRACE_ROLE", "RLTRACE_RANK"
 #: the role of worker processes started without :func:`rltrace.ray.actor_options`

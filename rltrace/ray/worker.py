@@ -20,16 +20,16 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import SpanProcessor
 from opentelemetry.trace import Span, SpanKind
 
-from .. import runtime
-from ..config import _BOOLS
-from ..runtime import RUNTIME
-from ..tally import EXITED, SessionTally
-from . import links
-from .flush import publish_pooled_worker
-from .job import REGISTRY_NAME, WorkerInfo, current_job
-from .labels import label_actor_creation
-from .propagation import STEP_KEY, install_propagator
-from .ranks import RANK_ENV, WORKER_RANK_BASE, pooled_worker_rank
+from rltrace import runtime
+from rltrace.config import _BOOLS
+from rltrace.ray import links
+from rltrace.ray.flush import publish_pooled_worker
+from rltrace.ray.job import REGISTRY_NAME, WorkerInfo, current_job
+from rltrace.ray.labels import label_actor_creation
+from rltrace.ray.propagation import STEP_KEY, install_propagator
+from rltrace.ray.ranks import RANK_ENV, WORKER_RANK_BASE, pooled_worker_rank
+from rltrace.runtime import RUNTIME
+from rltrace.sessions.shared_counts import EXITED, SessionTally
 
 
 class WorkerSetups:

@@ -18,11 +18,11 @@ Callers count both: records (lines) skipped and fields ignored, and show the cou
 
 from __future__ import annotations
 
-from .fields import MAX_TEXT, Bad, cap_text
-from .lines import LINE_CAP, Oversize, iter_lines
-from .live_state import check_live_state
-from .session_record import check_session_record
-from .trace_event import check_trace_event
+from rltrace.readers.fields import MAX_TEXT, Bad, cap_text
+from rltrace.readers.lines import LINE_CAP, Oversize, iter_lines
+from rltrace.readers.live_state import check_live_state
+from rltrace.readers.session_record import check_session_record
+from rltrace.readers.trace_event import check_trace_event
 
 __all__ = ["LINE_CAP", "MAX_TEXT", "Bad", "Oversize", "cap_text", "check_live_state",
            "check_session_record", "check_trace_event", "iter_lines"]

@@ -1,5 +1,5 @@
-"""The check of one live-state file (``live-r*.json``, written by :mod:`rltrace.live`), used by
-``rltrace top``.
+"""The live-state file (``live-r*.json``): its format, shared by its writer
+(:mod:`rltrace.pipeline.live_state`), and the check of one such file, used by ``rltrace top``.
 
 A document that is not a JSON object of format ``rltrace.live/1`` is refused.  Every field
 ``rltrace top`` reads is checked against what the publisher writes (:data:`SCHEMA`): a field of
@@ -13,8 +13,7 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any
 
-from ..live import EDGES, FORMAT
-from .fields import (
+from rltrace.readers.fields import (
     MAX_SECONDS,
     Note,
     Schema,
@@ -30,6 +29,12 @@ from .fields import (
     scalar,
     text,
 )
+
+#: the format name every live-state file carries
+FORMAT = "rltrace.live/1"
+#: histogram bucket upper edges in seconds: 1 ms × 2^(k/4), k = 0..119 (19% wide, up to ~10 days);
+#: bucket i holds durations in (EDGES[i-1], EDGES[i]], bucket len(EDGES) everything longer
+EDGES: tuple[float, ...] = tuple(0.001 * 2 ** (k / 4) for k in range(120))
 
 #: items read per list or map (the publisher writes at most 50 sessions, 17 steps, 33 phases)
 MAX_ITEMS = 256

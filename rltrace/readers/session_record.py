@@ -15,18 +15,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from ..sessions.schema import (
-    COUNT_MAX,
-    INT32_MAX,
-    SESSION_RECORD,
-    Kind,
-    RecordField,
-    RecordSchema,
-    times,
-)
-from ..sessions.schema import STEP_MAX as STEP_MAX
-from ..sessions.schema import STEP_MIN as STEP_MIN
-from .fields import (
+from rltrace.readers.fields import (
     MAX_SECONDS,
     MAX_TEXT,
     Bad,
@@ -39,6 +28,17 @@ from .fields import (
     scalar,
     text,
 )
+from rltrace.readers.session_schema import (
+    COUNT_MAX,
+    INT32_MAX,
+    SESSION_RECORD,
+    Kind,
+    RecordField,
+    RecordSchema,
+    times,
+)
+from rltrace.readers.session_schema import STEP_MAX as STEP_MAX
+from rltrace.readers.session_schema import STEP_MIN as STEP_MIN
 
 RANK_MAX = TURN_MAX = INT32_MAX
 TURNS_MAX = COUNT_MAX
@@ -154,7 +154,7 @@ def _phase_counts(v: object, note: Note) -> dict[str, int]:
 
 @dataclass(frozen=True)
 class RecordChecks:
-    """The checks of a session record, made from its schema (:mod:`rltrace.sessions.schema`)."""
+    """The checks of a session record, made from its schema (:mod:`rltrace.readers.session_schema`)."""
 
     #: the fields checked by a :data:`~.fields.Check` (the times and ``<phase>_s`` are checked
     #: inline, ``counters`` is read as it is)
@@ -187,7 +187,7 @@ def _check_of(f: RecordField) -> Check | None:
     return None  # SECONDS (inline), COUNTERS
 
 
-#: the checks of :data:`rltrace.sessions.schema.SESSION_RECORD`
+#: the checks of :data:`rltrace.readers.session_schema.SESSION_RECORD`
 CHECKS = RecordChecks.of(SESSION_RECORD)
 FIELDS = CHECKS.fields
 TIMES = CHECKS.times

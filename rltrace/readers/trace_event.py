@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-from .fields import MAX_TEXT, Note, cap_text, preview
+from rltrace.readers.fields import MAX_TEXT, Note, cap_text, preview
 
 #: largest |ts| and dur in µs (exact in a double; epoch µs until the year 2255)
 TS_MAX = float(1 << 53)

@@ -12,15 +12,26 @@ Every open phase is held by its own handle, so overlapping executions of one pha
 session pair correctly; finalizing a session closes whatever is still open (marked
 ``rl.phase.interrupted``) so no phase ever lacks an end.  Finalized sessions and finished
 tasks leave no state behind.  The figures (``total_s``, ``<phase>_s``, turns) are derived from
-these spans by :class:`rltrace.session_metrics.SessionMetricsProcessor`.
+these spans by :class:`rltrace.sessions.metrics_processor.SessionMetricsProcessor`.
 
 Rooms: :mod:`.context` (the current task and session of a context), :mod:`.records` (the task,
 session and phase span records), :mod:`.registry` (the registry and the lifecycle API; the
-runtime owns the process's one and binds the module functions to it).
+runtime owns the process's one and binds the module functions to it), :mod:`.phases` (the phase
+names), :mod:`.metrics_processor` and :mod:`.metric_aggregates` (the session records and metrics
+derived from the spans), :mod:`.flight` (the flight recorder: finished sessions in a ring that
+survives SIGKILL), :mod:`.shared_counts` (session counts in a page that outlives the process),
+:mod:`.recent` (recent entries kept in two generations).
 """
 
-from .context import CALLER_TASK_KEY, caller_task, get_session_id, get_task_id, set_session_id, set_task_id
-from .records import (
+from rltrace.sessions.context import (
+    CALLER_TASK_KEY,
+    caller_task,
+    get_session_id,
+    get_task_id,
+    set_session_id,
+    set_task_id,
+)
+from rltrace.sessions.records import (
     FINAL_STATUSES,
     STATUSES,
     THROWN_AWAY,
@@ -31,7 +42,7 @@ from .records import (
     SyncedPhaseScope,
     TaskScope,
 )
-from .registry import RECENT_CAP, SessionRegistry
+from rltrace.sessions.registry import RECENT_CAP, SessionRegistry
 
 __all__ = [
     "CALLER_TASK_KEY",

@@ -9,7 +9,7 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry.trace import SpanContext
 
-from ..recorder import context_value
+from rltrace.recording.recorder import context_value
 
 TASK_CV: ContextVar[Any] = ContextVar("rltrace_task_id", default=None)
 SESSION_CV: ContextVar[Any] = ContextVar("rltrace_session_id", default=None)

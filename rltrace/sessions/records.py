@@ -1,5 +1,5 @@
 """The span records of the session lifecycle: a task (``rl.task``), a session (``rl.session``)
-and a phase execution (named by its phase), each an rltrace :class:`~rltrace.recorder.Scope`
+and a phase execution (named by its phase), each an rltrace :class:`~rltrace.recording.recorder.Scope`
 whose fields stay in slots until export."""
 
 from __future__ import annotations
@@ -10,13 +10,11 @@ from typing import Any, Protocol
 
 from opentelemetry.trace import SpanContext
 
-from rltrace.exporters.values import recorded
-
-from .. import recorder
-from ..device import ATTR_SYNC, ATTR_SYNC_WAIT, device_sync
-from ..phases import PhaseSpec
-from ..recorder import Scope
-from ..semconv import (
+from rltrace.device import ATTR_SYNC, ATTR_SYNC_WAIT, device_sync
+from rltrace.recording import recorder
+from rltrace.recording.recorder import Scope
+from rltrace.recording.user_values import recorded
+from rltrace.semconv import (
     ATTR_INTERRUPTED,
     ATTR_PHASE,
     ATTR_POLICY_VERSION,
@@ -31,8 +29,9 @@ from ..semconv import (
     TASK_SPAN,
     evaluation_result,
 )
-from ..steps import _STEP_CV, scope_arg_step
-from .context import SESSION_CV
+from rltrace.sessions.context import SESSION_CV
+from rltrace.sessions.phases import PhaseSpec
+from rltrace.steps import _STEP_CV, scope_arg_step
 
 FINAL_STATUSES = ("accepted", "rejected", "failed", "dropped")
 FINAL_SET = frozenset(FINAL_STATUSES)
@@ -114,7 +113,7 @@ class RemoteTaskScope(TaskScope):
     It records nothing itself (the task's span is the other process's): it leaves this
     process's registry when its last session here is finalized, or by ``finalize_task``.
     ``parts`` counts the sessions registered under it here, and ``decision`` is what
-    session-aware sampling decided for them (see :class:`rltrace.sampling.TaskTailSampler`).
+    session-aware sampling decided for them (see :class:`rltrace.pipeline.sampling.TaskTailSampler`).
     """
 
     __slots__ = ("decision", "parts")
@@ -172,8 +171,8 @@ class SessionScope(Scope):
         self.turn = -1
         self.open_phases: list[PhaseScope] = []
         #: its ended phase executions ``(phase, start, end, turn, interrupted)``, as they end:
-        #: what its record (:mod:`rltrace.session_metrics`) and the flight recorder
-        #: (:mod:`rltrace.flight`) are made from.  A list while executions may join it; the
+        #: what its record (:mod:`rltrace.sessions.metrics_processor`) and the flight recorder
+        #: (:mod:`rltrace.sessions.flight`) are made from.  A list while executions may join it; the
         #: session processor turns it into a tuple when it builds the record, and an execution
         #: that ends after that is a late one (counted there, not added)
         self.phase_log: list[Execution] | tuple[Execution, ...] = []
@@ -325,18 +324,18 @@ class PhaseScope(Scope):
             ops.append(self)  # atomic; whoever removes it from the list closes it
         except AttributeError:  # finalized meanwhile (a race): recorded, and interrupted
             self.set_attribute(ATTR_INTERRUPTED, True)
-            end = recorder.now_ns()
+            end = recorder.STATE.now_ns()
             self._log_in(session, end, True)
             self.finish(end)
             return
         if self.reg.sessions.get(session.session_id) is not session:  # finalized meanwhile
-            self._close_if_open(ops, recorder.now_ns(), None, True)
+            self._close_if_open(ops, recorder.STATE.now_ns(), None, True)
 
     def end(self, end_time: int | None = None, *, payload: Mapping[str, object] | None = None,
             exc: BaseException | None = None, interrupted: bool = False) -> None:
         """Close this execution (idempotent): OTel's ``Span.end(end_time=None)``, plus
         ``payload`` added as ``rl.end.*`` attributes (``mark_<phase>_end(handle=h, ...)``)."""
-        end = end_time if end_time is not None else recorder.now_ns()
+        end = end_time if end_time is not None else recorder.STATE.now_ns()
         sess = self.parent
         if sess is None or self.end_ns:
             return  # never started (no session), or already closed
@@ -399,12 +398,12 @@ class PhaseScope(Scope):
                  tb: TracebackType | None) -> None:
         sess = self.parent
         if sess is not None:
-            end = recorder.now_ns()
+            end = recorder.STATE.now_ns()
             if self.device_sync:
                 kind, wait = device_sync(self.device_sync)
                 self.set_attribute(ATTR_SYNC, kind)
                 self.set_attribute(ATTR_SYNC_WAIT, (self._sync_wait + wait) / 1e9)
-                end = recorder.now_ns()
+                end = recorder.STATE.now_ns()
             token = self._token
             self._token = None  # a kept token would keep a context alive with the record
             recorder.detach(token)  # nothing to undo if exited in another context or never attached

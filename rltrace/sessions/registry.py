@@ -15,24 +15,15 @@ from typing import Any, TypeVar
 from opentelemetry.trace import SpanContext
 from opentelemetry.trace.status import Status, StatusCode
 
-from rltrace.exporters.values import recorded, text
-
-from .. import recorder
-from ..checks import check_mapping, check_optional_int, did_you_mean, type_error
-from ..generations import recent, remember
-from ..phases import PhaseRegistry, PhaseSpec
-from ..recorder import (
-    RecordBase,
-    Scope,
-    attach,
-    current_scope,
-    detach,
-)
-from ..semconv import ATTR_SESSION_COUNTER_PREFIX, ATTR_VERSION_AT_FINALIZE
-from ..steps import _STEP_CV, scope_arg_step
-from ..tally import FINALIZED, REGISTERED
-from .context import SESSION_CV, TASK_CV, caller_task, get_session_id, get_task_id
-from .records import (
+from rltrace.recording import recorder
+from rltrace.recording.arguments import check_mapping, check_optional_int, did_you_mean, type_error
+from rltrace.recording.recorder import RecordBase, Scope, attach, current_scope, detach
+from rltrace.recording.user_values import recorded, text
+from rltrace.semconv import ATTR_SESSION_COUNTER_PREFIX, ATTR_VERSION_AT_FINALIZE
+from rltrace.sessions.context import SESSION_CV, TASK_CV, caller_task, get_session_id, get_task_id
+from rltrace.sessions.phases import PhaseRegistry, PhaseSpec
+from rltrace.sessions.recent import recent, remember
+from rltrace.sessions.records import (
     FINAL_SET,
     NO_PHASES,
     PhaseScope,
@@ -42,6 +33,8 @@ from .records import (
     TaskScope,
     check_status,
 )
+from rltrace.sessions.shared_counts import FINALIZED, REGISTERED
+from rltrace.steps import _STEP_CV, scope_arg_step
 
 logger = logging.getLogger("rltrace")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -75,7 +68,7 @@ class SessionRegistry:
         self.off_reason: str | None = None
         self._off_warned = False
         #: the ring each finalized session is kept in until its record is on disk
-        #: (:class:`rltrace.flight.FlightRecorder`, set by the pipeline), or None
+        #: (:class:`rltrace.sessions.flight.FlightRecorder`, set by the pipeline), or None
         self.flight: Any = None
         #: the phases its sessions may run (default: the built-ins, in a registry of its own)
         self.phases = phases if phases is not None else PhaseRegistry()
@@ -89,7 +82,7 @@ class SessionRegistry:
         self._task_ids = itertools.count()
         self._session_ids = itertools.count()
         #: counts of sessions registered and finalized that outlive the process
-        #: (:class:`rltrace.tally.SessionTally` ``.view``: a Ray worker's), or None
+        #: (:class:`rltrace.sessions.shared_counts.SessionTally` ``.view``: a Ray worker's), or None
         self.tally: Any = None
 
     # ---- bookkeeping -----------------------------------------------------------------------
@@ -253,7 +246,7 @@ class SessionRegistry:
         ``model``, ``input_tokens``, ``output_tokens``, ``tool_name`` also map to OTel GenAI
         attributes on generate/toolcall).  ``turn`` overrides the automatic per-session turn
         counter (each ``generate`` starts a new turn).  Raises
-        :class:`~rltrace.phases.UnknownPhaseError` for an unregistered phase.  ``device_sync``
+        :class:`~rltrace.sessions.phases.UnknownPhaseError` for an unregistered phase.  ``device_sync``
         waits for the GPU/TPU at both ends (see :mod:`rltrace.device`).
         """
         spec = self.phases.specs.get(phase) if type(phase) is str else None
@@ -323,7 +316,7 @@ class SessionRegistry:
             tally = self.tally
             if tally is not None:
                 tally[FINALIZED] += 1
-        end = recorder.now_ns()
+        end = recorder.STATE.now_ns()
         ops = sess.open_phases
         while ops:  # close what is still open; a phase ending concurrently is closed once
             try:
@@ -387,7 +380,7 @@ class SessionRegistry:
         with self.lock:
             done = self._drop_task(task)
         if done:
-            task.finish(recorder.now_ns(), keep=True)
+            task.finish(recorder.STATE.now_ns(), keep=True)
 
     def trace_session_event(
         self, method: str, session_id: Hashable | None = None, task_id: Hashable | None = None, **payload: Any
@@ -639,7 +632,7 @@ class SessionRegistry:
             self.tasks.clear()
             for task in tasks:
                 task.open = None
-        end = recorder.now_ns()
+        end = recorder.STATE.now_ns()
         for task in tasks:
             task.finish(end, keep=True)
         return len(open_)

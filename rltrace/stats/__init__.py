@@ -42,14 +42,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .bridge import SpanTimings, disable_span_timings, enable_span_timings, span_timings
-from .logger import StatsLogger, StatsLoggerConfig, TensorBoardConfig
-from .logs import TraceContextFilter, setup_logging
-from .reduce import ReduceType
-from .sinks import CommitInfo, Sink
-from .tracker import StatsTracker, Trackers, default_tracker, export_all, get, trackers
-from .values import StatsShapeError, StatsTypeError
-from .wandb_sink import WandBConfig
+from rltrace.stats.bridge import SpanTimings, disable_span_timings, enable_span_timings, span_timings
+from rltrace.stats.logger import StatsLogger, StatsLoggerConfig, TensorBoardConfig
+from rltrace.stats.logs import TraceContextFilter, setup_logging
+from rltrace.stats.partials import StatsShapeError, StatsTypeError
+from rltrace.stats.reduce import ReduceType
+from rltrace.stats.sinks import CommitInfo, Sink
+from rltrace.stats.tracker import StatsTracker, Trackers, default_tracker, export_all, get, trackers
+from rltrace.stats.wandb_sink import WandBConfig
 
 #: AReaL's name for the tracker class (the same class)
 DistributedStatsTracker = StatsTracker

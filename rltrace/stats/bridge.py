@@ -19,11 +19,11 @@ import logging
 import threading
 from typing import Any
 
-from .. import runtime
-from ..recorder import Scope
-from ..semconv import ATTR_PHASE, ATTR_SESSION, ATTR_STEP, SESSION_SPAN, TASK_SPAN
-from ..steps import step_of
-from .tracker import TIMEPERF, StatsTracker, default_tracker
+from rltrace import runtime
+from rltrace.recording.recorder import Scope
+from rltrace.semconv import ATTR_PHASE, ATTR_SESSION, ATTR_STEP, SESSION_SPAN, TASK_SPAN
+from rltrace.stats.tracker import TIMEPERF, StatsTracker, default_tracker
+from rltrace.steps import step_of
 
 __all__ = ["SpanTimings", "disable_span_timings", "enable_span_timings", "span_timings"]
 

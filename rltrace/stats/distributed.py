@@ -14,7 +14,7 @@
 * any object with ``all_gather_object(obj) -> list`` and ``all_reduce(vec, op) -> vec``.
 
 torch and jax are only used when the program has already put them in use
-(:mod:`rltrace.frameworks`).
+(:mod:`rltrace.process.frameworks`).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from __future__ import annotations
 import pickle
 from typing import TYPE_CHECKING, Any
 
-from ..frameworks import jax_process, torch_dist
-from .reduce import Reducer
+from rltrace.process.frameworks import jax_process, torch_dist
+from rltrace.stats.reduce import Reducer
 
 if TYPE_CHECKING:
     import numpy as np

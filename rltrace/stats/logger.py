@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from .. import runtime
-from ..config import TracerConfig, log_dir, redacted
-from ..ranks import detect_rank
-from .bridge import enable_span_timings, span_timings
-from .sinks import CommitInfo, ConsoleSink, JsonlSink, Sink
-from .wandb_sink import WandBConfig
+from rltrace import runtime
+from rltrace.config import TracerConfig, log_dir, redacted
+from rltrace.process.ranks import detect_rank
+from rltrace.stats.bridge import enable_span_timings, span_timings
+from rltrace.stats.sinks import CommitInfo, ConsoleSink, JsonlSink, Sink
+from rltrace.stats.wandb_sink import WandBConfig
 
 __all__ = ["StatsLogger", "StatsLoggerConfig", "TensorBoardConfig", "WandBConfig"]
 
@@ -213,7 +213,7 @@ class StatsLogger:
         if cfg.tensorboard.path:
             self._open("tensorboard", self._tensorboard)
         if cfg.otel:
-            from .otel_sink import OTelMetricsSink
+            from rltrace.stats.otel_sink import OTelMetricsSink
 
             self._open("otel", OTelMetricsSink)
 
@@ -230,7 +230,7 @@ class StatsLogger:
         ))
 
     def _wandb(self, exp_config: object) -> Sink:
-        from .wandb_sink import WandBSink
+        from rltrace.stats.wandb_sink import WandBSink
 
         tracer = runtime.get_config()
         return WandBSink(self.config.wandb, experiment_name=self.experiment_name,
@@ -238,7 +238,7 @@ class StatsLogger:
                          tracer_config=redacted(tracer) if tracer is not None else None)
 
     def _tensorboard(self) -> Sink:
-        from .tensorboard_sink import TensorBoardSink
+        from rltrace.stats.tensorboard_sink import TensorBoardSink
 
         return TensorBoardSink(self.config.tensorboard.path)  # type: ignore[arg-type]
 

@@ -18,9 +18,9 @@ from typing import IO, Any
 
 from opentelemetry import trace
 
-from .. import runtime
-from ..config import TracerConfig, log_dir
-from ..ranks import detect_rank
+from rltrace import runtime
+from rltrace.config import TracerConfig, log_dir
+from rltrace.process.ranks import detect_rank
 
 __all__ = ["DEFAULT_FORMAT", "TraceContextFilter", "reset_logging", "setup_logging"]
 

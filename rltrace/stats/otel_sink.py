@@ -19,9 +19,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from .. import runtime
-from ..version import __version__
-from .sinks import CommitInfo
+from rltrace import runtime
+from rltrace.stats.sinks import CommitInfo
+from rltrace.version import __version__
 
 __all__ = ["OTelMetricsSink", "instrument_name"]
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .sinks import CommitInfo
+from rltrace.stats.sinks import CommitInfo
 
 __all__ = ["TensorBoardSink", "open_writer"]
 

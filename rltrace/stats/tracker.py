@@ -26,11 +26,10 @@ from contextvars import ContextVar
 from enum import Enum
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..resumptions import adrive, drive
-from ..runtime import RUNTIME
-from .distributed import resolve_reducer
-from .reduce import DENOMINATOR, Aggregate, ReduceType, allreduce, finalize, merge_into
-from .values import (
+from rltrace.recording.generators import adrive, drive
+from rltrace.runtime import RUNTIME
+from rltrace.stats.distributed import resolve_reducer
+from rltrace.stats.partials import (
     Deferred,
     Partial,
     StatsTypeError,
@@ -42,6 +41,7 @@ from .values import (
     size_of,
     snapshot,
 )
+from rltrace.stats.reduce import DENOMINATOR, Aggregate, ReduceType, allreduce, finalize, merge_into
 
 __all__ = ["DEFAULT", "LOCK", "TRACKERS", "StatsTracker", "Trackers", "default_tracker", "export_all", "get",
            "trackers"]
@@ -188,7 +188,14 @@ class StatsTracker:
         #: called with the tracker at the start of every export (e.g. the span-timings bridge)
         self.before_export: list[Callable[[StatsTracker], None]] = []
 
+    def after_fork_in_child(self) -> None:
+        """A forked child's tracker: a fresh lock (another thread may have held it at fork time);
+        what was recorded stays, as the parent had it."""
+        self._lock = threading.Lock()
+        self.lock = self._lock
+
     # -- keys and scopes ------------------------------------------------------------------------
+
     def _key(self, name: str) -> str:
         return "/".join((*self._scopes.get(), name))
 
@@ -268,7 +275,7 @@ class StatsTracker:
 
         The *n*-th ``stat`` of a key with ``denominator=name`` is reduced over ``name``'s *n*-th
         mask (AReaL's pairing).  The export holds each denominator's number of true elements.
-        Raises :class:`~rltrace.stats.values.StatsTypeError` (a ``TypeError`` and a
+        Raises :class:`~rltrace.stats.partials.StatsTypeError` (a ``TypeError`` and a
         ``ValueError``) for a non-boolean mask and ``ValueError`` for an empty one.
         """
         prepared = []
@@ -315,9 +322,9 @@ class StatsTracker:
         ``reduce_type`` None exports ``key/avg``, ``key/min`` and ``key/max``; ``AVG``, ``MIN``,
         ``MAX`` and ``SUM`` export ``key``.  Without a denominator every element counts.
         Raises ``ValueError`` for an unknown denominator, an empty value or NaN/inf among the
-        masked elements, :class:`~rltrace.stats.values.StatsShapeError` (a ``ValueError`` and
+        masked elements, :class:`~rltrace.stats.partials.StatsShapeError` (a ``ValueError`` and
         an ``AssertionError``) when the value's shape differs from its mask's, and
-        :class:`~rltrace.stats.values.StatsTypeError` for non-numeric values.  Nothing of a call
+        :class:`~rltrace.stats.partials.StatsTypeError` for non-numeric values.  Nothing of a call
         that raises is recorded.
         """
         kind = _reduce_type(reduce_type, [self._key(k) for k in values])
@@ -519,8 +526,10 @@ class Trackers:
         self.moe_aux_losses: dict[str, object] = {}
 
     def after_fork_in_child(self) -> None:
-        """Another thread may have held the lock at fork time."""
+        """Another thread may have held a lock at fork time: this one's and every tracker's."""
         self.lock = threading.Lock()
+        for tracker in self.by_name.values():
+            tracker.after_fork_in_child()
 
 
 def trackers() -> Trackers:

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..version import __version__
-from .sinks import CommitInfo
+from rltrace.stats.sinks import CommitInfo
+from rltrace.version import __version__
 
 __all__ = ["WandBConfig", "WandBSink", "version_info"]
 

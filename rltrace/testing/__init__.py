@@ -22,7 +22,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 
-from .. import recorder, runtime
+from rltrace import runtime
+from rltrace.recording import recorder
 
 __all__ = [
     "CapturedSpans",

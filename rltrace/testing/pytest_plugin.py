@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from . import CapturedSpans, capture_spans
+from rltrace.testing import CapturedSpans, capture_spans
 
 __all__ = ["rltrace_capture"]
 

@@ -236,7 +236,7 @@ def test_areal_style_run_is_grouped_by_step_in_every_section(areal: Report, grpo
 def test_a_record_without_a_step_takes_a_window_of_its_rank_else_of_the_run_while_it_lasts() -> None:
     """StepResolver on its own: windows (start µs, end µs, step) of rank 0 only; rank 1 (a Ray
     actor, say) has none and borrows rank 0's, but not after the last one ended."""
-    from rltrace.analysis.sessions import StepResolver
+    from rltrace.analysis.session_aggregates import StepResolver
 
     resolve = StepResolver({0: [(1e6, 2e6, 0), (3e6, 4e6, 1)]})
     for rank in (0, 1):

@@ -44,7 +44,7 @@ def planted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def heavy_tail(rep: dict[str, Any]) -> dict[str, Any]:
     """``rep`` with a long tail whose P90 and P99 lie right of the middle of the CDF's x range,
     where a legend in the lower right corner sat on their labels (and on the step-tail's points)."""
-    from rltrace.analysis.stats import percentiles, quantile_curve
+    from rltrace.analysis.descriptive import percentiles, quantile_curve
 
     lt = dict(rep["longtail"])
     v = np.sort(np.concatenate([np.linspace(1.0, 2.0, 60), np.linspace(14.0, 19.0, 40)]))

@@ -1,12 +1,12 @@
 """``rltrace top`` and ``rltrace report`` give the same P50 for the same sessions.
 
-Both use :mod:`rltrace.quantiles` (linear interpolation between the closest ranks, numpy's
+Both use :mod:`rltrace.accounting.quantiles` (linear interpolation between the closest ranks, numpy's
 default).  The report has every duration; top only the live file's 19%-wide buckets, so the
 sessions here last exactly the middle of distinct buckets (where top's estimate of each value is
 exact) and the two must agree; for arbitrary durations top is within a bucket of the report.
 
 The same sessions reach both: their records are written to ``session_tracer/`` (what the report
-reads) and handed to a real :class:`rltrace.live.LivePublisher` (what writes ``live/``, which
+reads) and handed to a real :class:`rltrace.pipeline.live_state.LivePublisher` (what writes ``live/``, which
 top reads).  Each session is submitted at its step's rollout start and finalized at its own end,
 so the report's completion time is top's duration (submit to finalize).
 """
@@ -32,10 +32,10 @@ import orjson  # noqa: E402
 sys.path.insert(0, str(HELPERS))
 from synth_run import meta_events, session_record, x_event  # noqa: E402
 
+from rltrace.accounting.quantiles import DEFINITION, quantile  # noqa: E402
 from rltrace.analysis import ReportOptions, build_report, load_run  # noqa: E402
 from rltrace.cli import top  # noqa: E402
-from rltrace.live import LivePublisher  # noqa: E402
-from rltrace.quantiles import DEFINITION, quantile  # noqa: E402
+from rltrace.pipeline.live_state import LivePublisher  # noqa: E402
 from rltrace.sessions import SessionRegistry  # noqa: E402
 
 START = 1000.0  # small epoch seconds: (START + d) - START == d to ~1e-13

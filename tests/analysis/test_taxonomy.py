@@ -1,4 +1,5 @@
-"""The waste taxonomy (:mod:`rltrace.goodput`): runs recorded through rltrace's own API in the shape
+"""The waste taxonomy (:mod:`rltrace.accounting.goodput`): runs recorded through rltrace's own API in
+the shape
 the framework integrations write them (verl's timers, TRL's nested profiled sections, task groups
 with zero-advantage and truncated samples), and the report, ``rltrace top``'s live state and
 ``rltrace diff`` all splitting them the same way.
@@ -22,11 +23,7 @@ from conftest import need
 
 import rltrace
 from rltrace import perf_tracer
-from rltrace.analysis import ReportOptions, build_report, load_run
-from rltrace.analysis.diff import series_of
-from rltrace.analysis.render import render_md
-from rltrace.config import current_user
-from rltrace.goodput import (
+from rltrace.accounting.goodput import (
     BUCKETS,
     TAXONOMY,
     TRUNCATED,
@@ -35,6 +32,10 @@ from rltrace.goodput import (
     session_fate,
     taxonomy_markdown,
 )
+from rltrace.analysis import ReportOptions, build_report, load_run
+from rltrace.analysis.diff import series_of
+from rltrace.analysis.render import render_md
+from rltrace.config import current_user
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "guide" / "waste.md"
 TOL = 5e-5  # seconds: trace timestamps are floored to the µs, several per bucket
@@ -168,7 +169,7 @@ def test_zero_advantage_samples_are_wasted_whether_trained_on_or_dropped() -> No
 
 def test_the_docs_show_the_table_the_code_holds() -> None:
     assert taxonomy_markdown() in DOCS.read_text(encoding="utf-8"), (
-        "docs/guide/waste.md is out of date: paste rltrace.goodput.taxonomy_markdown() into it")
+        "docs/guide/waste.md is out of date: paste rltrace.accounting.goodput.taxonomy_markdown() into it")
 
 
 # -- verl's sections ------------------------------------------------------------------------------

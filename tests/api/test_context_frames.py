@@ -19,7 +19,7 @@ from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
 from opentelemetry.sdk.trace import TracerProvider
 
 import rltrace
-from rltrace import otel_compat
+from rltrace.recording import otel_context
 from rltrace.testing import capture_spans
 
 
@@ -35,13 +35,13 @@ def test_inside_a_scope_the_otel_api_sees_it_and_after_it_the_context_is_the_sam
             assert trace.get_current_span() is outer
             current = context.get_current()
             assert current is context.get_current()  # one Context per frame, built on first ask
-            assert current.get(otel_compat.SPAN_KEY) is outer
+            assert current.get(otel_context.SPAN_KEY) is outer
             with rltrace.trace_scope("inner") as inner:
                 assert trace.get_current_span() is inner
             assert trace.get_current_span() is outer
         assert context.get_current() is before  # nothing was left behind
-        assert isinstance(context._RUNTIME_CONTEXT, otel_compat.FrameAwareContext)  # type: ignore[attr-defined]
-    assert not isinstance(context._RUNTIME_CONTEXT, otel_compat.FrameAwareContext)  # type: ignore[attr-defined]
+        assert isinstance(context._RUNTIME_CONTEXT, otel_context.FrameAwareContext)  # type: ignore[attr-defined]
+    assert not isinstance(context._RUNTIME_CONTEXT, otel_context.FrameAwareContext)  # type: ignore[attr-defined]
 
 
 def test_otel_spans_and_rltrace_scopes_nest_in_both_directions(tmp_path: Path) -> None:
@@ -166,7 +166,7 @@ def test_a_runtime_context_replaced_after_import_is_followed(tmp_path: Path, cap
         context._RUNTIME_CONTEXT = ContextVarsRuntimeContext()  # type: ignore[attr-defined]
         with caplog.at_level(logging.INFO, logger="rltrace"):
             with capture_spans(tmp_path) as cap:
-                assert isinstance(context._RUNTIME_CONTEXT, otel_compat.FrameAwareContext)  # type: ignore[attr-defined]
+                assert isinstance(context._RUNTIME_CONTEXT, otel_context.FrameAwareContext)  # type: ignore[attr-defined]
                 assert "runtime context was replaced" not in caplog.text
                 with tracer.start_as_current_span("otel.outer") as outer:
                     with rltrace.trace_scope("rl.mid") as mid:
@@ -182,11 +182,11 @@ def test_a_runtime_context_replaced_after_import_is_followed(tmp_path: Path, cap
                 spans = {s.name: s for s in cap.spans()}
     finally:
         context._RUNTIME_CONTEXT = saved  # type: ignore[attr-defined]
-        rltrace.recorder.follow_runtime_context()
+        rltrace.recording.recorder.follow_runtime_context()
     assert _parent_id(spans["rl.mid"]) == outer.get_span_context().span_id
     assert inner.parent is not None and inner.parent.span_id == mid.get_span_context().span_id
     assert _parent_id(spans["rl.later"]) == later.get_span_context().span_id
-    assert rltrace.recorder.STATE.ctx_get() is context.get_current()  # back on the original one
+    assert rltrace.recording.recorder.STATE.ctx_get() is context.get_current()  # back on the original one
 
 
 def test_a_scope_left_in_another_context_gives_way_to_the_one_it_was_entered_over(tmp_path: Path) -> None:

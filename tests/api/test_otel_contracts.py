@@ -125,7 +125,7 @@ def test_span_attribute_count_and_value_length_limits_apply_to_exported_spans(
     assert all(len(v) <= 5 for v in span.attributes.values() if isinstance(v, str))
 
 
-class _OnStart(rltrace.pipeline.SpanProcessor):
+class _OnStart(rltrace.pipeline.loop.SpanProcessor):
     """A user's processor: notes every on_start and tags the span there (a common pattern)."""
 
     def __init__(self, fail: bool = False) -> None:

@@ -17,9 +17,9 @@ import pytest
 
 import rltrace
 from rltrace import device, runtime
-from rltrace.phases import PhaseRegistry, UnknownPhaseError
-from rltrace.recorder import STATE, Scope
+from rltrace.recording.recorder import STATE, Scope
 from rltrace.sessions import SessionRegistry
+from rltrace.sessions.phases import PhaseRegistry, UnknownPhaseError
 from rltrace.testing import capture_spans, read_jsonl
 
 

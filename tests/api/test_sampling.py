@@ -1,4 +1,4 @@
-"""Sampling (``rltrace.sampling``) with the real OTLP receiver: whole traces kept or dropped.
+"""Sampling (``rltrace.pipeline.sampling``) with the real OTLP receiver: whole traces kept or dropped.
 
 Each test runs an RL-shaped workload (tasks of two sessions with generate/reward phases, a
 user scope nested in a phase, plain train-step traces), exports over OTLP/gRPC to the

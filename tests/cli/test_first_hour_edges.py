@@ -28,7 +28,7 @@ from conftest import REPO
 from rltrace.cli import build_parser, main
 from rltrace.cli.demo import DemoOptions
 from rltrace.config import current_user, load_config
-from rltrace.otlp import otlp_protocol
+from rltrace.pipeline.otlp_exporter import otlp_protocol
 
 
 def _cli(*argv: str, env: dict[str, str] | None = None, cwd: Path | str = REPO,
@@ -175,7 +175,7 @@ def test_flush_wait_s_returns_within_its_bound_and_the_warning_names_the_refusal
      "Failed to connect to remote host: Connection refused"),
 ])
 def test_sdk_lines_give_their_cause_and_give_up_lines_none(line: str, cause: str | None) -> None:
-    from rltrace.otlp import sdk_cause
+    from rltrace.pipeline.otlp_exporter import sdk_cause
 
     assert sdk_cause(line) == cause
 

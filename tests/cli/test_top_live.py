@@ -1,4 +1,5 @@
-"""The live state (``rltrace.live``) and ``rltrace top``: real pipelines, real files, real terminal."""
+"""The live state (``rltrace.pipeline.live_state``) and ``rltrace top``: real pipelines, real files,
+real terminal."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ import pytest
 from conftest import HELPERS
 
 import rltrace
-from rltrace import live as live_mod
 from rltrace.config import ConfigError, current_user
+from rltrace.pipeline import live_state as live_mod
 from rltrace.runtime import get_pipeline
 
 sys.path.insert(0, str(HELPERS))
@@ -360,7 +361,7 @@ def test_top_splits_each_steps_time_into_the_reports_goodput_buckets(tmp_path: P
     """A real run with all four buckets planted (accepted and rejected generations, a gap in the
     rollout with nothing running, train compute, a weight sync): the live state splits each
     step's time exactly as ``rltrace report`` does from the files (one implementation,
-    :mod:`rltrace.goodput`), and ``top`` prints that split."""
+    :mod:`rltrace.accounting.goodput`), and ``top`` prints that split."""
     pytest.importorskip("numpy", reason="the report needs the analysis extra: "
                                         "pip install 'rltrace[analysis]'")
     from rltrace.analysis import ReportOptions, build_report, load_run

@@ -365,7 +365,7 @@ def test_cuda_event_timing_matches_events_the_test_records_itself_and_reuses_poo
     """rltrace's ``rl.device.time_s`` against a pair of CUDA events the test records around the
     same kernels on the same stream; after resolution the events go back to the pool and the
     next scopes take them instead of creating new ones."""
-    from rltrace.recorder import STATE
+    from rltrace.recording.recorder import STATE
 
     x = _torch.randn(4096, 4096, device="cuda")
     _torch.cuda.synchronize()

@@ -36,7 +36,7 @@ class _StandInEvent:
 
 
 def _held_scope(name: str) -> Any:
-    from rltrace.recorder import Scope
+    from rltrace.recording.recorder import Scope
 
     scope = Scope(name)
     scope.begin_detached()
@@ -47,7 +47,7 @@ def _held_scope(name: str) -> Any:
 def test_held_spans_are_the_runtimes_resolved_when_done_dropped_past_the_bound_waited_for_at_close(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from rltrace import device
-    from rltrace.recorder import STATE, now_ns
+    from rltrace.recording.recorder import STATE, now_ns
 
     held = rltrace.runtime.RUNTIME.state.held_events
     assert held is STATE.held_events and isinstance(held, device.HeldEvents)
@@ -82,7 +82,7 @@ def test_held_spans_are_the_runtimes_resolved_when_done_dropped_past_the_bound_w
 FORK = """
 import os, sys
 import rltrace
-from rltrace.recorder import STATE, Scope, now_ns
+from rltrace.recording.recorder import STATE, Scope, now_ns
 
 class Event:  # a stand-in for torch.cuda.Event (no CUDA here)
     def __init__(self, done): self.done = done

@@ -25,7 +25,8 @@ import pytest
 from conftest import HELPERS, clean_env
 
 import rltrace
-from rltrace import pipeline, runtime
+from rltrace import runtime
+from rltrace.pipeline import loop as pipeline
 from rltrace.testing import read_jsonl
 
 HELPER = HELPERS / "exit_workload.py"
@@ -265,7 +266,7 @@ def test_a_full_disk_past_the_pending_cap_keeps_every_line_whole_and_the_counts_
     """ENOSPC cuts a line on disk while more is held than the cap allows: the oldest held lines
     are dropped (counted), but the rest of the cut line is kept and completed once space
     returns, so no later line is appended onto a fragment; ``written`` is what is on disk."""
-    from rltrace.exporters.sessions import SessionRecordWriter
+    from rltrace.exporters.session_records import SessionRecordWriter
 
     writer = SessionRecordWriter(small_disk / "sessions-r0.jsonl", flush_threshold=1)
     writer.file.pending_cap = 16 * 1024

@@ -23,7 +23,7 @@ from conftest import clean_env
 
 import rltrace
 from rltrace.config import redact_endpoint, redact_urls
-from rltrace.otlp import SdkLogFold
+from rltrace.pipeline.otlp_exporter import SdkLogFold
 from rltrace.testing.otlp_receiver import OTLPReceiver
 
 PASSWORD = "pw-SECRET-in-url-5150"

@@ -21,7 +21,7 @@ import pytest
 from conftest import REPO
 
 import rltrace
-from rltrace import flight
+from rltrace.sessions import flight
 
 LOOP = """
 import sys, time, rltrace

@@ -17,7 +17,7 @@ import pytest
 from conftest import clean_env
 
 import rltrace
-from rltrace.exporters.files import LineFile, UnsafeFileError, open_for_append, write_atomically
+from rltrace.logdir.files import LineFile, UnsafeFileError, open_for_append, write_atomically
 
 OTHER_UID = 4242  # a uid that is not this test's (the tests run as root in CI: lchown works)
 

@@ -18,7 +18,7 @@ import pytest
 from conftest import clean_env
 
 import rltrace
-from rltrace.exporters.files import (
+from rltrace.logdir.files import (
     LineFile,
     UnsafeFileError,
     guard_folders_below,

@@ -29,8 +29,8 @@ import pytest
 from conftest import REPO
 
 import rltrace
-from rltrace import flight
-from rltrace.pids import pid_alive
+from rltrace.logdir.pids import pid_alive
+from rltrace.sessions import flight
 
 OTHER_UID = 4242  # not this test's user
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to chown a file to another user")

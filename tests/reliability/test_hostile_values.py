@@ -26,7 +26,7 @@ from conftest import HELPERS, clean_env, need
 
 import rltrace
 from rltrace.exporters.chrome import ChromeEncoder
-from rltrace.recorder import Scope
+from rltrace.recording.recorder import Scope
 
 
 def _configure(tmp_path: Path) -> Path:
@@ -342,7 +342,7 @@ def test_recording_a_cuda_tensor_behind_queued_work_never_waits_for_the_device()
     summary; once the device caught up the numbers are read."""
     import torch
 
-    from rltrace.exporters.values import DeviceValue, recorded
+    from rltrace.recording.user_values import DeviceValue, recorded
 
     torch.cuda.synchronize()
     torch.cuda._sleep(4_000_000_000)  # about two seconds of device time, queued

@@ -26,10 +26,11 @@ from conftest import REPO, clean_env, one_session
 from opentelemetry.sdk.metrics.export import MetricReader
 
 import rltrace
-from rltrace import pipeline, runtime, sessions
+from rltrace import runtime, sessions
 from rltrace.config import ExportTuning, TracerConfig
-from rltrace.locks import FairRLock
-from rltrace.recorder import HELP_EVERY, STATE, Scope
+from rltrace.pipeline import loop as pipeline
+from rltrace.pipeline.fair_lock import FairRLock
+from rltrace.recording.recorder import HELP_EVERY, STATE, Scope
 from rltrace.sessions import PhaseScope
 
 THREADS = 32

@@ -22,7 +22,8 @@ import pytest
 from conftest import clean_env
 
 import rltrace
-from rltrace import pipeline, runtime
+from rltrace import runtime
+from rltrace.pipeline import loop as pipeline
 from rltrace.testing.otlp_receiver import OTLPReceiver
 
 STEPS, MICRO = 30, 50
@@ -218,7 +219,7 @@ def test_send_now_waits_for_a_collector_that_answers_and_only_wakes_the_sender_a
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.trace import TracerProvider
 
-    from rltrace.processors import BoundedBatchProcessor
+    from rltrace.pipeline.processors import BoundedBatchProcessor
 
     with OTLPReceiver() as rx:
         sender = BoundedBatchProcessor(

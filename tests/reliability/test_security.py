@@ -391,7 +391,7 @@ def test_secrets_left_by_killed_runs_of_older_versions_are_removed(tmp_path: Pat
     import tempfile
     import time
 
-    from rltrace import secret_server
+    from rltrace.process import secret_server
 
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr(tempfile, "tempdir", None)
@@ -413,7 +413,7 @@ def test_off_linux_the_fallback_file_is_owner_only_and_removed(tmp_path: Path,
     import stat
     import tempfile
 
-    from rltrace import secret_server
+    from rltrace.process import secret_server
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     path = secret_server.write_file({"otlp": {"headers": {"x-api-key": CONFIG_HEADER_SECRET}}})

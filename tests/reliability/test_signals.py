@@ -150,7 +150,7 @@ def test_sigterm_while_a_recording_thread_waits_to_help_is_handled_when_the_wait
 _INTERRUPTED_WAITER = r'''
 import os, signal, threading, time
 signal.signal(signal.SIGINT, signal.default_int_handler)  # the default, whatever was inherited
-from rltrace.locks import FairRLock
+from rltrace.pipeline.fair_lock import FairRLock
 lock = FairRLock()
 holding, release = threading.Event(), threading.Event()
 

@@ -26,9 +26,9 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 import rltrace
-from rltrace.metrics_agg import make_aggregates
-from rltrace.recorder import STATE
-from rltrace.session_metrics import SessionMetricsProcessor
+from rltrace.recording.recorder import STATE
+from rltrace.sessions.metric_aggregates import make_aggregates
+from rltrace.sessions.metrics_processor import SessionMetricsProcessor
 
 RESOURCE = Resource.create({"service.name": "agg-test"})
 SCOPE = InstrumentationScope("rltrace", "test")

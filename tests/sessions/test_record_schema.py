@@ -1,4 +1,4 @@
-"""The session record's one schema (``rltrace.sessions.schema``): the writer's records, the
+"""The session record's one schema (``rltrace.readers.session_schema``): the writer's records, the
 readers' check and AReaL's ``SessionRecord`` agree with it, and a field added to it reaches all
 three."""
 
@@ -15,8 +15,16 @@ import rltrace
 from rltrace import runtime
 from rltrace.perf_tracer import SessionRecord, register_session, register_task, trace_session_phase
 from rltrace.readers.session_record import CHECKS, RecordChecks, check_session_record
-from rltrace.session_metrics import build_record
-from rltrace.sessions.schema import SESSION_RECORD, Kind, RecordField, areal, areal_attributes, copied, names
+from rltrace.readers.session_schema import (
+    SESSION_RECORD,
+    Kind,
+    RecordField,
+    areal,
+    areal_attributes,
+    copied,
+    names,
+)
+from rltrace.sessions.metrics_processor import build_record
 from rltrace.testing import capture_spans, read_jsonl
 
 SESSIONS_ON = {"session_tracer": {"enabled": True}}

@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 import rltrace
 from rltrace import runtime
-from rltrace.exporters.sessions import SessionRecordWriter
+from rltrace.exporters.session_records import SessionRecordWriter
 from rltrace.perf_tracer import (
     register_session,
     register_task,

@@ -10,7 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from rltrace.tally import SessionTally, read_tally
+from rltrace.sessions.shared_counts import SessionTally, read_tally
 from rltrace.testing import read_jsonl
 
 CHILD = textwrap.dedent("""
@@ -18,7 +18,7 @@ CHILD = textwrap.dedent("""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     import rltrace
     from rltrace import sessions
-    from rltrace.tally import SessionTally
+    from rltrace.sessions.shared_counts import SessionTally
 
     rltrace.configure(fileroot=sys.argv[1], flush_interval_s=3600, flush_at_exit=False,
                       handle_sigterm=False, session_tracer={"enabled": True, "flush_threshold": 1})

@@ -18,8 +18,7 @@ from conftest import need
 
 import rltrace
 from rltrace import stats
-from rltrace.stats import ReduceType, StatsTracker
-from rltrace.stats import values as stats_values
+from rltrace.stats import ReduceType, StatsTracker, partials
 
 VALUES = [0.5, -2.0, 3.25, 8.0, 1.0, -0.75]
 MASK = [True, False, True, True, False, True]
@@ -287,7 +286,7 @@ def test_export_of_one_key_leaves_the_others() -> None:
 
 def test_accelerator_values_are_read_back_at_export_and_checked_there(monkeypatch: Any) -> None:
     jnp = need("jax.numpy", "the deferred path is exercised with jax arrays")
-    monkeypatch.setattr(stats_values, "_jax_on_cpu", lambda value: False)  # treat as on a TPU/GPU
+    monkeypatch.setattr(partials, "_jax_on_cpu", lambda value: False)  # treat as on a TPU/GPU
     t = StatsTracker()
     t.denominator(m=jnp.array([True, True, False]))
     t.stat(x=jnp.array([1.0, 3.0, math.nan]), denominator="m")

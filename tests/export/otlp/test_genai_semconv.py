@@ -171,8 +171,8 @@ def test_a_scored_session_encodes_on_the_direct_path_exactly_as_the_sdk_does(
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
     from rltrace import runtime
-    from rltrace.otlp_encode import RecordEncoder
-    from rltrace.recorder import STATE
+    from rltrace.pipeline.otlp_encode import RecordEncoder
+    from rltrace.recording.recorder import STATE
 
     if latest:
         monkeypatch.setenv(OPT_IN, "gen_ai_latest_experimental")

@@ -267,7 +267,7 @@ def test_a_span_whose_ids_cannot_be_drawn_is_counted_and_the_others_are_sent(
     """The export cycle hands its records to the OTLP sender at once: one that raises (here its
     id source, as a user's IdGenerator might) is counted in ``errors`` and the rest of the
     cycle still reaches the backend and the Chrome file."""
-    from rltrace import recorder
+    from rltrace.recording import recorder
 
     draws = iter(range(1, 10_000))
 

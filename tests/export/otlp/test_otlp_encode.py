@@ -1,4 +1,4 @@
-"""The direct OTLP encoder (``rltrace.otlp_encode``) sends exactly what the SDK's path would.
+"""The direct OTLP encoder (``rltrace.pipeline.otlp_encode``) sends exactly what the SDK's path would.
 
 Every test encodes the same recorded scopes twice: through rltrace's encoder and through the
 SDK path (``SpanBuilder.build`` to a ``ReadableSpan``, then the SDK's own ``encode_spans``),
@@ -25,8 +25,8 @@ from opentelemetry.sdk.trace import TracerProvider
 
 import rltrace
 from rltrace import runtime
-from rltrace.otlp_encode import RecordEncoder
-from rltrace.recorder import STATE
+from rltrace.pipeline.otlp_encode import RecordEncoder
+from rltrace.recording.recorder import STATE
 from rltrace.semconv import ATTR_STATUS
 from rltrace.testing.otlp_receiver import OTLPReceiver
 

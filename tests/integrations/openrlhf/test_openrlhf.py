@@ -26,9 +26,9 @@ import pytest
 from conftest import need
 
 import rltrace
+from rltrace.accounting.goodput import TRUNCATED, ZERO_ADVANTAGE
 from rltrace.analysis import ReportOptions, build_report, load_run
 from rltrace.config import current_user
-from rltrace.goodput import TRUNCATED, ZERO_ADVANTAGE
 from rltrace.runtime import RUNTIME
 
 # OpenRLHF lives in a folder of its own (.ci/run installs it there: its wheel pins a CUDA build and

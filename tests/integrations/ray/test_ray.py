@@ -24,7 +24,7 @@ pytest.importorskip("ray", reason="ray is not installed (pip install ray==2.60.0
 from conftest import REPO, perfetto_check
 
 from rltrace.ray import WORKER_RANK_BASE
-from rltrace.tally import read_tally
+from rltrace.sessions.shared_counts import read_tally
 
 ROOT = REPO
 DRIVER = ROOT / "tests" / "helpers" / "ray_driver.py"

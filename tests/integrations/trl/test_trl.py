@@ -30,7 +30,7 @@ import tiny_grpo as tg
 from conftest import perfetto_check
 
 import rltrace
-from rltrace.goodput import TRUNCATED, ZERO_ADVANTAGE
+from rltrace.accounting.goodput import TRUNCATED, ZERO_ADVANTAGE
 from rltrace.integrations import trl as rtrl
 
 #: TRL's step (as logged) in which ``reward_slow`` sleeps

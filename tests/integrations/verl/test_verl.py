@@ -31,7 +31,7 @@ from verl_agent_fixtures import (  # noqa: E402
 )
 
 import rltrace  # noqa: E402
-from rltrace.goodput import TRUNCATED, ZERO_ADVANTAGE  # noqa: E402
+from rltrace.accounting.goodput import TRUNCATED, ZERO_ADVANTAGE  # noqa: E402
 from rltrace.integrations import verl as rv  # noqa: E402
 from rltrace.integrations._verl_agent import QUEUE_COUNTER  # noqa: E402
 from rltrace.testing import capture_spans, read_jsonl  # noqa: E402

@@ -1,0 +1,1 @@
+"""How rltrace counts: goodput buckets and the waste taxonomy, quantiles, counters."""

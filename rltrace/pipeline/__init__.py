@@ -1,0 +1,1 @@
+"""The export loop: batching, processors, sampling, OTLP, the live state file."""

@@ -1,0 +1,1 @@
+"""The hot path: scope records, OpenTelemetry's context, generators, argument checks, values."""
