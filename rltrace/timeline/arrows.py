@@ -26,65 +26,79 @@ import hashlib
 import re
 from array import array
 from bisect import bisect_left
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import accumulate
 from pathlib import Path
-from typing import Any
 
 import orjson
 
-from ..readers import Oversize, iter_lines
-from ..readers.trace_event import times_ok
-from ..semconv import ATTR_SESSION, ATTR_STATUS, ATTR_STEP, ATTR_TASK, SESSION_SPAN, TASK_SPAN
+from rltrace.readers import Oversize, iter_lines
+from rltrace.readers.trace_event import times_ok
+from rltrace.semconv import ATTR_SESSION, ATTR_STATUS, ATTR_STEP, ATTR_TASK, SESSION_SPAN, TASK_SPAN
 
 #: the lines the pass parses (rltrace's own layout writes these bytes)
 _MARKS = (b'"rl.step"', b'"name":"rl.session"', b'"name":"rl.task"')
 _INT64 = 1 << 62
 
 
-def stable_id(*parts: Any) -> int:
+def stable_id(*parts: object) -> int:
     """A non-zero 64-bit id of ``parts`` (track uuids, flow ids): the same in every process and
     run, so ids computed in two passes, or for two files, meet."""
     digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") or 1
 
 
-def consume_flow(rank: Any, session: Any) -> int:
+def consume_flow(rank: Hashable, session: Hashable) -> int:
     """The flow id of a session's arrow to the train step that consumed it."""
     return stable_id("consume", rank, session)
 
 
-def cross_task_flow(task: Any, rank: Any, session: Any) -> int:
+def cross_task_flow(task: Hashable, rank: Hashable, session: Hashable) -> int:
     """The flow id of the arrow from a task to a session another file holds."""
     return stable_id("xtask", task, rank, session)
 
 
-def step_of(ev: dict[str, Any]) -> int | None:
+def step_of(ev: dict[str, object]) -> int | None:
     """The step of an ``rltrace.step`` scope's complete event (None for anything else)."""
     args = ev.get("args")
-    if ev.get("ph") != "X" or type(args) is not dict or ev.get("name") in (TASK_SPAN, SESSION_SPAN):
+    if ev.get("ph") != "X" or type(args) is not dict:
+        return None
+    return step_in(ev.get("name"), args)
+
+
+def step_in(name: object, args: Mapping[str, object]) -> int | None:
+    """The step of a complete slice named ``name`` with ``args``: an ``rltrace.step`` scope's
+    (None for a task, a session, a phase or anything without a step)."""
+    if name in (TASK_SPAN, SESSION_SPAN):
         return None
     step = args.get(ATTR_STEP)
     return step if type(step) is int and abs(step) < _INT64 and ATTR_SESSION not in args else None
 
 
-def _plain(value: Any) -> bool:
+def _plain(value: object) -> bool:
     """Whether ``value`` can be a rank (a key of the plan): None, a bool, an integer, a finite
     float or a string; a list or object (a damaged line) cannot."""
     return value is None or type(value) in (int, str, bool) or (
         type(value) is float and value == value and abs(value) != float("inf"))
 
 
-def start_ns(ev: dict[str, Any]) -> int:
+def number(value: object) -> float:
+    """A checked event's ``ts`` or ``dur`` (a number, or its text) as a float."""
+    if isinstance(value, (int, float, str)):
+        return float(value)
+    raise TypeError(f"expected a number, got {type(value).__name__}")
+
+
+def start_ns(ev: dict[str, object]) -> int:
     """An event's start in ns (its ``ts`` is µs)."""
     ts = ev["ts"]
-    return ts * 1000 if type(ts) is int else round(float(ts) * 1000)
+    return ts * 1000 if type(ts) is int else round(number(ts) * 1000)
 
 
-def end_ns(ev: dict[str, Any]) -> int:
+def end_ns(ev: dict[str, object]) -> int:
     """A complete event's end in ns."""
-    return start_ns(ev) + round(float(ev.get("dur") or 0) * 1000)
+    return start_ns(ev) + round(number(ev.get("dur") or 0) * 1000)
 
 
 @dataclass
@@ -100,9 +114,10 @@ class Window:
     def holds(self, ns: int) -> bool:
         return (self.lo is None or ns >= self.lo) and (self.hi is None or ns < self.hi)
 
-
-#: the whole run in one file
-WHOLE = Window()
+    @property
+    def whole(self) -> bool:
+        """Whether the window is the whole run (one output file, unbounded both ways)."""
+        return self.lo is None and self.hi is None
 
 
 @dataclass
@@ -119,7 +134,7 @@ class Arrows:
         self.starts.append(start)
 
     def within(self, window: Window) -> list[int]:
-        if window is WHOLE:
+        if window.whole:
             return list(self.flows)
         return [f for f, s in zip(self.flows, self.starts, strict=True) if window.holds(s)]
 
@@ -130,8 +145,8 @@ class _Seen:
     arrows; integer task and session ids, as rltrace and AReaL draw them)."""
 
     def __init__(self) -> None:
-        self.ranks: list[Any] = []
-        self._rank_index: dict[Any, int] = {}
+        self.ranks: list[Hashable] = []
+        self._rank_index: dict[Hashable, int] = {}
         self.rank = array("l")
         self.step = array("q")
         self.start = array("q")
@@ -143,7 +158,7 @@ class _Seen:
         self.task_sid = array("q")
         self.task_start = array("q")
 
-    def rank_of(self, rank: Any) -> int:
+    def rank_of(self, rank: Hashable) -> int:
         ri = self._rank_index.get(rank)
         if ri is None:
             ri = self._rank_index[rank] = len(self.ranks)
@@ -157,18 +172,18 @@ class Plan:
     how many lines the run has."""
 
     #: rank -> step -> the step's (start, end) in ns
-    steps: dict[Any, dict[int, tuple[int, int]]] = field(default_factory=dict)
-    consumed: dict[tuple[Any, int], Arrows] = field(default_factory=dict)
+    steps: dict[Hashable, dict[int, tuple[int, int]]] = field(default_factory=dict)
+    consumed: dict[tuple[Hashable, int], Arrows] = field(default_factory=dict)
     #: task id -> (the file holding its ``rl.task`` span, the span's start)
-    task_files: dict[Any, tuple[int, int]] = field(default_factory=dict)
+    task_files: dict[Hashable, tuple[int, int]] = field(default_factory=dict)
     #: task id -> arrows to its sessions in other files
-    cross: dict[Any, Arrows] = field(default_factory=dict)
+    cross: dict[Hashable, Arrows] = field(default_factory=dict)
     #: lines in the files read (the events a conversion will see, about)
     lines: int = 0
-    _trainer: Any = None
-    _sorted: dict[Any, tuple[list[int], list[int]]] = field(default_factory=dict)
+    _trainer: Hashable = None
+    _sorted: dict[Hashable, tuple[list[int], list[int]]] = field(default_factory=dict)
 
-    def consumer(self, rank: Any, step: int, end: int) -> tuple[Any, int] | None:
+    def consumer(self, rank: Hashable, step: int, end: int) -> tuple[Hashable, int] | None:
         """(rank, step) of the train step that consumed an accepted session of ``rank``
         submitted in ``step`` and ended at ``end`` (None: none did)."""
         if not _plain(rank):
@@ -182,11 +197,11 @@ class Plan:
                 return who, nums[i]
         return None
 
-    def step_start(self, key: tuple[Any, int]) -> int:
+    def step_start(self, key: tuple[Hashable, int]) -> int:
         """The start (ns) of train step ``key`` ((rank, step))."""
         return self.steps[key[0]][key[1]][0]
 
-    def task_elsewhere(self, task: Any, fi: int) -> bool:
+    def task_elsewhere(self, task: Hashable, fi: int) -> bool:
         """Whether ``task``'s span is in another file than ``fi`` (its arrows cross files)."""
         where = self.task_files.get(task)
         return where is not None and where[0] != fi
@@ -231,12 +246,13 @@ class FileArrows:
     alike): only those whose two ends start in its window, and each train step's and task's
     arrows once, should a rank's file repeat."""
 
-    def __init__(self, plan: Plan, window: Window = WHOLE) -> None:
+    def __init__(self, plan: Plan, window: Window | None = None) -> None:
         self.plan = plan
-        self.window = window
-        self._used: set[Any] = set()
+        #: the output file's time range (None: the whole run)
+        self.window = window if window is not None else Window()
+        self._used: set[Hashable] = set()
 
-    def to_consumer(self, rank: Any, session: Any, step: Any, end: int) -> int | None:
+    def to_consumer(self, rank: Hashable, session: Hashable, step: object, end: int) -> int | None:
         """The flow id of an accepted session's arrow to the train step that consumed it (None:
         no step did, or not in this file)."""
         if type(step) is not int or abs(step) >= _INT64:
@@ -246,7 +262,7 @@ class FileArrows:
             return None
         return consume_flow(rank, session)
 
-    def from_other_file(self, task: Any, fi: int, rank: Any, session: Any) -> int | None:
+    def from_other_file(self, task: Hashable, fi: int, rank: Hashable, session: Hashable) -> int | None:
         """The flow id of the arrow to a session of input file ``fi`` from its task's slice in
         another input file (None: the task's slice is in the same file, in none, or not in this
         output file)."""
@@ -256,7 +272,7 @@ class FileArrows:
             return None
         return cross_task_flow(task, rank, session)
 
-    def to_other_files(self, task: Any) -> list[int]:
+    def to_other_files(self, task: Hashable) -> list[int]:
         """The flow ids of the arrows from ``task``'s slice to its sessions in other files."""
         cross = self.plan.cross.get(task)
         if cross is None or ("task", task) in self._used:
@@ -264,7 +280,7 @@ class FileArrows:
         self._used.add(("task", task))
         return cross.within(self.window)
 
-    def consumed(self, rank: Any, step: int) -> tuple[int, list[int]] | None:
+    def consumed(self, rank: Hashable, step: int) -> tuple[int, list[int]] | None:
         """(the last consumed sample's end in ns, the flow ids ending) of train step ``step`` of
         ``rank`` (None: it consumed none)."""
         key = (rank, step)
@@ -280,10 +296,12 @@ def plan_arrows(jsonl_files: Iterable[tuple[int, Path]]) -> Plan:
     plan = Plan()
     seen = _Seen()
 
-    def see(ev: Any, fi: int) -> None:
+    def see(ev: object, fi: int) -> None:
         # only what the second pass keeps: an X event whose ts and dur are numbers in range
         # (checked before anything is appended, so the columns of ``seen`` stay in step)
-        args = ev.get("args") if type(ev) is dict else None
+        if type(ev) is not dict:
+            return
+        args = ev.get("args")
         if type(args) is not dict or ev.get("ph") != "X" or not times_ok(ev):
             return
         start, end = start_ns(ev), end_ns(ev)
@@ -379,7 +397,7 @@ def split_windows(plan: Plan, jsonl_files: list[tuple[int, Path]], max_events: i
     """Time windows of at most about ``max_events`` lines each (counted per 10 ms), cut at step
     starts (at 10 ms boundaries when the run has no steps); one window when the run fits."""
     if plan.lines <= max_events:
-        return [WHOLE]
+        return [Window()]
     counts = LineCounts(jsonl_files)
     steps = plan.step_starts()
     cuts: list[tuple[int, int | None]] = (

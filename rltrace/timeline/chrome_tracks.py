@@ -15,12 +15,12 @@ track).
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Hashable
 
 import orjson
 
-from ..semconv import ATTR_SESSION, ATTR_STATUS, ATTR_STEP, ATTR_TASK, SESSION_SPAN, TASK_SPAN
-from .arrows import WHOLE, FileArrows, Plan, Window, stable_id, start_ns, step_of
+from rltrace.semconv import ATTR_SESSION, ATTR_STATUS, ATTR_STEP, ATTR_TASK, SESSION_SPAN, TASK_SPAN
+from rltrace.timeline.arrows import FileArrows, Plan, Window, number, stable_id, start_ns, step_of
 
 #: tids of the tracks added here start above any thread lane the Chrome exporter numbers
 FIRST_TID = 1 << 20
@@ -35,7 +35,7 @@ def _flow(ph: str, pid: int, tid: int, ts_us: float, flow_id: int, name: str,
           enclosing: bool = True) -> bytes:
     """A flow event: ``s`` binds to the slice open at ``ts_us`` on its thread, ``f`` to the
     enclosing slice (``bp: e``) or, with ``enclosing=False``, to the next one to start."""
-    ev: dict[str, Any] = {"pid": pid, "tid": tid, "ph": ph, "ts": ts_us, "id": f"0x{flow_id:016x}",
+    ev: dict[str, object] = {"pid": pid, "tid": tid, "ph": ph, "ts": ts_us, "id": f"0x{flow_id:016x}",
                           "name": name, "cat": "rl.flow"}
     if ph == "f" and enclosing:
         ev["bp"] = "e"
@@ -50,18 +50,18 @@ def _inside(start_us: float, dur_us: float, from_end: bool = False) -> float:
 class ChromeTracks:
     """One conversion's added tracks and arrows (state bounded by the tasks open at once)."""
 
-    def __init__(self, plan: Plan, window: Window = WHOLE) -> None:
+    def __init__(self, plan: Plan, window: Window | None = None) -> None:
         #: the arrows this file draws (a split trace's: those with both ends in its window)
         self.arrows = FileArrows(plan, window)
-        self._tids: dict[Any, int] = {}
+        self._tids: dict[Hashable, int] = {}
         self._next_tid = FIRST_TID
         #: (file, pid, task) -> sessions of the task seen in the file: (tid, start µs, dur µs, sid)
-        self._task_sessions: dict[tuple[int, Any, Any], list[tuple[int, float, float, Any]]] = {}
+        self._task_sessions: dict[tuple[int, Hashable, Hashable], list[tuple[int, float, float, object]]] = {}
         #: (file, pid, session) -> start µs of its earliest phase so far
-        self._first_phase: dict[tuple[int, Any, Any], float] = {}
+        self._first_phase: dict[tuple[int, Hashable, Hashable], float] = {}
         self.flows = 0
 
-    def _track(self, key: Any, pid: int, name: str, out: list[bytes]) -> int:
+    def _track(self, key: Hashable, pid: int, name: str, out: list[bytes]) -> int:
         tid = self._tids.get(key)
         if tid is None:
             tid = self._tids[key] = self._next_tid
@@ -72,7 +72,7 @@ class ChromeTracks:
                                      "args": {"sort_index": tid}}))
         return tid
 
-    def place(self, fi: int, pid: int, ev: dict[str, Any], out: list[bytes]) -> int | None:
+    def place(self, fi: int, pid: int, ev: dict[str, object], out: list[bytes]) -> int | None:
         """The tid ``ev`` (written with pid ``pid``) moves to (None: it stays), after adding to
         ``out`` the lines that go with it (track names, flow events)."""
         args = ev.get("args")
@@ -87,14 +87,14 @@ class ChromeTracks:
             self._consumed(pid, ev, args, step, out)
         return None
 
-    def _session_line(self, fi: int, pid: int, ev: dict[str, Any], args: dict[str, Any],
+    def _session_line(self, fi: int, pid: int, ev: dict[str, object], args: dict[str, object],
                       out: list[bytes]) -> int:
         sid, task = args[ATTR_SESSION], args.get(ATTR_TASK)
         label = f"session {sid}" + (f" · task {task}" if task is not None else "")
         tid = self._track((fi, pid, "session", sid), pid, label, out)
         if ev.get("ph") != "X":
             return tid
-        ts, dur = float(ev["ts"]), float(ev.get("dur") or 0)
+        ts, dur = number(ev["ts"]), number(ev.get("dur") or 0)
         key = (fi, pid, sid)
         if ev.get("name") != SESSION_SPAN:  # a phase
             first = self._first_phase.get(key)
@@ -123,12 +123,12 @@ class ChromeTracks:
                 out.append(_flow("s", pid, tid, at, fid, "consumed by"))
         return tid
 
-    def _task_line(self, fi: int, pid: int, ev: dict[str, Any], args: dict[str, Any],
+    def _task_line(self, fi: int, pid: int, ev: dict[str, object], args: dict[str, object],
                    out: list[bytes]) -> int:
         task, step = args[ATTR_TASK], args.get(ATTR_STEP)
         tid = self._track((fi, pid, "task", task), pid,
                           f"task {task}" + (f" · step {step}" if step is not None else ""), out)
-        ts, dur = float(ev["ts"]), float(ev.get("dur") or 0)
+        ts, dur = number(ev["ts"]), number(ev.get("dur") or 0)
         at = _inside(ts, dur)
         for s_tid, s_ts, s_dur, sid in self._task_sessions.pop((fi, pid, task), ()):
             fid = stable_id("json-task", fi, pid, task, sid)
@@ -138,7 +138,7 @@ class ChromeTracks:
             out.append(_flow("s", pid, tid, at, fid, "task"))
         return tid
 
-    def _consumed(self, pid: int, ev: dict[str, Any], args: dict[str, Any], step: int,
+    def _consumed(self, pid: int, ev: dict[str, object], args: dict[str, object], step: int,
                   out: list[bytes]) -> None:
         """An instant ``consumed N sample(s)`` inside train step ``step`` once its last sample
         ended, and the arrows' ends bound to it.  (Perfetto draws an arrow whose end binds to a
@@ -147,7 +147,7 @@ class ChromeTracks:
         if consumed is None:
             return
         last_end, flows = consumed
-        ts, dur = float(ev["ts"]), float(ev.get("dur") or 0)
+        ts, dur = number(ev["ts"]), number(ev.get("dur") or 0)
         # the last sample's end rounded up to a whole µs (a float of epoch µs cannot hold its
         # ns: rounded down, the instant could start before the session's slice ends)
         at = min(max(float(-(-last_end // 1000)), _inside(ts, dur)), _inside(ts, dur, from_end=True))

@@ -14,7 +14,6 @@ drawn beside it instead of around it).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 #: roots a lane holds before writing the oldest
 MAX_ROOTS = 4096
@@ -26,7 +25,7 @@ class Node:
     __slots__ = ("args", "category", "children", "end", "flows_end", "name", "start")
 
     def __init__(self, start: int, end: int | None, name: str, category: str | None,
-                 args: dict[str, Any] | None, flows_end: Any = None) -> None:
+                 args: dict[str, object] | None, flows_end: list[int] | None = None) -> None:
         self.start = start
         self.end = end
         self.name = name

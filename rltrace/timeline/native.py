@@ -31,11 +31,12 @@ from __future__ import annotations
 import re
 from array import array
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from functools import partial
-from typing import Any, Protocol
+from itertools import accumulate
+from typing import Protocol
 
-from ..semconv import (
+from rltrace.semconv import (
     ATTR_POLICY_VERSION,
     ATTR_SESSION,
     ATTR_STATUS,
@@ -44,13 +45,15 @@ from ..semconv import (
     SESSION_SPAN,
     TASK_SPAN,
 )
-from . import sessions as sess_mod
-from .arrows import WHOLE, FileArrows, Plan, Window, stable_id, start_ns, step_of
-from .lanes import Lane, Node, preorder
-from .packets import INSTANT, SLICE_BEGIN, SLICE_END, PacketWriter
+from rltrace.timeline import session_tracks as sess_mod
+from rltrace.timeline.arrows import FileArrows, Plan, Window, stable_id, start_ns, step_in
+from rltrace.timeline.lanes import Lane, Node, preorder
+from rltrace.timeline.packets import INSTANT, SLICE_BEGIN, SLICE_END, PacketWriter
 
 #: the largest step or version magnitude drawn (as the arrows' plan bounds ids)
 _BOUND = 1 << 62
+#: a process's place among its siblings is an int32 (a rank beyond it does not order processes)
+_INT32 = 1 << 31
 #: sessions held for their task's span before the oldest group is written without it
 MAX_HELD_SESSIONS = 100_000
 _LABEL_RANK = re.compile(r"(?:^|,)rank=(-?\d+)")
@@ -68,7 +71,7 @@ class Result(Protocol):
     def skip_line(self, msg: str) -> None: ...
 
 
-def task_flow(fi: int, pid: Any, task: Any, session: Any) -> int:
+def task_flow(fi: int, pid: Hashable, task: Hashable, session: Hashable) -> int:
     """The flow id of the arrow from a task to one of its sessions."""
     return stable_id("task", fi, pid, task, session)
 
@@ -98,15 +101,15 @@ class _Counts:
 class Proc:
     """One process of one input file: its track, rank, threads and counters."""
 
-    def __init__(self, uuid: int, pid: int, rank: Any) -> None:
+    def __init__(self, uuid: int, pid: int, rank: Hashable) -> None:
         self.uuid = uuid
         self.pid = pid
         self.rank = rank
         self.label: str | None = None
         self.written = False
-        self.threads: dict[Any, tuple[int, Lane]] = {}
-        self.thread_names: dict[Any, str] = {}
-        self.tracks: dict[Any, int] = {}
+        self.threads: dict[Hashable, tuple[int, Lane]] = {}
+        self.thread_names: dict[Hashable, str] = {}
+        self.tracks: dict[Hashable, int] = {}
         self.counts = _Counts()
 
 
@@ -117,7 +120,7 @@ class _Group:
 
     def __init__(self, uuid: int) -> None:
         self.uuid = uuid
-        self.sessions: dict[Any, sess_mod.Session] = {}
+        self.sessions: dict[Hashable, sess_mod.Session] = {}
         self.done = False
         self.end = 0
 
@@ -125,7 +128,7 @@ class _Group:
 class NativeTrace:
     """One merged native trace being written: shared by the files it is built from."""
 
-    def __init__(self, out: PacketWriter, plan: Plan, result: Result, window: Window = WHOLE,
+    def __init__(self, out: PacketWriter, plan: Plan, result: Result, window: Window | None = None,
                  counter_cap: int | None = None) -> None:
         self.out = out
         self.result = result
@@ -139,7 +142,7 @@ class NativeTrace:
         self._next_pid = 1
         self._next_tid = 1_000
         #: rank -> its (first) process, for ``torch.profiler`` traces of that rank
-        self.rank_procs: dict[Any, Proc] = {}
+        self.rank_procs: dict[Hashable, Proc] = {}
         self.sessions = 0
         self.flows = 0
 
@@ -157,8 +160,8 @@ class NativeTrace:
         self._next_tid += 1
         return tid
 
-    def file(self, fi: int, events: Iterable[dict[str, Any]], rank_hint: Any = None,
-             onto_rank: Any = None) -> None:
+    def file(self, fi: int, events: Iterable[dict[str, object]], rank_hint: Hashable = None,
+             onto_rank: Hashable = None) -> None:
         """Add one file's checked events.  ``onto_rank``: a ``torch.profiler`` trace of that rank,
         whose threads go under the rank's process."""
         fb = FileBuilder(self, fi, rank_hint, onto_rank)
@@ -170,20 +173,20 @@ class NativeTrace:
 class FileBuilder:
     """One input file's events onto the native trace."""
 
-    def __init__(self, trace: NativeTrace, fi: int, rank_hint: Any, onto_rank: Any) -> None:
+    def __init__(self, trace: NativeTrace, fi: int, rank_hint: Hashable, onto_rank: Hashable) -> None:
         self.trace = trace
         self.out = trace.out
         self.fi = fi
         self.rank_hint = rank_hint
         self.onto = trace.rank_procs.get(onto_rank) if onto_rank is not None else None
         self.onto_rank = onto_rank
-        self.procs: dict[Any, Proc] = {}
-        self.groups: dict[tuple[Any, Any], _Group] = {}
-        self.open: dict[tuple[Any, Any], sess_mod.Session] = {}
+        self.procs: dict[Hashable, Proc] = {}
+        self.groups: dict[tuple[Hashable, Hashable], _Group] = {}
+        self.open: dict[tuple[Hashable, Hashable], sess_mod.Session] = {}
         self.held = 0
 
     # -- processes and tracks ------------------------------------------------------------------
-    def proc(self, pid: Any) -> Proc:
+    def proc(self, pid: Hashable) -> Proc:
         p = self.procs.get(pid)
         if p is None:
             if self.onto is not None:
@@ -197,48 +200,43 @@ class FileBuilder:
         """``p`` with its descriptor written (the first time an event needs it)."""
         if not p.written:
             p.written = True
-            td = self.out.track(p.uuid)
-            td.process.pid = p.pid
             if self.onto_rank is not None and p.label is None:
                 p.label = f"[Rank {self.onto_rank}, torch.profiler]"
-            td.process.process_name = p.label or (f"Rank {p.rank}" if p.rank is not None
-                                                   else f"process {p.pid}")
-            if p.rank is not None and type(p.rank) is int:
-                td.sibling_order_rank = p.rank
-                self.trace.rank_procs.setdefault(p.rank, p)
+            rank = p.rank if type(p.rank) is int else None
+            self.out.process_track(p.uuid, p.pid, p.label or (f"Rank {p.rank}" if p.rank is not None
+                                                              else f"process {p.pid}"),
+                                   rank if rank is not None and abs(rank) < _INT32 else None)
+            if rank is not None:
+                self.trace.rank_procs.setdefault(rank, p)
         return p
 
-    def thread(self, p: Proc, pid: Any, tid: Any) -> tuple[int, Lane]:
+    def thread(self, p: Proc, pid: Hashable, tid: Hashable) -> tuple[int, Lane]:
         key = (pid, tid)
         known = p.threads.get(key)
         if known is None:
             uuid = stable_id("thread", self.fi, pid, tid)
-            td = self.out.track(uuid)
-            td.thread.pid = p.pid
-            td.thread.tid = self.trace.new_tid()
             name = p.thread_names.get(key) or (f"torch.profiler · {tid}" if self.onto else f"thread {tid}")
-            td.thread.thread_name = name
+            self.out.thread_track(uuid, p.pid, self.trace.new_tid(), name)
             known = p.threads[key] = (uuid, Lane(partial(self.write_tree, uuid)))
         return known
 
-    def child_track(self, p: Proc, key: Any, name: str, parent: int | None = None,
+    def child_track(self, p: Proc, key: Hashable, name: str, parent: int | None = None,
                     counter: bool = False) -> int:
         uuid = p.tracks.get(key)
         if uuid is None:
             uuid = p.tracks[key] = stable_id("track", self.fi, p.pid, key)
-            td = self.out.track(uuid, name, p.uuid if parent is None else parent)
-            if counter:
-                td.counter.SetInParent()
+            self.out.track(uuid, name, p.uuid if parent is None else parent, counter)
         return uuid
 
     # -- events ------------------------------------------------------------------------------------
-    def event(self, ev: dict[str, Any]) -> None:
+    def event(self, ev: dict[str, object]) -> None:
         """One checked Chrome event, drawn by its phase letter."""
         ph = ev.get("ph")
         if ph == "M":
             self.meta(ev)
             return
-        if ev.get("ts", 0) < 0:  # the trace's timestamps are unsigned
+        ts = ev.get("ts", 0)
+        if isinstance(ts, (int, float)) and ts < 0:  # the trace's timestamps are unsigned
             self.trace.result.skip_line(f"event of phase {ph!r} at a negative ts (before 1970), "
                                         f"not drawn on the native timeline")
             return
@@ -262,11 +260,18 @@ class FileBuilder:
         else:
             self.trace.result.skip_line(f"event of phase {ph!r} not drawn on the native timeline")
 
-    def complete(self, p: Proc, pid: Any, ev: dict[str, Any], name: str, cat: str,
-                 args: dict[str, Any]) -> None:
+    def complete(self, p: Proc, pid: Hashable, ev: dict[str, object], name: str, cat: str,
+                 args: dict[str, object]) -> None:
         """An ``X`` event: a session's phase or span, a task's span, or a scope on its thread."""
         start = start_ns(ev)
-        end = start + round(float(ev.get("dur") or 0) * 1000)
+        dur = ev.get("dur") or 0  # a checked event's: a number
+        self.span(p, pid, ev.get("tid"), start,
+                  start + round(float(dur) * 1000 if isinstance(dur, (int, float)) else 0), name, cat, args)
+
+    def span(self, p: Proc, pid: Hashable, tid: Hashable, start: int, end: int, name: str, cat: str,
+             args: dict[str, object]) -> None:
+        """A complete slice (ns): a session's phase or span, a task's span, or a scope on its
+        thread (from a Chrome ``X`` event, or straight from a record)."""
         version = args.get(ATTR_POLICY_VERSION)
         if type(version) is int and 0 <= version < _BOUND and not p.counts.capped:
             p.counts.version_ts.append(start)
@@ -276,10 +281,10 @@ class FileBuilder:
         elif name == TASK_SPAN and ATTR_TASK in args and self.onto is None:
             self.task_ended(p, pid, args, start, end)
         else:
-            self.scope(p, pid, ev.get("tid"), Node(start, end, name, cat, args), args, ev)
+            self.scope(p, pid, tid, Node(start, end, name, cat, args), args)
 
-    def instant(self, p: Proc, pid: Any, ev: dict[str, Any], name: str, cat: str,
-                args: dict[str, Any]) -> None:
+    def instant(self, p: Proc, pid: Hashable, ev: dict[str, object], name: str, cat: str,
+                args: dict[str, object]) -> None:
         """An instant: on its session's track, its async span's, or its thread's."""
         ts = start_ns(ev)
         ph = ev.get("ph")
@@ -290,26 +295,27 @@ class FileBuilder:
         else:
             self.thread(p, pid, ev.get("tid"))[1].place(Node(ts, None, name, cat, args))
 
-    def counter_event(self, p: Proc, ev: dict[str, Any], name: str, args: dict[str, Any]) -> None:
+    def counter_event(self, p: Proc, ev: dict[str, object], name: str, args: dict[str, object]) -> None:
         """A ``C`` event: each numeric arg on a counter track of the process."""
         for key, value in args.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 label = name if key == "value" else f"{name}.{key}"
                 self.out.counter(start_ns(ev), self.child_track(p, ("C", label), label, counter=True), value)
 
-    def begin_end(self, p: Proc, pid: Any, ev: dict[str, Any], name: str, cat: str,
-                  args: dict[str, Any]) -> None:
+    def begin_end(self, p: Proc, pid: Hashable, ev: dict[str, object], name: str, cat: str,
+                  args: dict[str, object]) -> None:
         """``b``/``e`` (another instrumentation's span: a track per id) and ``B``/``E`` (a thread's)."""
         ph = ev.get("ph")
         begin = ph in ("b", "B")
         track = self.async_track(p, ev) if ph in ("b", "e") else self.thread(p, pid, ev.get("tid"))[0]
-        te = self.out.event(start_ns(ev), SLICE_BEGIN if begin else SLICE_END, track,
-                            name if begin else None, cat if begin else None)
-        if begin or ph == "E":
-            self.out.annotate(te, args, _PER_PROCESS)
+        self.out.event(start_ns(ev), SLICE_BEGIN if begin else SLICE_END, track,
+                       name if begin else None, cat if begin else None,
+                       args if begin or ph == "E" else None, _PER_PROCESS)
 
-    def meta(self, ev: dict[str, Any]) -> None:
-        pid, args = ev.get("pid"), ev.get("args") or {}
+    def meta(self, ev: dict[str, object]) -> None:
+        pid, args = ev.get("pid"), ev.get("args")
+        if not isinstance(args, dict):
+            args = {}
         name = ev.get("name")
         if self.onto is not None and name == "process_name":
             return  # its threads go under the rank's process
@@ -326,16 +332,15 @@ class FileBuilder:
             label = str(args.get("name", "")) or f"thread {ev.get('tid')}"
             p.thread_names[(pid, ev.get("tid"))] = f"torch.profiler · {label}" if self.onto else label
 
-    def async_track(self, p: Proc, ev: dict[str, Any]) -> int:
+    def async_track(self, p: Proc, ev: dict[str, object]) -> int:
         key = ("async", ev.get("cat"), ev.get("id"), ev.get("id2"))
         return self.child_track(p, key, str(ev.get("name", "span")))
 
     # -- scopes (threads) -----------------------------------------------------------------------
-    def scope(self, p: Proc, pid: Any, tid: Any, node: Node, args: dict[str, Any],
-              ev: dict[str, Any]) -> None:
+    def scope(self, p: Proc, pid: Hashable, tid: Hashable, node: Node, args: dict[str, object]) -> None:
         lane = self.thread(p, pid, tid)[1]
         lane.add(node)
-        step = step_of(ev)
+        step = step_in(node.name, args)
         if step is None:
             return
         consumed = self.trace.arrows.consumed(args.get("rank"), step)
@@ -353,21 +358,19 @@ class FileBuilder:
         def visit(n: Node, begin: bool) -> None:
             if n.end is None:
                 if begin:
-                    te = out.event(n.start, INSTANT, track, n.name, n.category)
-                    out.annotate(te, n.args, _PER_PROCESS)
+                    out.event(n.start, INSTANT, track, n.name, n.category, n.args, _PER_PROCESS,
+                              ends=n.flows_end or ())
                     if n.flows_end is not None:
-                        te.terminating_flow_ids.extend(n.flows_end)
                         self.trace.flows += len(n.flows_end)
             elif begin:
-                te = out.event(n.start, SLICE_BEGIN, track, n.name, n.category)
-                out.annotate(te, n.args, _PER_PROCESS)
+                out.event(n.start, SLICE_BEGIN, track, n.name, n.category, n.args, _PER_PROCESS)
             else:
-                out.event(n.end, SLICE_END, track)
+                out.end(n.end, track)
 
         preorder(root, visit)
 
     # -- sessions --------------------------------------------------------------------------------
-    def session(self, pid: Any, args: dict[str, Any]) -> sess_mod.Session:
+    def session(self, pid: Hashable, args: dict[str, object]) -> sess_mod.Session:
         sid = args[ATTR_SESSION]
         key = (pid, sid)
         s = self.open.get(key)
@@ -378,8 +381,8 @@ class FileBuilder:
             s.task = task
         return s
 
-    def session_event(self, p: Proc, pid: Any, name: str, cat: str, start: int, end: int,
-                      args: dict[str, Any]) -> None:
+    def session_event(self, p: Proc, pid: Hashable, name: str, cat: str, start: int, end: int,
+                      args: dict[str, object]) -> None:
         s = self.session(pid, args)
         if name != SESSION_SPAN:
             s.phases.append(sess_mod.Phase.of(start, end, name, cat, args))
@@ -403,30 +406,31 @@ class FileBuilder:
         elif self.held > MAX_HELD_SESSIONS:
             self.flush_oldest()
 
-    def group(self, p: Proc, pid: Any, task: Any) -> _Group:
+    def group(self, p: Proc, pid: Hashable, task: Hashable) -> _Group:
         key = (pid, task)
         g = self.groups.get(key)
         if g is None:
             g = self.groups[key] = _Group(stable_id("task-track", self.fi, pid, task))
         return g
 
-    def task_ended(self, p: Proc, pid: Any, args: dict[str, Any], start: int, end: int) -> None:
+    def task_ended(self, p: Proc, pid: Hashable, args: dict[str, object], start: int, end: int) -> None:
         task = args[ATTR_TASK]
         g = self.group(p, pid, task)
         step = args.get(ATTR_STEP)
         self.out.track(g.uuid, f"task {task}" + (f" · step {step}" if step is not None else ""), p.uuid)
-        te = self.out.event(start, SLICE_BEGIN, g.uuid, f"task {task}", "rl.task")
-        self.out.annotate(te, args, _ROLE)
         ready = [s for s in g.sessions.values() if s.own is not None]
-        te.flow_ids.extend(task_flow(self.fi, pid, task, s.sid) for s in ready)
+        flows: list[int] = []
         for s in ready:
-            s.from_task = True
-        te.flow_ids.extend(self.trace.arrows.to_other_files(task))  # its sessions in other files
-        self.out.event(end, SLICE_END, g.uuid)
+            s.from_task = task_flow(self.fi, pid, task, s.sid)
+            flows.append(s.from_task)
+        flows.extend(self.trace.arrows.to_other_files(task))  # its sessions in other files
+        self.out.event(start, SLICE_BEGIN, g.uuid, f"task {task}", "rl.task", args, _ROLE,
+                       flows=flows, once=True)
+        self.out.end(end, g.uuid)
         g.done = True
         self.write_group(p, pid, g)
 
-    def write_group(self, p: Proc, pid: Any, g: _Group) -> None:
+    def write_group(self, p: Proc, pid: Hashable, g: _Group) -> None:
         ready = [s for s in g.sessions.values() if s.own is not None]
         if ready:
             g.end = max(g.end, max(s.own_end() for s in ready))
@@ -442,7 +446,7 @@ class FileBuilder:
                     del self.groups[key]
                 return
 
-    def write_session(self, p: Proc, pid: Any, s: sess_mod.Session, g: _Group | None) -> None:
+    def write_session(self, p: Proc, pid: Hashable, s: sess_mod.Session, g: _Group | None) -> None:
         """One session's track (under its task's), its slices, its arrows and its counts."""
         self._let_go(pid, s, g)
         self.trace.sessions += 1
@@ -458,7 +462,7 @@ class FileBuilder:
                 self.out.track(track, f"{label} · concurrent {i}", uuid)
             self.write_pieces(track, lane, flows_in if i == 0 else (), flows_out if i == 0 else ())
 
-    def _let_go(self, pid: Any, s: sess_mod.Session, g: _Group | None) -> None:
+    def _let_go(self, pid: Hashable, s: sess_mod.Session, g: _Group | None) -> None:
         """The session is written: it is no longer held, nor (when its group is done) its group."""
         self.open.pop((pid, s.sid), None)
         if g is not None:
@@ -477,7 +481,7 @@ class FileBuilder:
         return self.child_track(p, ("task", s.task), f"task {s.task}{step}")
 
     @staticmethod
-    def _count_final(c: _Counts, start: int, end: int, args: dict[str, Any]) -> None:
+    def _count_final(c: _Counts, start: int, end: int, args: dict[str, object]) -> None:
         """A session's span into its process's counters: in flight, and its status in its step."""
         c.flight_ts.extend((start, end))
         c.flight_d.extend((1, -1))
@@ -504,18 +508,18 @@ class FileBuilder:
             if isinstance(tokens, (int, float)) and not isinstance(tokens, bool):
                 c.tokens[ph.end // 1_000_000_000] += tokens
 
-    def _session_flows(self, pid: Any, s: sess_mod.Session) -> tuple[list[int], list[int]]:
+    def _session_flows(self, pid: Hashable, s: sess_mod.Session) -> tuple[list[int], list[int]]:
         """The arrows ending on the session's slice (from its task) and leaving it (to the train
         step that consumed it), both ends in this file's time range."""
         arrows = self.trace.arrows
         flows_in: list[int] = []
         flows_out: list[int] = []
-        if s.from_task:
-            flows_in.append(task_flow(self.fi, pid, s.task, s.sid))
+        if s.from_task is not None:
+            flows_in.append(s.from_task)
         if s.own is None:
             return flows_in, flows_out
         rank = s.own[3].get("rank")
-        if not s.from_task:
+        if s.from_task is None:
             fid = arrows.from_other_file(s.task, self.fi, rank, s.sid)
             if fid is not None:
                 flows_in.append(fid)
@@ -525,8 +529,8 @@ class FileBuilder:
                 flows_out.append(fid)
         return flows_in, flows_out
 
-    def write_pieces(self, track: int, pieces: list[sess_mod.Piece], flows_in: Any,
-                     flows_out: Any) -> None:
+    def write_pieces(self, track: int, pieces: list[sess_mod.Piece], flows_in: Iterable[int],
+                     flows_out: Iterable[int]) -> None:
         out = self.out
         pieces.sort(key=lambda x: (x[0], x[2], -x[1]))
         open_ends: list[int] = []
@@ -534,19 +538,19 @@ class FileBuilder:
         for start, end, order, name, cat, args in pieces:
             while open_ends and open_ends[-1] <= start and not (order == sess_mod.INSTANT
                                                                  and open_ends[-1] == start):
-                out.event(open_ends.pop(), SLICE_END, track)
+                out.end(open_ends.pop(), track)
             if order == sess_mod.INSTANT:
-                out.annotate(out.event(start, INSTANT, track, name, cat), args, _PER_PROCESS)
+                out.event(start, INSTANT, track, name, cat, args, _PER_PROCESS)
                 continue
-            te = out.event(start, SLICE_BEGIN, track, name, cat)
-            out.annotate(te, args, _ROLE if first else _PER_PROCESS)  # first: the session's slice
-            if first:
+            if first:  # the session's slice
                 first = False
-                te.terminating_flow_ids.extend(flows_in)
-                te.flow_ids.extend(flows_out)
+                out.event(start, SLICE_BEGIN, track, name, cat, args, _ROLE, flows=flows_out,
+                          ends=flows_in, once=order == sess_mod.SESSION)
+            else:
+                out.event(start, SLICE_BEGIN, track, name, cat, args, _PER_PROCESS)
             open_ends.append(end)
         while open_ends:
-            out.event(open_ends.pop(), SLICE_END, track)
+            out.end(open_ends.pop(), track)
 
     # -- the file's end ----------------------------------------------------------------------------
     def close(self) -> None:
@@ -568,11 +572,9 @@ class FileBuilder:
             if not ts:
                 continue
             track = self.child_track(p, ("counter", name), name, counter=True)
-            level = 0
-            order = sorted(range(len(ts)), key=lambda i: (ts[i], deltas[i]))
-            for i in order:
-                level += deltas[i]
-                self.out.counter(ts[i], track, level)
+            changes = sorted(zip(ts, deltas, strict=True))  # at one time: an end before a start
+            self.out.counters(track, zip([t for t, _ in changes], accumulate(d for _, d in changes),
+                                         strict=True))
         if c.final_ts:
             per: dict[tuple[int, int], int] = defaultdict(int)
             tracks = [self.child_track(p, ("counter", s), f"{s} in step", counter=True)

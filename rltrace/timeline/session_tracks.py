@@ -2,7 +2,7 @@
 between them, laid out from the events of its spans.
 
 The waits (those of at least :data:`MIN_WAIT_SHARE` of the session) are the report's
-decomposition (:func:`rltrace.readers.timeline.decompose`, one
+decomposition (:func:`rltrace.readers.session_time.decompose`, one
 implementation): queue wait (submit to the first phase), the gaps between phases, group wait
 (its own end to its group's last sibling's end) and before finalize.  Times stay in integer
 nanoseconds: the decomposition runs on offsets from the session's submit, which a double holds
@@ -11,16 +11,16 @@ exactly, so a wait ends exactly where the next phase begins.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from itertools import pairwise
-from typing import Any
 
-from ..readers import timeline
-from ..semconv import ATTR_REASON, ATTR_STATUS, ATTR_STEP, ATTR_TURN
+from rltrace.readers import session_time
+from rltrace.semconv import ATTR_REASON, ATTR_STATUS, ATTR_STEP, ATTR_TURN
 
 #: a slice of the session's own track: (start, end, order, name, category, args); ``order``
 #: puts the session before its turns, turns before phases and waits, instants last, at one start
-Piece = tuple[int, int, int, str, str, "dict[str, Any] | None"]
+Piece = tuple[int, int, int, str, str, "dict[str, object] | None"]
 SESSION, TURN, PHASE, INSTANT = 0, 1, 2, 3
 WAIT_CATEGORY = "rl.wait"
 #: waits shorter than this share of their session are not drawn (the report counts them all):
@@ -36,11 +36,11 @@ class Phase:
     end: int
     name: str
     category: str
-    args: dict[str, Any]
+    args: dict[str, object]
     turn: int | None = None
 
     @classmethod
-    def of(cls, start: int, end: int, name: str, category: str, args: dict[str, Any]) -> Phase:
+    def of(cls, start: int, end: int, name: str, category: str, args: dict[str, object]) -> Phase:
         t = args.get(ATTR_TURN)
         return cls(start, end, name, category, args, t if type(t) is int else None)
 
@@ -49,15 +49,15 @@ class Phase:
 class Session:
     """What arrived of one session: its phases, instants, and its own span when it ended."""
 
-    sid: Any
-    task: Any = None
+    sid: Hashable
+    task: Hashable = None
     phases: list[Phase] = field(default_factory=list)
-    instants: list[tuple[int, str, str, dict[str, Any]]] = field(default_factory=list)
+    instants: list[tuple[int, str, str, dict[str, object]]] = field(default_factory=list)
     #: (start, end, category, args) of its ``rl.session`` span
-    own: tuple[int, int, str, dict[str, Any]] | None = None
-    #: its task's slice has an arrow to it
-    from_task: bool = False
-    _decomp: tuple[timeline.Decomposition, int] | None = None
+    own: tuple[int, int, str, dict[str, object]] | None = None
+    #: the id of the arrow its task's slice has to it (None: its task's slice has none)
+    from_task: int | None = None
+    _decomp: tuple[session_time.Decomposition, int] | None = None
 
     @property
     def status(self) -> str:
@@ -65,7 +65,7 @@ class Session:
         return s if isinstance(s, str) else "pending"
 
     @property
-    def step(self) -> Any:
+    def step(self) -> object:
         return self.own[3].get(ATTR_STEP) if self.own is not None else None
 
     def window(self) -> tuple[int, int]:
@@ -76,17 +76,17 @@ class Session:
             return 0, 0
         return min(p.start for p in self.phases), max(p.end for p in self.phases)
 
-    def decomposition(self) -> tuple[timeline.Decomposition, int]:
+    def decomposition(self) -> tuple[session_time.Decomposition, int]:
         """The decomposition on offsets from ``base`` (the window's start), and ``base``."""
         if self._decomp is None:
             base, final = self.window()
-            phases: dict[str, list[dict[str, Any]]] = {}
+            phases: dict[str, list[dict[str, object]]] = {}
             for p in self.phases:
-                item: dict[str, Any] = {"start_ts": p.start - base, "end_ts": p.end - base}
+                item: dict[str, object] = {"start_ts": p.start - base, "end_ts": p.end - base}
                 if p.turn is not None:
                     item["turn"] = p.turn
                 phases.setdefault(p.name, []).append(item)
-            self._decomp = (timeline.decompose(phases, 0.0, float(final - base)), base)
+            self._decomp = (session_time.decompose(phases, 0.0, float(final - base)), base)
         return self._decomp
 
     def own_end(self) -> int:
@@ -148,8 +148,8 @@ def pieces(sess: Session, group_end: int, label: str) -> list[list[Piece]]:
     own.extend((p.start, p.end, PHASE, p.name, p.category, p.args) for p in first)
     d, base = sess.decomposition()
     min_wait = max(1, (final - start) * MIN_WAIT_SHARE)
-    for seg in timeline.split_segments(d, float(group_end - base)):
-        if seg.kind != timeline.KIND_PHASE and seg.end - seg.start >= min_wait:
+    for seg in session_time.split_segments(d, float(group_end - base)):
+        if seg.kind != session_time.KIND_PHASE and seg.end - seg.start >= min_wait:
             own.append((base + int(seg.start), base + int(seg.end), PHASE, seg.label, WAIT_CATEGORY, None))
     for ts, name, cat, ev_args in sess.instants:
         own.append((ts, ts, INSTANT, name, cat, ev_args))

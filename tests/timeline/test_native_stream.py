@@ -118,15 +118,14 @@ def test_a_killed_ranks_native_trace_loads_with_every_step_saved_before_the_kill
     assert set(range(4 * (saved + 1))) <= sids  # every session of every saved step
 
 
-def test_a_long_runs_counters_stop_at_the_cap_and_say_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+def test_a_long_runs_counters_stop_at_the_cap_and_say_so(tmp_path: Path,
                                                          caplog: pytest.LogCaptureFixture) -> None:
     """The counters' samples wait for the rank's end: a rank keeps those of its first
-    ``COUNTER_CAP`` sessions (a million: about 50 MB), and the slices all the same."""
-    from rltrace.timeline import stream
-
-    monkeypatch.setattr(stream, "COUNTER_CAP", 5)
+    ``exporters.native_counter_cap`` sessions (a million by default: about 50 MB), and the
+    slices all the same."""
     rltrace.configure(fileroot=str(tmp_path), experiment_name="n", trial_name="cap", flush_at_exit=False,
-                      session_tracer={"enabled": True}, exporters={"native": True})
+                      session_tracer={"enabled": True},
+                      exporters={"native": True, "native_counter_cap": 5})
     for step in range(3):
         loop(step)
     rltrace.shutdown()

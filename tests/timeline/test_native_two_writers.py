@@ -13,7 +13,7 @@ from pathlib import Path
 
 from conftest import need, perfetto_check
 
-from rltrace.exporters.files import FileBusyError, open_fresh
+from rltrace.logdir.files import FileBusyError, open_fresh
 
 need("perfetto", "the native trace needs the perfetto package: pip install 'rltrace[perfetto]'")
 
