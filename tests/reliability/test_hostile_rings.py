@@ -162,7 +162,7 @@ def test_rltrace_recover_on_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> 
 def _rss_child(code: str) -> int:
     """Run ``code`` (which sets ``before``) in a fresh interpreter; the rise of its peak RSS in
     MiB after ``before`` was taken."""
-    prog = ("import resource, sys\nfrom pathlib import Path\nfrom rltrace import flight\n" + code
+    prog = ("import resource, sys\nfrom pathlib import Path\nfrom rltrace.sessions import flight\n" + code
             + "\nprint(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024 - before)\n")
     done = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert done.returncode == 0, done.stderr
