@@ -16,6 +16,7 @@ sessions        register_task, set_task_id, get_task_id, register_session, set_s
 metrics         stats (= stats_tracker): AReaL's stats_tracker, StatsLogger, timings from spans
 OpenTelemetry   add_span_processor, tracer_provider, link_consumed,
                 inject_headers, extract_context, server_span (W3C propagation)
+records         add_record_processor, remove_record_processor, RecordProcessor (rltrace.seams)
 """
 
 from rltrace import stats
@@ -58,6 +59,7 @@ from rltrace.runtime import (
     trace_session_phase,
     tracer_provider,
 )
+from rltrace.seams import RecordProcessor
 from rltrace.sessions import get_session_id, get_task_id, set_session_id, set_task_id
 from rltrace.sessions.metrics_processor import SessionMetricsProcessor
 from rltrace.sessions.phases import PhaseSpec, UnknownPhaseError
@@ -77,6 +79,7 @@ __all__ = [
     "ExportersConfig",
     "OTLPConfig",
     "PhaseSpec",
+    "RecordProcessor",
     "SessionMetricsProcessor",
     "SessionTracerConfig",
     "TracerConfig",

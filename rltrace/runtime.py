@@ -40,7 +40,7 @@ from rltrace.process.tracer_provider import DelegatingTracerProvider
 from rltrace.recording import otel_context, recorder
 from rltrace.recording.arguments import check_optional_int
 from rltrace.recording.recorder import _noop, internal_error
-from rltrace.seams import Sinks
+from rltrace.seams import RecordProcessor, Sinks, SupportsOnRecord
 from rltrace.sessions import SessionRegistry, flight
 from rltrace.sessions.phases import PhaseRegistry
 
@@ -91,7 +91,7 @@ class Runtime:
         self.sinks: Sinks | None = None
         self.config: TracerConfig | None = None
         self.user_processors: list[SpanProcessor] = []
-        self.user_record_processors: list[Any] = []
+        self.user_record_processors: list[RecordProcessor | SupportsOnRecord] = []
         #: the user's counters (``rltrace.counter``), kept across reconfiguration
         self.counters = Counters()
         self.children = ChildConfig()
@@ -417,7 +417,7 @@ class Runtime:
                 p._refresh_direct()
                 self.state.on_start = p.on_start_hooks
 
-    def add_record_processor(self, processor: Any) -> None:
+    def add_record_processor(self, processor: RecordProcessor | SupportsOnRecord) -> None:
         """Add a *record processor*: ``on_record(record)`` for every finished rltrace scope.
 
         Record processors run on the exporter thread before any ``ReadableSpan`` is built, so
@@ -429,7 +429,8 @@ class Runtime:
         with ``on_records(records, on_error)`` is given each export cycle's records at once
         instead (in order; ``on_error(record, exc)`` for one it fails on, which is counted and
         not exported, as when ``on_record`` raises).  Kept across reconfiguration; an optional
-        ``force_flush()`` runs on every explicit flush.
+        ``force_flush()`` runs on every explicit flush.  Subclass
+        :class:`rltrace.RecordProcessor` (:mod:`rltrace.seams`) for every hook's default.
         """
         with self.lock:
             self.user_record_processors.append(processor)
@@ -437,7 +438,7 @@ class Runtime:
             if p is not None:
                 p.add_record_processor(processor)
 
-    def remove_record_processor(self, processor: Any) -> None:
+    def remove_record_processor(self, processor: RecordProcessor | SupportsOnRecord) -> None:
         """Stop calling ``processor`` (counterpart of :meth:`add_record_processor`)."""
         with self.lock:
             if processor in self.user_record_processors:
