@@ -40,7 +40,7 @@ from rltrace.process.tracer_provider import DelegatingTracerProvider
 from rltrace.recording import otel_context, recorder
 from rltrace.recording.arguments import check_optional_int
 from rltrace.recording.recorder import _noop, internal_error
-from rltrace.seams import RecordProcessor, Sinks, SupportsOnRecord
+from rltrace.seams import RecordProcessor, Sinks, SupportsOnRecord, as_record_processor
 from rltrace.sessions import SessionRegistry, flight
 from rltrace.sessions.phases import PhaseRegistry
 
@@ -523,12 +523,10 @@ class Runtime:
                 except Exception as exc:
                     internal_error(f"{type(part).__name__}.after_fork_in_child", exc)
         for proc in self.user_record_processors:
-            reset = getattr(proc, "reset_after_fork", None)
-            if reset is not None:
-                try:
-                    reset()
-                except Exception as exc:
-                    internal_error(f"{type(proc).__name__}.reset_after_fork", exc)
+            try:
+                as_record_processor(proc).reset_after_fork()  # a hook it lacks does nothing
+            except Exception as exc:
+                internal_error(f"{type(proc).__name__}.reset_after_fork", exc)
         p = self.pipeline
         if p is None:
             return

@@ -137,13 +137,8 @@ class _UserRecordProcessor(RecordProcessor):
     def on_records(self, records: Sequence[Record], on_error: RecordErrorHandler) -> None:
         if self._on_records is not None:
             self._on_records(records, on_error)
-            return
-        on_record = self._on_record
-        for rec in records:
-            try:
-                on_record(rec)
-            except Exception as exc:
-                on_error(rec, exc)
+        else:
+            super().on_records(records, on_error)
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return True if self._force_flush is None else bool(self._force_flush())
