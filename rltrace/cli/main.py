@@ -160,10 +160,10 @@ def _cmd_report(args: argparse.Namespace) -> int:
                    f"missing): pip install 'rltrace[analysis]'")
         print(msg, file=sys.stderr)
         return 2
-    from rich.console import Console
     from rich.text import Text
 
     from rltrace.analysis.report import skipped_text
+    from rltrace.cli.console import CliConsole
 
     bad = report_args_problem(args) or steps_problem(args.steps)
     if bad is not None:
@@ -179,7 +179,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
         msg = str(exc)
         print(msg if msg.startswith("rltrace report") else f"rltrace report: {msg}", file=sys.stderr)
         return 2
-    out = Console(highlight=False, soft_wrap=True)
+    out = CliConsole(highlight=False, soft_wrap=True)
     inp = rep["inputs"]
     unread = skipped_text(inp)
     out.print(Text.assemble(("rltrace report", "bold"), f": {inp['sessions']} sessions, {len(inp['ranks'])} "
@@ -418,7 +418,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = parse_args(build_parser(), argv)
     try:
-        return int(args.func(args) or 0)
+        rc = int(args.func(args) or 0)
+        sys.stdout.flush()  # what is still buffered meets a closed pipe here, not at exit
+        return rc
     except BrokenPipeError:  # the reader went away (``rltrace report ... | head``): not an error
         import os
 

@@ -591,10 +591,10 @@ class TopView:
 
 def _console() -> Console:
     """A console for the view: off a terminal (a pipe, a file) 200 columns, not rich's 80."""
-    from rich.console import Console
+    from rltrace.cli.console import CliConsole
 
-    console = Console()
-    return console if console.is_terminal else Console(width=200)
+    console = CliConsole()
+    return console if console.is_terminal else CliConsole(width=200)
 
 
 def watch(logdir: Path | str, *, interval_s: float = 1.0, until: Callable[[], bool] | None = None,

@@ -97,3 +97,24 @@ def test_without_rich_the_command_names_the_extra_to_install(places: dict[str, s
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.strip().endswith("the README's install, '.[dev]', has it)")
     assert "pip install 'rltrace[analysis]'" in proc.stderr
+
+
+@pytest.mark.parametrize("args", [["report", "{log}"], ["top", "{log}", "--once"]],
+                         ids=["report", "top"])
+def test_a_reader_that_went_away_ends_the_command_quietly(places: dict[str, str],
+                                                          args: list[str]) -> None:
+    """``rltrace report ... | head`` : the reader closes its end; the command stops with status 0
+    and nothing on stderr (rich's console would exit 1).  The read end is closed before the
+    command starts, so its first write meets the closed pipe whatever its timing."""
+    import os
+
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "rltrace.cli",
+                               *[a.format(**places) for a in args]],
+                              stdout=write, stderr=subprocess.PIPE, text=True, timeout=120, cwd=REPO)
+    finally:
+        os.close(write)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
