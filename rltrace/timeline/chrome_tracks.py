@@ -3,7 +3,8 @@ JSON (AReaL's format, read by AReaL's tools as before: only ``tid``s change and 
 
 * A named track (a Chrome "thread" of the rank's process) per task, ``task T · step S``, and
   per session, ``session N · task T``, holding the ``rl.task`` slice, the ``rl.session`` slice
-  and the session's phases: sessions no longer share anonymous ``MainThread [n]`` lanes.
+  and the session's phases, rather than the anonymous ``MainThread [n]`` lanes the per-rank
+  files draw sessions on.
 * Flow events (``s`` / ``f`` with ``bp: e``): the task's slice to each of its sessions (across
   files too), and each accepted session (from its last phase) to the train step that consumed
   it (:mod:`.arrows`).
