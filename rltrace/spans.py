@@ -59,7 +59,7 @@ def _device_scope(name: str, category: Category | str | None, args: Args | None,
         timing = "events"
     if annotate is None:
         annotate = d is not None and d.annotate
-    scope = Scope(name, category, recorded(args) if args else None)
+    scope = Scope(name, category, recorded(args, STATE.kinds) if args else None)
     if not (sync or timing or annotate):
         return scope
     if not (timing or annotate or sync_needed(sync)):
@@ -96,7 +96,7 @@ def trace_scope(
         category = category_name(category)  # its own __hash__/__str__ must not run at export
     if state.device is not None or device_sync or device_timing or annotate:
         return _device_scope(name, category, args, device_sync, device_timing, annotate)
-    return Scope(name, category, recorded(args) if args else None)
+    return Scope(name, category, recorded(args, state.kinds) if args else None)
 
 
 def atrace_scope(
@@ -114,7 +114,7 @@ def atrace_scope(
         category = category_name(category)  # its own __hash__/__str__ must not run at export
     if state.device is not None or device_sync or device_timing or annotate:
         return _device_scope(name, category, args, device_sync, device_timing, annotate)
-    return Scope(name, category, recorded(args) if args else None)
+    return Scope(name, category, recorded(args, state.kinds) if args else None)
 
 
 def instant(
@@ -132,7 +132,7 @@ def instant(
     if category is not None and type(category) is not str and type(category) is not Category:
         category = category_name(category)  # its own __hash__/__str__ must not run at export
     try:
-        recorder.record_instant(name, category, recorded(args) if args else None)
+        recorder.record_instant(name, category, recorded(args, STATE.kinds) if args else None)
     except Exception as exc:  # pragma: no cover - defensive
         internal_error("instant", exc)
 

@@ -44,7 +44,7 @@ from rltrace.recording.otel_context import ContextAccess, effective_context, new
 from rltrace.recording.otel_context import frame_get as _frame_get
 from rltrace.recording.otel_context import frame_reset as _frame_reset
 from rltrace.recording.otel_context import frame_set as _frame_set
-from rltrace.recording.user_values import category_name, recorded, recorded_value, text
+from rltrace.recording.user_values import ValueKinds, category_name, recorded, recorded_value, text
 from rltrace.semconv import ATTR_STEP
 
 if TYPE_CHECKING:
@@ -132,10 +132,10 @@ class RecorderState:
     """Mutable state shared by the hot path and the exporter thread."""
 
     __slots__ = ("buffer", "cap", "context", "ctx_get", "device", "dropped", "enabled",
-                 "free_lanes", "held_events", "help", "help_at", "id_lock", "mark", "next_lane",
-                 "now_ns", "on_start", "overflow", "pid", "policy_version", "policy_version_set",
-                 "rand_bits", "rng", "sampling", "span_api", "stepped", "thread_names", "wake", "wake_at",
-                 "warned")
+                 "free_lanes", "held_events", "help", "help_at", "id_lock", "kinds", "mark",
+                 "next_lane", "now_ns", "on_start", "overflow", "pid", "policy_version",
+                 "policy_version_set", "rand_bits", "rng", "sampling", "span_api", "stepped",
+                 "thread_names", "wake", "wake_at", "warned")
 
     def __init__(self) -> None:
         self.enabled = False
@@ -159,6 +159,9 @@ class RecorderState:
         self.warned: set[str] = set()
         #: the names of the threads that recorded, for the exporters
         self.thread_names = ThreadNames()
+        #: each type's kind, as every value recorded is classified (kept across configure and
+        #: fork: a type's kind does not change)
+        self.kinds = ValueKinds()
         self.buffer: deque[Any] = deque()
         self.cap = 262_144
         self.wake_at = 8_192
@@ -631,13 +634,13 @@ class Scope(ScopeCore, Span):
             _after_end(self, "set_attribute")
             return
         if type(key) is not str:
-            key = text(key)  # OTel keys are strings; an object's own __hash__/__str__ never runs
-        self.extras().setdefault("attrs", {})[key] = recorded_value(value)
+            key = text(key, STATE.kinds)  # OTel keys are strings; the key's own code never runs
+        self.extras().setdefault("attrs", {})[key] = recorded_value(value, STATE.kinds)
 
     def set_attributes(self, attributes: Mapping[str, object] | None) -> None:
         if attributes is None:
             return
-        for k, v in recorded(attributes).items():  # any mapping, read without running its code
+        for k, v in recorded(attributes, STATE.kinds).items():  # any mapping, never its code
             self.set_attribute(k, v)
 
     def add_event(self, name: str, attributes: Mapping[str, object] | None = None,
@@ -651,9 +654,9 @@ class Scope(ScopeCore, Span):
         if events is not None and len(events) >= span_api.max_events:
             span_api.dropped_events += 1  # bounded memory: the span limits' event count
             return
-        self._event(name if type(name) is str else text(name),
+        self._event(name if type(name) is str else text(name, STATE.kinds),
                     timestamp if timestamp is not None else STATE.now_ns(),
-                    recorded(attributes) if attributes is not None else None, None)
+                    recorded(attributes, STATE.kinds) if attributes is not None else None, None)
 
     def _event(self, name: str, ts: int, attrs: Mapping[str, object] | None,
                category: object) -> None:
@@ -663,7 +666,7 @@ class Scope(ScopeCore, Span):
         if self.end_ns:
             _after_end(self, "update_name")
             return
-        self.name = name if type(name) is str else text(name)  # its own __str__ never runs
+        self.name = name if type(name) is str else text(name, STATE.kinds)  # never its __str__
 
     def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
         if self.end_ns:

@@ -69,22 +69,24 @@ def _cap(s: str) -> str:
     return s if len(s) <= MAX_STRING else s[:MAX_STRING] + f"...<{len(s) - MAX_STRING} more chars>"
 
 
-def text(value: object) -> str:
+def text(value: object, kinds: ValueKinds | None = None) -> str:
     """The text of ``value``, never raising, valid UTF-8 (lone surrogates escaped), size-capped.
 
     Runs none of the value's own code: plain values, library types on the documented list
     (paths, dates, decimals, ...) and containers of them are written as Python writes them; an
     object of any other type as ``<module.Class object at 0x...>`` (see :func:`recorded`).
+    ``kinds``: the memo of types to classify with (see :class:`ValueKinds`).
     """
-    return _cap(value if type(value) is str else _as_text(value))
+    return _cap(value if type(value) is str else _as_text(value, kinds))
 
 
-def _as_text(value: object) -> str:
+def _as_text(value: object, kinds: ValueKinds | None) -> str:
     try:
         t = type(value)
         if t in _PLAIN:
             return str(value)  # an int past 4,300 digits raises ValueError: caught below
-        r = value.resolve() if type(value) is DeviceValue else _top(value)
+        r = value.resolve() if type(value) is DeviceValue else \
+            _top(value, ValueKinds() if kinds is None else kinds)
         return r if type(r) is str else repr(r)
     except Exception:
         return f"<unprintable {_name_of(type(value))}>"
@@ -144,7 +146,7 @@ class DeviceValue:
         value: object = self.summary
         try:
             if src is not None and (ready is None or ready() or (wait and _wait_ready(ready))):
-                value = _top(src.tolist())
+                value = _top(src.tolist(), ValueKinds())  # numbers, in lists: the seed's
             elif not wait:
                 return value  # not ready, and this caller may not wait: ask again later
         except Exception:
@@ -190,8 +192,7 @@ _SEED: Mapping[type, int] = MappingProxyType({
     complex: _K_TEXT, range: _K_TEXT, type: _K_TEXT,
     types.FunctionType: _K_TEXT, types.BuiltinFunctionType: _K_TEXT,
 })
-#: each type's kind, found once per type (bounded: cleared when full)
-_KINDS: dict[type, int] = dict(_SEED)
+#: the most types a :class:`ValueKinds` remembers (it is emptied when full)
 _MAX_KINDS = 4096
 
 #: the built-in bases a type's values are read through, in the order they are tried
@@ -216,16 +217,31 @@ def _module_of(t: type) -> str:
     return mod if type(mod) is str else ""
 
 
-def _classify(t: type) -> int:
-    try:
-        kind = _kind_of(t)
-    except Exception:
-        kind = _K_OTHER
-    if len(_KINDS) >= _MAX_KINDS:
-        _KINDS.clear()
-        _KINDS.update(_SEED)
-    _KINDS[t] = kind
-    return kind
+class ValueKinds(dict[type, int]):
+    """Each type's kind, found once per type: the memo that every value recorded is looked up in
+    (``kinds[t]``; a type it lacks is classified by :meth:`__missing__`, and remembered).
+    Bounded: emptied when it holds ``_MAX_KINDS`` types.
+
+    The runtime's recorder state holds the one the hot path reads (``STATE.kinds``), handed to
+    :func:`recorded` and :func:`recorded_value`; another ``Runtime`` has its own.  A value
+    converted at export (:func:`text`, :func:`attr_value`, :func:`dumps_line`) was recorded
+    already (plain, containers, :class:`DeviceValue`: the seed's types) or never was: it is
+    classified with a memo of that call's own.
+    """
+
+    __slots__ = ()
+
+    def __missing__(self, t: type) -> int:
+        try:
+            kind = _SEED.get(t)
+            if kind is None:
+                kind = _kind_of(t)
+        except Exception:
+            kind = _K_OTHER
+        if len(self) >= _MAX_KINDS:
+            self.clear()
+        self[t] = kind
+        return kind
 
 
 def _kind_of(t: type) -> int:
@@ -296,7 +312,7 @@ class _Walk:
         self.seen: set[int] = set()
 
 
-def _top(value: object) -> object:
+def _top(value: object, kinds: ValueKinds) -> object:
     """One value as :func:`recorded` keeps it (``value`` is not of a plain type)."""
     if type(value) is list:
         if len(value) <= MAX_ITEMS:
@@ -313,22 +329,22 @@ def _top(value: object) -> object:
         else:
             return value  # immutable, and so are its items
     try:
-        return _rec(value, 0, None)
+        return _rec(value, 0, None, kinds)
     except Exception:  # a library's own failure (or RecursionError): the value's marker
         try:
             return _marker(value)
         except Exception:
             return "<unrecordable value>"
-def _rec(value: object, depth: int, walk: _Walk | None) -> object:
+
+
+def _rec(value: object, depth: int, walk: _Walk | None, kinds: ValueKinds) -> object:
     t = type(value)
     if t in _PLAIN:
         return value
-    kind = _KINDS.get(t)
-    if kind is None:
-        kind = _classify(t)
+    kind = kinds[t]
     if _K_LIST <= kind <= _K_FROZENSET:
-        return _container(value, kind, depth, _Walk() if walk is None else walk)
-    return _RECORDERS[kind](value, depth, walk)
+        return _container(value, kind, depth, _Walk() if walk is None else walk, kinds)
+    return _RECORDERS[kind](value, depth, walk, kinds)
 
 
 class _Array(Protocol):
@@ -361,37 +377,37 @@ class _Tensor(Protocol):
     def to(self, device: str, *, non_blocking: bool) -> _Tensor: ...
 
 
-def _keep(value: object, depth: int, walk: _Walk | None) -> object:
+def _keep(value: object, depth: int, walk: _Walk | None, kinds: ValueKinds) -> object:
     return value  # a DeviceValue: recorded already
 
 
-def _enum(value: Enum, depth: int, walk: _Walk | None) -> object:
+def _enum(value: Enum, depth: int, walk: _Walk | None, kinds: ValueKinds) -> object:
     if depth >= COPY_DEPTH:
         return _marker(value)
-    return _rec(object.__getattribute__(value, "_value_"), depth + 1, walk)
+    return _rec(object.__getattribute__(value, "_value_"), depth + 1, walk, kinds)
 
 
-def _str(value: str, depth: int, walk: _Walk | None) -> str:
+def _str(value: str, depth: int, walk: _Walk | None, kinds: ValueKinds) -> str:
     return str.__str__(value)
 
 
-def _int(value: int, depth: int, walk: _Walk | None) -> int:
+def _int(value: int, depth: int, walk: _Walk | None, kinds: ValueKinds) -> int:
     return int.__int__(value)
 
 
-def _float(value: float, depth: int, walk: _Walk | None) -> float:
+def _float(value: float, depth: int, walk: _Walk | None, kinds: ValueKinds) -> float:
     return float.__float__(value)
 
 
-def _bytes(value: bytes | bytearray, depth: int, walk: _Walk | None) -> str:
+def _bytes(value: bytes | bytearray, depth: int, walk: _Walk | None, kinds: ValueKinds) -> str:
     return _bytes_text(value)
 
 
-def _as_str(value: object, depth: int, walk: _Walk | None) -> str:
+def _as_str(value: object, depth: int, walk: _Walk | None, kinds: ValueKinds) -> str:
     return _cap(str(value))  # a library type on the documented list: library code
 
 
-def _datetime(value: _DateTime, depth: int, walk: _Walk | None) -> str:
+def _datetime(value: _DateTime, depth: int, walk: _Walk | None, kinds: ValueKinds) -> str:
     tz = value.tzinfo
     dt = sys.modules["datetime"]
     zi = getattr(sys.modules.get("zoneinfo"), "ZoneInfo", None)
@@ -405,25 +421,25 @@ class _DateTime(Protocol):
     def tzinfo(self) -> object: ...
 
 
-def _ndarray(value: _Array, depth: int, walk: _Walk | None) -> object:
+def _ndarray(value: _Array, depth: int, walk: _Walk | None, kinds: ValueKinds) -> object:
     if value.size <= SMALL_ARRAY and value.ndim <= COPY_DEPTH:
-        return _rec(value.tolist(), depth, walk)  # numbers (objects of a dtype=object array: as any)
+        return _rec(value.tolist(), depth, walk, kinds)  # numbers (objects of a dtype=object array: as any)
     return f"{_type_name(type(value))}(shape={tuple(value.shape)}, dtype={value.dtype})"
 
 
-def _npscalar(value: _Item, depth: int, walk: _Walk | None) -> object:
-    return _rec(value.item(), depth, walk)
+def _npscalar(value: _Item, depth: int, walk: _Walk | None, kinds: ValueKinds) -> object:
+    return _rec(value.item(), depth, walk, kinds)
 
 
 class _Item(Protocol):
     def item(self) -> object: ...
 
 
-def _torch_tensor(value: _Tensor, depth: int, walk: _Walk | None) -> object:
-    return _tensor(value, type(value))
+def _torch_tensor(value: _Tensor, depth: int, walk: _Walk | None, kinds: ValueKinds) -> object:
+    return _tensor(value, type(value), kinds)
 
 
-def _jax(value: _Array, depth: int, walk: _Walk | None) -> object:
+def _jax(value: _Array, depth: int, walk: _Walk | None, kinds: ValueKinds) -> object:
     summary = f"{_type_name(type(value))}(shape={tuple(value.shape)}, dtype={value.dtype})"
     if value.size > SMALL_ARRAY:
         return summary
@@ -431,25 +447,25 @@ def _jax(value: _Array, depth: int, walk: _Walk | None) -> object:
     return DeviceValue(value, getattr(value, "is_ready", None), summary)
 
 
-def _other(value: object, depth: int, walk: _Walk | None) -> str:
+def _other(value: object, depth: int, walk: _Walk | None, kinds: ValueKinds) -> str:
     return _marker(value)  # a type not on the documented list: none of its code runs
 
 
 #: how a value of each kind is recorded, by kind (the containers' kinds, list to frozenset, never
 #: come here: :func:`_rec` copies them with :func:`_container`)
-_RECORDERS: tuple[Callable[[Any, int, _Walk | None], object], ...] = (
+_RECORDERS: tuple[Callable[[Any, int, _Walk | None, ValueKinds], object], ...] = (
     _keep, _enum, _str, _int, _float, _bytes, _keep, _keep, _keep, _keep, _keep,
     _as_str, _datetime, _ndarray, _npscalar, _torch_tensor, _jax, _other)
 
 
-def _tensor(value: _Tensor, t: type) -> object:
+def _tensor(value: _Tensor, t: type, kinds: ValueKinds) -> object:
     """A ``torch.Tensor``: a small one on the CPU as numbers now, a small CUDA one copied to
     host memory asynchronously (read at export), anything else its summary."""
     if value.numel() <= SMALL_ARRAY and value.layout is sys.modules["torch"].strided:
         dev = value.device.type
         if dev == "cpu" and not value.is_quantized:
             try:
-                return _rec(value.tolist(), 0, None)
+                return _rec(value.tolist(), 0, None, kinds)
             except Exception:
                 pass  # e.g. a tensor under vmap: its summary
         elif dev == "cuda":
@@ -483,7 +499,7 @@ _LOOPS: Mapping[int, str] = MappingProxyType({
     _K_LIST: "[...]", _K_TUPLE: "(...)", _K_DICT: "{...}", _K_SET: "{...}", _K_FROZENSET: "{...}"})
 
 
-def _container(value: Any, kind: int, depth: int, walk: _Walk) -> object:
+def _container(value: Any, kind: int, depth: int, walk: _Walk, kinds: ValueKinds) -> object:
     """A copy of a list/tuple/dict/set (or subclass: read through the base type's own methods,
     so an overridden ``__iter__``/``items`` never runs), items made safe in turn."""
     base: Any = _BASES[kind]
@@ -499,10 +515,10 @@ def _container(value: Any, kind: int, depth: int, walk: _Walk) -> object:
     seen.add(vid)
     try:
         if kind == _K_DICT:
-            return _dict_copy(value, n, take, depth, walk)
+            return _dict_copy(value, n, take, depth, walk, kinds)
         if kind >= _K_SET:
-            return _set_text(base.__iter__(value), kind, n, take, depth, walk)
-        seq = [v if type(v) in _PLAIN else _rec(v, depth + 1, walk)
+            return _set_text(base.__iter__(value), kind, n, take, depth, walk, kinds)
+        seq = [v if type(v) in _PLAIN else _rec(v, depth + 1, walk, kinds)
                for v in base.__getitem__(value, slice(0, take))]
         if take < n:
             seq.append(f"...<{n - take} more items>")
@@ -512,19 +528,20 @@ def _container(value: Any, kind: int, depth: int, walk: _Walk) -> object:
 
 
 def _dict_copy(value: dict[object, object], n: int, take: int, depth: int,
-               walk: _Walk) -> dict[object, object]:
+               walk: _Walk, kinds: ValueKinds) -> dict[object, object]:
     out: dict[object, object] = {}
     for k, v in islice(dict.items(value), take):
         if type(k) not in _PLAIN:
-            k = text(k)
-        out[k] = v if type(v) in _PLAIN else _rec(v, depth + 1, walk)
+            k = text(k, kinds)
+        out[k] = v if type(v) in _PLAIN else _rec(v, depth + 1, walk, kinds)
     if take < n:
         out["..."] = f"<{n - take} more items>"
     return out
 
 
-def _set_text(items_of: Iterator[object], kind: int, n: int, take: int, depth: int, walk: _Walk) -> str:
-    items = [_rec(v, depth + 1, walk) for v in islice(items_of, take)]
+def _set_text(items_of: Iterator[object], kind: int, n: int, take: int, depth: int, walk: _Walk,
+              kinds: ValueKinds) -> str:
+    items = [_rec(v, depth + 1, walk, kinds) for v in islice(items_of, take)]
     body = ", ".join(map(repr, items)) + (f", ...<{n - take} more items>" if take < n else "")
     if kind == _K_SET:
         return "{" + body + "}" if n else "set()"
@@ -547,12 +564,13 @@ def _as_dict(args: Any) -> dict[Any, object]:
     return {"attributes": _marker(args)}
 
 
-def recorded(args: Mapping[Any, object]) -> dict[Any, object]:
+def recorded(args: Mapping[Any, object], kinds: ValueKinds) -> dict[Any, object]:
     """A copy of ``args`` safe to hold until export, made where it is recorded; never raises.
 
     Plain values (str, int, float, bool, None) are kept; anything else is made safe here, on
     the caller's thread, without running the caller's code (see :func:`recorded_value`).  Keys
-    that are not plain become their :func:`text`.
+    that are not plain become their :func:`text`.  ``kinds``: the recorder's memo of types
+    (``STATE.kinds``, see :class:`ValueKinds`).
     """
     if type(args) is not dict:
         args = _as_dict(args)
@@ -560,16 +578,17 @@ def recorded(args: Mapping[Any, object]) -> dict[Any, object]:
     odd = False
     for k, v in out.items():
         if type(v) not in _PLAIN:
-            out[k] = _top(v)
+            out[k] = _top(v, kinds)
         if type(k) is not str:
             odd = True
     if odd:
-        out = {(k if type(k) in _PLAIN else text(k)): v for k, v in out.items()}
+        out = {(k if type(k) in _PLAIN else text(k, kinds)): v for k, v in out.items()}
     return out
 
 
-def recorded_value(value: object) -> object:
+def recorded_value(value: object, kinds: ValueKinds) -> object:
     """One value as :func:`recorded` keeps it; never raises, runs none of the value's code.
+    ``kinds``: the recorder's memo of types (``STATE.kinds``, see :class:`ValueKinds`).
 
     * plain values as they are;
     * ``list``/``tuple``/``dict`` (and subclasses, read through the base type: a namedtuple
@@ -585,7 +604,7 @@ def recorded_value(value: object) -> object:
       devices, classes and functions: their text (library code);
     * anything else: ``<module.Class object at 0x...>``; its ``__str__``/``__repr__`` never runs.
     """
-    return value if type(value) in _PLAIN else _top(value)
+    return value if type(value) in _PLAIN else _top(value, kinds)
 
 
 # ---- export time --------------------------------------------------------------------------
@@ -615,7 +634,7 @@ def _other_value(value: object) -> object:
         return attr_value(value.resolve())
     if type(value) is dict:
         return text(value)
-    return attr_value(recorded_value(value))  # plain, a list/tuple/dict, a DeviceValue: above
+    return attr_value(recorded_value(value, ValueKinds()))  # plain, list/tuple/dict, DeviceValue
 
 
 def _sequence_value(value: list[object] | tuple[object, ...]) -> object:
@@ -699,8 +718,7 @@ def category_name(category: object, default: str = "misc") -> str:
         return default
     if type(category) is str:
         return category
-    t = type(category)
-    if _KINDS.get(t) == _K_ENUM or (t not in _KINDS and _classify(t) == _K_ENUM):
+    if issubclass(type(category), Enum):  # C code on the type: none of the category's runs
         value = object.__getattribute__(category, "_value_")
         return value if type(value) is str else text(value)
     return text(category)

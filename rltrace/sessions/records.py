@@ -284,7 +284,7 @@ class PhaseScope(Scope):
         """Add key/values recorded when the phase ends (``rl.end.<key>``)."""
         if self.end_payload is None:
             self.end_payload = {}
-        self.end_payload.update(recorded(payload))
+        self.end_payload.update(recorded(payload, recorder.STATE.kinds))
 
     def record_attrs(self) -> dict[str, Any]:
         """The execution's attributes, built from its slots once it is exported."""
@@ -342,7 +342,7 @@ class PhaseScope(Scope):
         if payload is not None:
             if self.end_payload is None:
                 self.end_payload = {}
-            self.end_payload.update(recorded(payload))  # any mapping, never its own code
+            self.end_payload.update(recorded(payload, recorder.STATE.kinds))  # never its code
         self._close_if_open(sess.open_phases, end, exc, interrupted)
 
     def _close_if_open(self, ops: list[PhaseScope], end: int, exc: BaseException | None,

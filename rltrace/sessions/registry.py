@@ -258,8 +258,8 @@ class SessionRegistry:
             check_mapping("trace_session_phase", "start_payload", start_payload)
             check_mapping("trace_session_phase", "end_payload", end_payload)
             check_optional_int("trace_session_phase", "turn", turn)
-        start = recorded(start_payload) if start_payload else None
-        end = recorded(end_payload) if end_payload else None
+        start = recorded(start_payload, recorder.STATE.kinds) if start_payload else None
+        end = recorded(end_payload, recorder.STATE.kinds) if end_payload else None
         if device_sync:
             return SyncedPhaseScope(spec, start, end, turn, session_id, self, device_sync)
         return PhaseScope(spec, start, end, turn, session_id, self)
@@ -307,7 +307,8 @@ class SessionRegistry:
 
     def _finalize(self, sess: SessionScope, status: str, given: object) -> None:
         # never raises: an unprintable reason must not lose the session
-        reason = given if given is None or type(given) is str else text(given)
+        reason = given if given is None or type(given) is str else \
+            text(given, recorder.STATE.kinds)
         with self.lock:
             if self.sessions.pop(sess.session_id, None) is None:
                 return
@@ -514,8 +515,8 @@ class SessionRegistry:
                      payload: dict[str, Any]) -> Any:
         if start:
             turn = payload.pop("turn", None)
-            started = PhaseScope(spec, recorded(payload) if payload else None, None, turn,
-                                 sess.session_id, self)
+            held = recorded(payload, recorder.STATE.kinds) if payload else None
+            started = PhaseScope(spec, held, None, turn, sess.session_id, self)
             started._start(sess, share_lane=False)
             return started
         handle: PhaseScope | None = payload.pop("handle", None)

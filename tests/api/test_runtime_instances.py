@@ -46,6 +46,24 @@ def test_a_runtime_of_its_own_owns_a_state_and_registries_of_its_own() -> None:
     assert mine.pipeline is None and mine.diagnostics() == {"queued": 0, "dropped": 0}
 
 
+def test_the_value_kinds_the_hot_path_learns_are_its_runtimes_own_and_outlive_a_reconfigure(
+        tmp_path: Path) -> None:
+    class Reading:  # a type no runtime has classified yet
+        pass
+
+    mine = runtime.Runtime()
+    assert mine.state.kinds is not STATE.kinds
+    with capture_spans(tmp_path) as cap:
+        value = Reading()
+        with rltrace.trace_scope("step", args={"r": value}):
+            pass
+        assert cap.one("step").attributes["args.r"] == f"<{Reading.__module__}.{Reading.__qualname__} " \
+                                                      f"object at {id(value):#x}>"
+        assert Reading in STATE.kinds and Reading not in mine.state.kinds
+        rltrace.configure(fileroot=str(tmp_path), flush_at_exit=False)
+        assert Reading in STATE.kinds  # a type's kind does not change with the config
+
+
 def test_configure_switches_the_instances_it_owns_and_shutdown_switches_them_off(tmp_path: Path) -> None:
     tracing = runtime.RUNTIME
     with capture_spans(tmp_path, session_tracer={"enabled": True},

@@ -342,18 +342,35 @@ def test_recording_a_cuda_tensor_behind_queued_work_never_waits_for_the_device()
     summary; once the device caught up the numbers are read."""
     import torch
 
-    from rltrace.recording.user_values import DeviceValue, recorded
+    from rltrace.recording.user_values import DeviceValue, ValueKinds, recorded
 
     torch.cuda.synchronize()
     torch.cuda._sleep(4_000_000_000)  # about two seconds of device time, queued
     value = torch.ones(2, device="cuda")
-    held = recorded({"v": value})["v"]
+    kinds = ValueKinds()
+    held = recorded({"v": value}, kinds)["v"]
     assert type(held) is DeviceValue
     assert held._ready is not None and not held._ready()  # the caller did not wait for the device
     assert held.resolve() == "Tensor(shape=(2,), dtype=torch.float32, device='cuda:0')"
     torch.cuda.synchronize()
-    again = recorded({"v": value})["v"]
+    again = recorded({"v": value}, kinds)["v"]
     assert type(again) is DeviceValue and again.resolve() == [1.0, 1.0]
+
+
+def test_values_of_ever_new_types_hold_a_bounded_memo_and_are_each_recorded_as_their_kind() -> None:
+    """A loop that records an object of a class made afresh each step (a closure's class, a
+    dataclass per call) must not grow the type -> kind memo without end."""
+    from rltrace.recording.user_values import _MAX_KINDS, ValueKinds, recorded
+
+    kinds = ValueKinds()
+    for i in range(_MAX_KINDS + 10):
+        fresh = type(f"Step{i}", (), {})
+        number = type(f"Loss{i}", (float,), {})
+        got = recorded({"obj": fresh(), "loss": number(0.5), "lens": [1, (2, 3)]}, kinds)
+        assert got["obj"].startswith(f"<{__name__}.Step{i} object at 0x")
+        assert type(got["loss"]) is float and got["loss"] == 0.5
+        assert got["lens"] == [1, (2, 3)]
+        assert len(kinds) <= _MAX_KINDS
 
 
 def test_a_raising_str_becomes_a_marker_for_that_value_alone(tmp_path: Path, monkeypatch: Any) -> None:
