@@ -214,7 +214,11 @@ def test_top_of_a_missing_folder_is_an_error_without_once(tmp_path: Path) -> Non
 
 def test_top_off_a_terminal_prints_plain_frames_as_they_come(run: tuple[Path, Path]) -> None:
     _, logdir = run
-    proc = subprocess.Popen([sys.executable, "-m", "rltrace.cli", "top", str(logdir), "--interval", "0.2"],
+    # Ctrl-C's own handler, set in the child: a pytest started in the background by a script
+    # runs with SIGINT ignored, and a child would inherit that and never see the SIGINT below
+    start = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+             "sys.argv[0] = 'rltrace'; runpy.run_module('rltrace.cli', run_name='__main__')")
+    proc = subprocess.Popen([sys.executable, "-c", start, "top", str(logdir), "--interval", "0.2"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_clean_env(), cwd=REPO)
     assert proc.stdout is not None
     got = b""
