@@ -581,9 +581,13 @@ def recorded(args: Mapping[Any, object], kinds: ValueKinds) -> dict[Any, object]
             out[k] = _top(v, kinds)
         if type(k) is not str:
             odd = True
-    if odd:
-        out = {(k if type(k) in _PLAIN else text(k, kinds)): v for k, v in out.items()}
-    return out
+    return _plain_keys(out, kinds) if odd else out
+
+
+def _plain_keys(out: dict[Any, object], kinds: ValueKinds) -> dict[Any, object]:
+    """``out`` with each key that is not plain made its :func:`text` (apart from :func:`recorded`:
+    a comprehension there that reads ``kinds`` would make every call pay for a closure cell)."""
+    return {(k if type(k) in _PLAIN else text(k, kinds)): v for k, v in out.items()}
 
 
 def recorded_value(value: object, kinds: ValueKinds) -> object:
