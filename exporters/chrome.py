@@ -42,7 +42,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace.status import StatusCode
 
-from rltrace.logdir.files import LineFile
+from rltrace.logdir.files import GuardedDirs, LineFile
 from rltrace.recording.recorder import STATE
 from rltrace.recording.user_values import category_name, dumps_line
 from rltrace.seams import Record
@@ -523,9 +523,10 @@ class ChromeTraceExporter(SpanExporter):
     deleted during the run is recreated with its metadata.  Tracing and training continue.
     """
 
-    def __init__(self, path: str | os.PathLike[str], **encoder_kwargs: Any) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, guard: GuardedDirs | None = None,
+                 **encoder_kwargs: Any) -> None:
         self.encoder = ChromeEncoder(**encoder_kwargs)
-        self.file = LineFile(path, on_reopen=self._header_again)
+        self.file = LineFile(path, on_reopen=self._header_again, guard=guard)
         self._lock = threading.RLock()  # reentrant: a SIGTERM flush may interrupt a write
         self.lines_written = 0
         #: called with each batch of lines once written, the records they were written from

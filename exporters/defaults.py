@@ -10,17 +10,18 @@ from pathlib import Path
 
 from rltrace.exporters.chrome import ChromeTraceExporter
 from rltrace.exporters.session_records import SessionRecordWriter
+from rltrace.logdir.files import GuardedDirs
 from rltrace.seams import ChromeSink, SessionRecordSink, Sinks
 
 
 def _chrome(path: Path, *, rank: int, world_size: int, role: str | None, host: str,
-            experiment: str, trial: str) -> ChromeSink:
+            experiment: str, trial: str, guard: GuardedDirs | None) -> ChromeSink:
     return ChromeTraceExporter(path, rank=rank, world_size=world_size, role=role, host=host,
-                               experiment=experiment, trial=trial)
+                               experiment=experiment, trial=trial, guard=guard)
 
 
-def _session_records(path: Path, flush_threshold: int) -> SessionRecordSink:
-    return SessionRecordWriter(path, flush_threshold)
+def _session_records(path: Path, flush_threshold: int, guard: GuardedDirs | None) -> SessionRecordSink:
+    return SessionRecordWriter(path, flush_threshold, guard=guard)
 
 
 def default_sinks() -> Sinks:

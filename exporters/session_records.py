@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from rltrace.logdir.files import LineFile
+from rltrace.logdir.files import GuardedDirs, LineFile
 from rltrace.recording.user_values import dumps_line
 
 _dumps, _NEWLINE = orjson.dumps, orjson.OPT_APPEND_NEWLINE
@@ -27,8 +27,9 @@ class SessionRecordWriter:
     retried, bounded; a deleted file is recreated).
     """
 
-    def __init__(self, path: str | os.PathLike[str], flush_threshold: int = 100) -> None:
-        self.file = LineFile(path)
+    def __init__(self, path: str | os.PathLike[str], flush_threshold: int = 100, *,
+                 guard: GuardedDirs | None = None) -> None:
+        self.file = LineFile(path, guard=guard)
         self.flush_threshold = max(1, flush_threshold)
         #: the lines not yet appended, in one bytearray: each encoded line is copied in and
         #: freed at once (holding orjson's outputs alive would keep each at its initial 1 KiB

@@ -91,7 +91,7 @@ def torch_profile(path: str | os.PathLike[str], *, activities: Iterable[Profiler
         with profile(activities=acts, **profiler_args) as prof:
             yield prof
         try:
-            make_folders(target.parent)  # never another user's folder or link
+            make_folders(target.parent, guard=RUNTIME.guarded)  # never another user's
             prof.export_chrome_trace(str(target))
         except Exception as exc:  # tracing never breaks training
             internal_error(f"torch.profiler export to {target}", exc)

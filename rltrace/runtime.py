@@ -30,6 +30,7 @@ from rltrace.accounting.counters import Counters
 from rltrace.config import ConfigError, TracerConfig, load_config
 from rltrace.device import HeldEvents
 from rltrace.logdir import layout as logdir_room
+from rltrace.logdir.files import GuardedDirs
 from rltrace.pipeline.fair_lock import FairRLock
 from rltrace.pipeline.loop import Pipeline
 from rltrace.pipeline.readable_spans import bound
@@ -86,6 +87,9 @@ class Runtime:
         self.sessions = sessions if sessions is not None else SessionRegistry(self.phases)
         self.lock = FairRLock()
         self.pipeline: Pipeline | None = None
+        #: the log dirs whose folders every open of their files re-checks (each ``configure``
+        #: declares its own; kept across reconfiguration and fork, as the files stay there)
+        self.guarded = GuardedDirs()
         #: what the pipeline writes its local files with, given by the composer (``rltrace``'s
         #: public face hands it :func:`rltrace.exporters.defaults.default_sinks`)
         self.sinks: Sinks | None = None
@@ -190,16 +194,17 @@ class Runtime:
             rk, world = detect_rank(cfg.rank, cfg.world_size)
             new: Pipeline | None = None
             if cfg.enabled or cfg.session_tracer.enabled:
-                logdir = logdir_room.prepare(cfg)
+                logdir = logdir_room.prepare(cfg, self.guarded)
                 ring = self.pipeline.flight if self.pipeline is not None else None
                 _recover_killed_runs(logdir, () if ring is None else (ring.ring_id,))
                 new = Pipeline(cfg, rk, world, logdir, self.user_processors, metric_readers,
                                sampler, clock=clock, id_generator=id_generator, registry=reg,
                                state=state, counters=self.counters,
                                user_record_processors=self.user_record_processors,
-                               on_unlock=self.termination.resume_pending, sinks=self._sinks())
+                               on_unlock=self.termination.resume_pending, sinks=self._sinks(),
+                               guard=self.guarded)
                 if rk == 0 and not cfg.per_process_files:
-                    logdir_room.write_config(logdir, cfg, world)
+                    logdir_room.write_config(logdir, cfg, world, self.guarded)
             old = self.pipeline
             if old is not None:
                 state.enabled = False

@@ -23,6 +23,8 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.trace import SpanContext
 
+from rltrace.logdir.files import GuardedDirs
+
 __all__ = [
     "ChromeSink",
     "ChromeSinkFactory",
@@ -218,10 +220,11 @@ class _ChromeEncoding(Protocol):
 
 
 class ChromeSinkFactory(Protocol):
-    """Builds the Chrome sink for one rank's file at ``path``."""
+    """Builds the Chrome sink for one rank's file at ``path``, opened with ``guard`` (the
+    runtime's guarded log dirs: :class:`rltrace.logdir.files.GuardedDirs`)."""
 
     def __call__(self, path: Path, *, rank: int, world_size: int, role: str | None, host: str,
-                 experiment: str, trial: str) -> ChromeSink: ...
+                 experiment: str, trial: str, guard: GuardedDirs | None) -> ChromeSink: ...
 
 
 class SessionRecordSink(Protocol):
@@ -250,7 +253,7 @@ class SessionRecordSink(Protocol):
 class Sinks:
     """What the pipeline writes its local files with, given to it by whoever composes it (the
     core builds no exporter itself): ``chrome(path, ...)`` for the rank's Chrome trace,
-    ``session_records(path, flush_threshold)`` for its session records."""
+    ``session_records(path, flush_threshold, guard)`` for its session records."""
 
     chrome: ChromeSinkFactory
-    session_records: Callable[[Path, int], SessionRecordSink]
+    session_records: Callable[[Path, int, GuardedDirs | None], SessionRecordSink]

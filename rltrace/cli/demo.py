@@ -38,6 +38,7 @@ from rltrace.config import (
 )
 from rltrace.logdir import layout as logdir_room
 from rltrace.pipeline.otlp_exporter import otlp_endpoint, otlp_protocol
+from rltrace.runtime import RUNTIME
 
 
 @dataclass
@@ -352,7 +353,7 @@ def _prepare(opts: DemoOptions) -> Path | str:
         cfg = load_config(base, **overrides)
         if otlp_endpoint(cfg.otlp) is not None:
             otlp_protocol(cfg.otlp)
-        return logdir_room.prepare(cfg)
+        return logdir_room.prepare(cfg, RUNTIME.guarded)
     except ConfigError as exc:
         return f"rltrace demo: {str(exc).removeprefix('rltrace: ')}"
 

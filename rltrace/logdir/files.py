@@ -8,11 +8,12 @@ renamed over the target, which replaces a planted link instead of writing throug
 
 Folders are input from a stranger too: in a log dir that others can write to, another user could
 plant ``perf_tracer/`` as a link to her folder, or make it a real folder of her own, and read or
-swap what rltrace writes there.  Below a base declared with :func:`guard_folders_below` (the
-run's ``{fileroot}/logs``), every file is opened relative to its folder's descriptor, and each
-folder on the way down is opened with ``O_DIRECTORY | O_NOFOLLOW`` (made when missing) and
-refused when it is a link or a folder owned by another user (or, for the file itself, a file
-owned by another user).  A link the user made herself (``exp -> /scratch/exp``) is followed.
+swap what rltrace writes there.  Below a base declared in the :class:`GuardedDirs` handed to an
+opener as ``guard`` (the runtime's: its log dirs' ``{fileroot}/logs``), every file is opened
+relative to its folder's descriptor, and each folder on the way down is opened with
+``O_DIRECTORY | O_NOFOLLOW`` (made when missing) and refused when it is a link or a folder owned
+by another user (or, for the file itself, a file owned by another user).  A link the user made
+herself (``exp -> /scratch/exp``) is followed.
 
 :class:`LineFile` appends whole lines and flushes per batch (a crash leaves every complete
 line valid).  When a write fails (unwritable directory, full disk, file-size limit) it warns
@@ -56,31 +57,44 @@ def _refuse(path: Path, what: str) -> UnsafeFileError:
                            f"it (remove it, or choose another fileroot)")
 
 
-#: bases below which folders are checked (absolute, links not resolved), newest last
-_GUARDED: list[str] = []
-_GUARDED_MAX = 64
 _DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC
 
 
-def guard_folders_below(base: str | os.PathLike[str]) -> None:
-    """From now on, check every folder below ``base`` on the way to a file this module opens
-    (see module doc).  ``configure`` declares ``{fileroot}/logs``: above it the fileroot may be a
-    team's volume, below it every folder must be this user's."""
-    b = os.path.abspath(base)
-    if b in _GUARDED:
-        _GUARDED.remove(b)
-    _GUARDED.append(b)
-    del _GUARDED[:-_GUARDED_MAX]
+class GuardedDirs:
+    """The bases below which every folder on the way to a file is checked (see module doc):
+    absolute, links not resolved, newest last, at most ``MAX``.
 
+    The runtime holds one (``Runtime.guarded``): each ``configure`` declares its log dir's
+    ``{fileroot}/logs`` in it, and the writers of that log dir are handed it as ``guard``.  A
+    forked child keeps it (it writes into the same log dirs); another ``Runtime`` has its own.
+    """
 
-def _guard_base(folder: str) -> str | None:
-    """The longest declared base that ``folder`` is inside (None: not guarded)."""
-    best = None
-    for b in tuple(_GUARDED):
-        if (folder == b or folder.startswith(b.rstrip(os.sep) + os.sep)) \
-                and (best is None or len(b) > len(best)):
-            best = b
-    return best
+    __slots__ = ("_bases",)
+
+    MAX = 64
+
+    def __init__(self) -> None:
+        self._bases: list[str] = []
+
+    def add(self, base: str | os.PathLike[str]) -> None:
+        """From now on, check every folder below ``base`` on the way to a file opened with this
+        guard.  ``configure`` declares ``{fileroot}/logs``: above it the fileroot may be a team's
+        volume, below it every folder must be this user's."""
+        b = os.path.abspath(base)
+        bases = self._bases
+        if b in bases:
+            bases.remove(b)
+        bases.append(b)
+        del bases[:-self.MAX]
+
+    def base_of(self, folder: str) -> str | None:
+        """The longest declared base that ``folder`` (absolute) is inside (None: not guarded)."""
+        best = None
+        for b in tuple(self._bases):  # (a copy: another thread may declare one meanwhile)
+            if (folder == b or folder.startswith(b.rstrip(os.sep) + os.sep)) \
+                    and (best is None or len(b) > len(best)):
+                best = b
+        return best
 
 
 def _trusted_uids() -> tuple[int, int]:
@@ -125,11 +139,11 @@ def _child_folder(dfd: int, name: str, shown: str, create: bool) -> int:
     return fd
 
 
-def _folder_fd(folder: Path, create: bool) -> int:
-    """A descriptor of ``folder`` (made when ``create``), every folder below a guarded base
+def _folder_fd(folder: Path, create: bool, guard: GuardedDirs | None) -> int:
+    """A descriptor of ``folder`` (made when ``create``), every folder below a base of ``guard``
     checked on the way down (see module doc)."""
     absolute = os.path.abspath(folder)
-    base = _guard_base(absolute)
+    base = guard.base_of(absolute) if guard is not None else None
     if base is None:
         if create:
             folder.mkdir(parents=True, exist_ok=True)
@@ -150,21 +164,22 @@ def _folder_fd(folder: Path, create: bool) -> int:
     return fd
 
 
-def make_folders(folder: str | os.PathLike[str]) -> None:
+def make_folders(folder: str | os.PathLike[str], *, guard: GuardedDirs | None = None) -> None:
     """``folder.mkdir(parents=True, exist_ok=True)``, refusing (:class:`UnsafeFileError`) a link
-    or a folder of another user below a guarded base: for outputs written by a library by name
-    (the torch profiler), checked right before use."""
-    os.close(_folder_fd(Path(folder), True))
+    or a folder of another user below a base of ``guard``: for outputs written by a library by
+    name (the torch profiler), checked right before use."""
+    os.close(_folder_fd(Path(folder), True, guard))
 
 
-def open_no_follow(path: Path, flags: int, mode: int = 0o666) -> int:
+def open_no_follow(path: Path, flags: int, mode: int = 0o666, *,
+                   guard: GuardedDirs | None = None) -> int:
     """``os.open(path, flags)`` that refuses a symbolic link and anything but a regular file
-    (a planted FIFO does not block the open); returns the descriptor.  Below a guarded base the
-    folders on the way are checked (and made, with ``O_CREAT``) and the file must be this
+    (a planted FIFO does not block the open); returns the descriptor.  Below a base of ``guard``
+    the folders on the way are checked (and made, with ``O_CREAT``) and the file must be this
     user's."""
     path = Path(path)
-    dfd = _folder_fd(path.parent, bool(flags & os.O_CREAT))
-    guarded = _guard_base(os.path.abspath(path.parent)) is not None
+    dfd = _folder_fd(path.parent, bool(flags & os.O_CREAT), guard)
+    guarded = guard is not None and guard.base_of(os.path.abspath(path.parent)) is not None
     try:
         fd = os.open(path.name, flags | _NOFOLLOW | _CLOEXEC | _NONBLOCK, mode, dir_fd=dfd)
     except OSError as exc:
@@ -185,13 +200,14 @@ def open_no_follow(path: Path, flags: int, mode: int = 0o666) -> int:
     return fd
 
 
-def open_for_append(path: Path) -> BinaryIO:
-    """Open ``path`` for appending whole lines, creating its directory; never through a link.
+def open_for_append(path: Path, *, guard: GuardedDirs | None = None) -> BinaryIO:
+    """Open ``path`` for appending whole lines, creating its directory; never through a link
+    (nor, below a base of ``guard``, through another user's folder).
 
     If a previous writer crashed mid-line, the cut-off fragment is ended with a newline first,
     so the first new line stays valid JSON (readers skip the fragment and say so).
     """
-    fd = open_no_follow(path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
+    fd = open_no_follow(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, guard=guard)
     fh = open(fd, "ab", buffering=0)  # noqa: SIM115 - the caller keeps it open
     try:
         size = os.fstat(fd).st_size
@@ -207,15 +223,16 @@ class FileBusyError(OSError):
     """Another process holds the file (:func:`open_fresh`): two writers would interleave it."""
 
 
-def open_fresh(path: Path) -> BinaryIO:
+def open_fresh(path: Path, *, guard: GuardedDirs | None = None) -> BinaryIO:
     """Open ``path`` to write it from its start (created, or emptied), creating its directory;
-    never through a link.  Unbuffered: each write is the caller's whole unit.
+    never through a link (nor, below a base of ``guard``, through another user's folder).
+    Unbuffered: each write is the caller's whole unit.
 
     The file is locked (``flock``, exclusive) for as long as it is open, and emptied only once
     the lock is held: a second process given the same path (two processes of one rank) gets
     :class:`FileBusyError` and leaves the first one's file whole, where both writing from
     offset 0 would interleave their bytes into a file no reader can parse."""
-    fd = open_no_follow(path, os.O_WRONLY | os.O_CREAT)
+    fd = open_no_follow(path, os.O_WRONLY | os.O_CREAT, guard=guard)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -230,14 +247,14 @@ def open_fresh(path: Path) -> BinaryIO:
     return open(fd, "wb", buffering=0)
 
 
-def write_atomically(path: Path, data: bytes) -> None:
+def write_atomically(path: Path, data: bytes, *, guard: GuardedDirs | None = None) -> None:
     """Replace ``path`` with ``data``: written to a fresh, unpredictable name beside it
     (``O_EXCL``; the umask applies), then renamed over it, so a reader sees the old file or the
     new one, and a link planted at ``path`` is replaced, never written through.  The folder is
     made when missing and checked like :func:`open_no_follow`'s."""
     path = Path(path)
     tmp = f".{path.name}.{secrets.token_hex(8)}.tmp"
-    dfd = _folder_fd(path.parent, True)
+    dfd = _folder_fd(path.parent, True, guard)
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o666,
                      dir_fd=dfd)
@@ -259,8 +276,11 @@ class LineFile:
     """An append-only lines file that survives write failures and deletion (see module doc)."""
 
     def __init__(self, path: str | os.PathLike[str], *, pending_cap: int = DEFAULT_PENDING_CAP,
-                 on_reopen: Callable[[], bytes] | None = None) -> None:
+                 on_reopen: Callable[[], bytes] | None = None,
+                 guard: GuardedDirs | None = None) -> None:
         self.path = Path(path)
+        #: the bases below which the folders on the way to the file are checked at each open
+        self.guard = guard
         self.pending_cap = pending_cap
         self.on_reopen = on_reopen
         self._fh: BinaryIO | None = None
@@ -318,7 +338,7 @@ class LineFile:
         if self._fh is not None and self._deleted():
             self._recreate()
         if self._fh is None:
-            self._fh = open_for_append(self.path)
+            self._fh = open_for_append(self.path, guard=self.guard)
         while self._pending:
             chunk = self._pending[0]
             n = self._fh.write(chunk) or 0

@@ -6,9 +6,9 @@ this user's, and none of them a symbolic link someone else planted, or another u
 this run's files (and what it would write through them) elsewhere.  The same holds for the
 folders inside the log dir (``perf_tracer/``, ``session_tracer/``, ``live/``, role folders...):
 ``configure`` refuses one that is another user's link or folder, and every later open checks
-them again right before use (:func:`rltrace.logdir.files.guard_folders_below`), so one planted
-after ``configure`` turns that output off with a warning instead of being written into.  The
-log files themselves are opened without following links (:mod:`rltrace.logdir.files`).
+them again right before use (the runtime's :class:`rltrace.logdir.files.GuardedDirs`), so one
+planted after ``configure`` turns that output off with a warning instead of being written into.
+The log files themselves are opened without following links (:mod:`rltrace.logdir.files`).
 """
 
 from __future__ import annotations
@@ -20,20 +20,22 @@ import stat
 from pathlib import Path
 
 from rltrace.config import ConfigError, TracerConfig, log_dir, redacted
-from rltrace.logdir.files import guard_folders_below, write_atomically
+from rltrace.logdir.files import GuardedDirs, write_atomically
 from rltrace.version import __version__
 
 logger = logging.getLogger("rltrace")
 
 
-def prepare(cfg: TracerConfig) -> Path:
-    """Make the log dir (checking the folders from ``logs/{user}`` down) and prove it writable;
-    raises :class:`ConfigError` naming the problem and the fix."""
+def prepare(cfg: TracerConfig, guard: GuardedDirs) -> Path:
+    """Make the log dir (checking the folders from ``logs/{user}`` down), declare its
+    ``{fileroot}/logs`` in ``guard`` (the runtime's: its writers check every folder below it at
+    each open) and prove it writable; raises :class:`ConfigError` naming the problem and the
+    fix."""
     logdir = log_dir(cfg)
     root = Path(cfg.fileroot).expanduser() / "logs"
     try:
         _check_chain(root, logdir)
-        guard_folders_below(root)
+        guard.add(root)
         logdir.mkdir(parents=True, exist_ok=True)
         _check_chain(root, logdir)  # made by someone else meanwhile?
         probe = logdir / f".rltrace-write-test-{os.getpid()}-{secrets.token_hex(4)}"
@@ -122,7 +124,7 @@ def _check_no_planted_links(logdir: Path) -> None:
             f"rltrace will not write through them. Remove them, or choose another trial_name.")
 
 
-def write_config(logdir: Path, cfg: TracerConfig, world_size: int) -> None:
+def write_config(logdir: Path, cfg: TracerConfig, world_size: int, guard: GuardedDirs) -> None:
     """``{logdir}/config.yaml``: the effective config, secrets redacted (rank 0 writes it)."""
     import yaml
 
@@ -132,6 +134,6 @@ def write_config(logdir: Path, cfg: TracerConfig, world_size: int) -> None:
     text = (f"# effective rltrace {__version__} configuration (secrets redacted)\n"
             + yaml.safe_dump(data, sort_keys=False))
     try:
-        write_atomically(logdir / "config.yaml", text.encode())
+        write_atomically(logdir / "config.yaml", text.encode(), guard=guard)
     except OSError as exc:
         logger.warning("rltrace: cannot write %s: %s", logdir / "config.yaml", exc)

@@ -52,7 +52,7 @@ from rltrace.accounting.goodput import (
     split_rank_step,
     truncated_of,
 )
-from rltrace.logdir.files import write_atomically
+from rltrace.logdir.files import GuardedDirs, write_atomically
 from rltrace.readers.live_state import EDGES, FORMAT
 from rltrace.sessions import SessionRegistry
 
@@ -192,8 +192,11 @@ class LivePublisher:
                  session_processor: SessionMetricsProcessor, rank: int, world_size: int,
                  role: str | None = None, host: str | None = None,
                  experiment: str | None = None, trial: str | None = None,
-                 registry: SessionRegistry, step_scopes: StepScopeCollector | None = None) -> None:
+                 registry: SessionRegistry, step_scopes: StepScopeCollector | None = None,
+                 guard: GuardedDirs | None = None) -> None:
         self.path = Path(path)
+        #: the log dir's guarded bases (the folders on the way are checked at each publish)
+        self.guard = guard
         #: this process's step scopes as they end (the scope side of each step's goodput split)
         self.step_scopes = step_scopes
         #: the registry whose open tasks and sessions are published
@@ -479,7 +482,7 @@ class LivePublisher:
         return doc, ordered
 
     def _write(self, data: bytes) -> None:
-        write_atomically(self.path, data)  # makes the folder, never another user's
+        write_atomically(self.path, data, guard=self.guard)  # makes the folder, never hers
 
 
 def live_path(log_dir: Path, file_name: str) -> Path:

@@ -10,6 +10,7 @@ old pipeline first; processors a user added are carried over.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -35,6 +36,7 @@ from rltrace import device
 from rltrace.accounting.counters import Counters, ScopeSummary
 from rltrace.accounting.goodput import StepScopeCollector
 from rltrace.config import TracerConfig, redact_endpoint
+from rltrace.logdir.files import GuardedDirs
 from rltrace.pipeline.fair_lock import FairRLock
 from rltrace.pipeline.live_state import LivePublisher, live_path
 from rltrace.pipeline.otlp_encode import RecordEncoder
@@ -82,9 +84,11 @@ class Pipeline:
         id_generator: IdGenerator | None = None, registry: SessionRegistry, state: RecorderState,
         counters: Counters | None = None,
         user_record_processors: Sequence[RecordProcessor | SupportsOnRecord] | None = None,
-        on_unlock: Callable[[], None] | None = None, sinks: Sinks,
+        on_unlock: Callable[[], None] | None = None, sinks: Sinks, guard: GuardedDirs | None = None,
     ) -> None:
         self.cfg = cfg
+        #: the log dirs whose folders every open of this pipeline's files re-checks (the runtime's)
+        self.guard = guard
         #: what the Chrome file and the session records are written with
         self.sinks = sinks
         #: how recording threads and the exporter thread share the export work
@@ -171,7 +175,7 @@ class Pipeline:
             self.chrome_path = logdir / TRACES_DIR / self._file_name("traces", os.getpid())
             self.chrome = sinks.chrome(
                 self.chrome_path, rank=rank, world_size=world_size, role=cfg.role,
-                host=self.host, experiment=cfg.experiment_name, trial=cfg.trial_name,
+                host=self.host, experiment=cfg.experiment_name, trial=cfg.trial_name, guard=guard,
             )
             self.add_queued(self.chrome)
             if cfg.exporters.native:
@@ -219,7 +223,8 @@ class Pipeline:
         from rltrace.timeline.stream import SUFFIX, RankTraceWriter
 
         assert self.chrome_path is not None and self.chrome is not None
-        self.native = RankTraceWriter(self.chrome_path.with_suffix(SUFFIX), open_fresh,
+        self.native = RankTraceWriter(self.chrome_path.with_suffix(SUFFIX),
+                                      functools.partial(open_fresh, guard=self.guard),
                                       counter_cap=counter_cap)
         self.chrome.tap = self.native.lines
 
@@ -235,7 +240,8 @@ class Pipeline:
             if aggregates is None:
                 meter = self.meter_provider.get_meter("rltrace", __version__)
         self.session_processor = SessionMetricsProcessor(
-            self.sinks.session_records(self.sessions_path, cfg.session_tracer.flush_threshold),
+            self.sinks.session_records(self.sessions_path, cfg.session_tracer.flush_threshold,
+                                       self.guard),
             rank=self.rank, meter=meter, role=cfg.role, aggregates=aggregates,
             phases=registry.phases,
         )
@@ -249,7 +255,7 @@ class Pipeline:
                 interval_s=cfg.live_interval_s, session_processor=self.session_processor,
                 rank=self.rank, world_size=self.world_size, role=cfg.role, host=self.host,
                 experiment=cfg.experiment_name, trial=cfg.trial_name, registry=registry,
-                step_scopes=step_scopes,
+                step_scopes=step_scopes, guard=self.guard,
             )
 
     def _otlp_side(self, cfg: TracerConfig) -> None:
@@ -307,7 +313,8 @@ class Pipeline:
         assert self.sessions_path is not None
         path = self.sessions_path.with_name(ring_name(self.rank, pid))
         try:
-            self.flight = FlightRecorder(path, self.sessions_path, role=bool(self.cfg.role))
+            self.flight = FlightRecorder(path, self.sessions_path, role=bool(self.cfg.role),
+                                         guard=self.guard)
         except OSError as exc:  # tracing goes on without it
             internal_error(f"flight recorder {path}", exc)
             self.flight = None

@@ -93,7 +93,8 @@ def setup_worker(payload: Mapping[str, object], user_hook: str | Callable[[], ob
     if p is not None:  # on the provider only: Ray's spans get it, rltrace's records need not
         info = WorkerInfo(role=p.cfg.role, rank=p.rank, pid=os.getpid())
         try:
-            tally = SessionTally(p.log_dir / "ray" / f"tally-r{p.rank}-p{os.getpid()}.bin")
+            tally = SessionTally(p.log_dir / "ray" / f"tally-r{p.rank}-p{os.getpid()}.bin",
+                                 RUNTIME.guarded)
         except OSError as exc:
             runtime.logger.warning("rltrace.ray: no session tally in this worker (%s): a "
                                     "ray.kill of it cannot be counted", exc)

@@ -58,7 +58,7 @@ from zlib import crc32
 
 import orjson
 
-from rltrace.logdir.files import open_no_follow
+from rltrace.logdir.files import GuardedDirs, open_no_follow
 from rltrace.logdir.pids import pid_alive
 from rltrace.readers.lines import Oversize, iter_lines
 from rltrace.recording.user_values import dumps_line, json_safe
@@ -124,7 +124,8 @@ class FlightRecorder:
     """
 
     def __init__(self, path: Path, records: Path, capacity: int = DEFAULT_CAPACITY,
-                 role: bool = False, warned: set[str] | None = None) -> None:
+                 role: bool = False, warned: set[str] | None = None,
+                 guard: GuardedDirs | None = None) -> None:
         m = _NAME.fullmatch(path.name)
         if m is None or not 0 < capacity <= MAX_CAPACITY:
             raise ValueError(f"flight recorder: {path.name!r} is not a ring name of "
@@ -148,7 +149,7 @@ class FlightRecorder:
                 dev, ino, offset = st.st_dev, st.st_ino, st.st_size
         except OSError:
             pass
-        fd = open_no_follow(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = open_no_follow(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600, guard=guard)
         try:
             if fcntl is not None:
                 try:  # held while the process lives: the kernel drops it however it dies

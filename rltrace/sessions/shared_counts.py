@@ -17,7 +17,7 @@ import mmap
 import os
 from pathlib import Path
 
-from rltrace.logdir.files import open_no_follow
+from rltrace.logdir.files import GuardedDirs, open_no_follow
 
 __all__ = ["EXITED", "FIELDS", "FINALIZED", "REGISTERED", "WRITTEN", "SessionTally",
            "read_tally"]
@@ -31,10 +31,10 @@ _SIZE = 8 * len(FIELDS)
 class SessionTally:
     """This process's counts, in ``path`` (created, or truncated, at zero)."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], guard: GuardedDirs | None = None) -> None:
         self.path = Path(path)
         # the folder made and checked, the file never through a link (another user's log dir)
-        fd = open_no_follow(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = open_no_follow(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644, guard=guard)
         try:
             os.ftruncate(fd, _SIZE)
             self._map = mmap.mmap(fd, _SIZE)

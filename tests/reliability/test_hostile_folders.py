@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -19,13 +20,14 @@ from conftest import clean_env
 
 import rltrace
 from rltrace.logdir.files import (
+    GuardedDirs,
     LineFile,
     UnsafeFileError,
-    guard_folders_below,
     make_folders,
     open_for_append,
     write_atomically,
 )
+from rltrace.runtime import RUNTIME, Runtime
 
 NOBODY = 65534
 
@@ -145,19 +147,19 @@ def test_a_live_folder_planted_after_configure_is_never_written_into(
 @pytest.mark.parametrize("kind", ["link", "folder"])
 def test_every_writer_checks_the_folders_below_the_guarded_base_right_before_use(
         tmp_path: Path, kind: str) -> None:
-    base = tmp_path / "logs"
     logdir = _shared_logdir(tmp_path)
     hers = _hers(tmp_path)
-    guard_folders_below(base)
+    guard = GuardedDirs()
+    guard.add(tmp_path / "logs")
     _plant(logdir, "session_tracer", hers, kind)
     target = logdir / "session_tracer" / "role" / "sessions-r0.jsonl"
     with pytest.raises(UnsafeFileError, match="owned by another user"):
-        open_for_append(target)
+        open_for_append(target, guard=guard)
     with pytest.raises(UnsafeFileError, match="owned by another user"):
-        write_atomically(logdir / "session_tracer" / "x.json", b"{}")
+        write_atomically(logdir / "session_tracer" / "x.json", b"{}", guard=guard)
     with pytest.raises(UnsafeFileError, match="owned by another user"):
-        make_folders(logdir / "session_tracer" / "deeper")
-    f = LineFile(target)
+        make_folders(logdir / "session_tracer" / "deeper", guard=guard)
+    f = LineFile(target, guard=guard)
     assert f.append(b"1\n2\n") is False and f.append(b"3\n") is False
     assert f.refused is not None and f.lost_lines == 3 and f.pending_bytes == 0
     assert _everything_in(hers) == []
@@ -165,17 +167,73 @@ def test_every_writer_checks_the_folders_below_the_guarded_base_right_before_use
     mine = tmp_path / "mine"
     mine.mkdir()
     (logdir / "perf_tracer").symlink_to(mine)
-    with open_for_append(logdir / "perf_tracer" / "r" / "traces-r0.jsonl") as fh:
+    with open_for_append(logdir / "perf_tracer" / "r" / "traces-r0.jsonl", guard=guard) as fh:
         fh.write(b"{}\n")
     assert (mine / "r" / "traces-r0.jsonl").read_bytes() == b"{}\n"
 
 
 def test_a_file_of_another_user_in_a_guarded_folder_is_refused(tmp_path: Path) -> None:
     logdir = _shared_logdir(tmp_path)
-    guard_folders_below(tmp_path / "logs")
+    guard = GuardedDirs()
+    guard.add(tmp_path / "logs")
     theirs = logdir / "sessions-r0.jsonl"
     theirs.write_bytes(b"")
     os.chown(theirs, NOBODY, NOBODY)
     with pytest.raises(UnsafeFileError, match="a file owned by another user"):
-        open_for_append(theirs)
+        open_for_append(theirs, guard=guard)
     assert theirs.read_bytes() == b""
+
+
+def test_the_log_dirs_a_runtime_guards_are_its_own_and_outlive_its_pipeline(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    clean_env(monkeypatch)
+    root = tmp_path / "root"
+    logdir = _shared_logdir(root)
+    hers = _hers(tmp_path)
+    mine = Runtime()
+    assert mine.guarded is not RUNTIME.guarded
+    _configure(root)
+    rltrace.shutdown()
+    _plant(logdir, "report", hers, "link")
+    target = logdir / "report" / "summary.json"
+    # the process's runtime declared its log dir at configure, and still guards it after shutdown
+    with pytest.raises(UnsafeFileError, match="owned by another user"):
+        write_atomically(target, b"{}", guard=RUNTIME.guarded)
+    assert _everything_in(hers) == []
+    # another runtime guards only what it configured itself: nothing, here
+    assert mine.guarded.base_of(str(logdir)) is None
+    assert RUNTIME.guarded.base_of(str(logdir)) == str(root / "logs")
+
+
+def test_a_forked_child_keeps_its_runtimes_guard_and_refuses_a_folder_planted_after_the_fork(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    clean_env(monkeypatch)
+    root = tmp_path / "root"
+    logdir = _shared_logdir(root)
+    hers = _hers(tmp_path)
+    _configure(root, session_tracer={"enabled": True})
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: plants her folder, then opens a file below it
+        code = 1
+        try:
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)  # its own deadline, not pytest's
+            signal.alarm(30)
+            os.close(read)
+            _plant(logdir, "session_tracer/child", hers, "folder")
+            try:
+                open_for_append(logdir / "session_tracer" / "child" / "x.jsonl",
+                                guard=RUNTIME.guarded)
+            except UnsafeFileError as exc:
+                os.write(write, str(exc).encode())
+                code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read, "rb") as fh:
+        said = fh.read().decode()
+    _, status = os.waitpid(pid, 0)
+    rltrace.shutdown()
+    assert os.waitstatus_to_exitcode(status) == 0, said
+    assert "session_tracer/child is a folder owned by another user" in said
+    assert _everything_in(hers) == []
