@@ -49,6 +49,17 @@ OP_EXECUTE_TOOL = "execute_tool"
 DEFAULT_AGENT_NAME = "rollout"
 DEFAULT_WORKFLOW_NAME = "task"
 
+
+def conversation_id(trace_id: int, session_id: object) -> str:
+    """``gen_ai.conversation.id`` of a session and of its generate and tool-call phases:
+    ``{trace_id}-{session_id}``, its trace id (its task's, 32 hex digits) then its session id.
+
+    Session ids are unique within one process only (every rank, every restart starts again at
+    ``0``); the trace id makes the conversation unique across ranks, restarts and runs sent to one
+    backend.  Both parts are fields of the session's record (``trace_id``, ``session_id``), so
+    a conversation leads to its record and back."""
+    return f"{trace_id:032x}-{session_id}"
+
 EVALUATION_EVENT = "gen_ai.evaluation.result"
 EVAL_NAME = "gen_ai.evaluation.name"
 EVAL_SCORE_VALUE = "gen_ai.evaluation.score.value"

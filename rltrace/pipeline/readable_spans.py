@@ -46,6 +46,7 @@ from rltrace.semconv import (
     SEMCONV_OPT_IN_ENV,
     SESSION_SPAN,
     TASK_SPAN,
+    conversation_id,
     genai_latest_experimental,
 )
 from rltrace.steps import step_of
@@ -89,7 +90,12 @@ def span_attributes(rec: Scope) -> dict[str, Any]:
             attrs[ATTR_STEP] = step
     name = rec.name
     if name in (SESSION_SPAN, TASK_SPAN):
-        _genai_attrs(name, attrs)
+        _genai_attrs(rec, name, attrs)
+    elif own and GEN_AI_OPERATION in own:  # a generate or tool-call phase: its session's
+        sid = own.get(ATTR_SESSION)
+        if sid is not None:
+            attrs.setdefault(GEN_AI_CONVERSATION,
+                             conversation_id(rec.get_span_context().trace_id, sid))
     return attrs
 
 
@@ -105,16 +111,17 @@ def event_attributes(name: str, args: Mapping[str, object] | None, category: obj
     return attrs
 
 
-def _genai_attrs(name: str, attrs: dict[str, Any]) -> None:
+def _genai_attrs(rec: Scope, name: str, attrs: dict[str, Any]) -> None:
     """The OTel GenAI attributes of a session (an agent run: ``invoke_agent``, its conversation
-    id its session id) or a task (a workflow: ``invoke_workflow``); what the span set itself
-    (``set_attribute``) wins."""
+    :func:`~rltrace.semconv.conversation_id`) or a task (a workflow: ``invoke_workflow``); what
+    the span set itself (``set_attribute``) wins."""
     if name == SESSION_SPAN:
         attrs.setdefault(GEN_AI_OPERATION, OP_INVOKE_AGENT)
         attrs.setdefault(GEN_AI_AGENT_NAME, DEFAULT_AGENT_NAME)
         sid = attrs.get(ATTR_SESSION)
         if sid is not None:
-            attrs.setdefault(GEN_AI_CONVERSATION, str(sid))
+            attrs.setdefault(GEN_AI_CONVERSATION,
+                             conversation_id(rec.get_span_context().trace_id, sid))
     else:
         attrs.setdefault(GEN_AI_OPERATION, OP_INVOKE_WORKFLOW)
         attrs.setdefault(GEN_AI_WORKFLOW_NAME, DEFAULT_WORKFLOW_NAME)

@@ -48,7 +48,6 @@ _GENAI_KEYS: Mapping[str, str] = MappingProxyType({
 })
 
 _GENAI_OPERATION = "gen_ai.operation.name"
-_GENAI_CONVERSATION = "gen_ai.conversation.id"
 
 
 _SCHEDULER = "scheduler"  # the category of task and session spans
@@ -300,7 +299,6 @@ class PhaseScope(Scope):
         attrs = {ATTR_PHASE: spec.name, ATTR_TURN: self.turn, ATTR_SESSION: sid, ATTR_TASK: task_id}
         if spec.genai_operation is not None:
             attrs[_GENAI_OPERATION] = spec.genai_operation
-            attrs[_GENAI_CONVERSATION] = str(sid)
         if self.start_payload:
             _payload_attrs(attrs, "rl.start.", self.start_payload, spec)
         if self.end_payload:

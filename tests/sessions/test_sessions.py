@@ -611,7 +611,7 @@ def test_generate_span_carries_genai_attributes_and_payloads(tmp_path: Path) -> 
     gen, gen2 = phase_spans(spans, sid, "generate")
     assert {k: v for k, v in gen.attributes.items() if k.startswith(("gen_ai.", "rl.start.", "rl.end."))} == {
         "gen_ai.operation.name": "text_completion",
-        "gen_ai.conversation.id": str(sid),
+        "gen_ai.conversation.id": f"{gen.context.trace_id:032x}-{sid}",
         "gen_ai.request.model": "qwen2.5-7b",
         "gen_ai.usage.input_tokens": 128,
         "gen_ai.usage.output_tokens": 64,
@@ -626,7 +626,7 @@ def test_generate_span_carries_genai_attributes_and_payloads(tmp_path: Path) -> 
     [tool] = phase_spans(spans, sid, "toolcall")
     assert tool.attributes["gen_ai.operation.name"] == "execute_tool"
     assert tool.attributes["gen_ai.tool.name"] == "calculator"
-    assert tool.attributes["gen_ai.conversation.id"] == str(sid)
+    assert tool.attributes["gen_ai.conversation.id"] == gen.attributes["gen_ai.conversation.id"]
     [reward] = phase_spans(spans, sid, "reward")
     assert reward.attributes["rl.start.model"] == "rm-1"
     assert not [k for k in reward.attributes if k.startswith("gen_ai.")]

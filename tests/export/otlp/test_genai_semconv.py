@@ -7,6 +7,9 @@ gen_ai_latest_experimental``.  Phoenix's reading of the same attributes is teste
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +17,7 @@ import pytest
 
 import rltrace
 from rltrace.semconv import evaluation_result, genai_latest_experimental
-from rltrace.testing import capture_spans
+from rltrace.testing import capture_spans, read_jsonl
 from rltrace.testing.otlp_receiver import OTLPReceiver
 
 OPT_IN = "OTEL_SEMCONV_STABILITY_OPT_IN"
@@ -53,8 +56,9 @@ def test_sessions_are_invoke_agent_and_tasks_invoke_workflow_keeping_names_and_r
         spans = by_name(cap.spans())
     assert set(spans) == {"rl.task", "rl.session", "generate", "toolcall", "reward"}  # names kept
     sess, task = spans["rl.session"].attributes, spans["rl.task"].attributes
+    conversation = f"{spans['rl.session'].context.trace_id:032x}-{sid}"
     assert (sess["gen_ai.operation.name"], sess["gen_ai.agent.name"], sess["gen_ai.conversation.id"]) == (
-        "invoke_agent", "rollout", str(sid))
+        "invoke_agent", "rollout", conversation)
     assert (sess["rl.session.id"], sess["rl.session.status"]) == (sid, "accepted")
     assert (task["gen_ai.operation.name"], task["gen_ai.workflow.name"]) == ("invoke_workflow", "task")
     assert "gen_ai.conversation.id" not in task
@@ -123,7 +127,8 @@ def test_the_opt_in_gives_spans_the_conventions_names_in_processors_and_on_the_w
     assert local == expected
     assert sorted(s.name for s in wire) == expected  # the direct encoder names them alike
     agent = next(s for s in wire if s.name == "invoke_agent rollout")
-    assert agent.attributes["rl.session.id"] == sid and agent.attributes["gen_ai.conversation.id"] == str(sid)
+    assert agent.attributes["rl.session.id"] == sid
+    assert agent.attributes["gen_ai.conversation.id"] == f"{agent.trace_id}-{sid}"
     tool = next(s for s in wire if s.name == "execute_tool python")
     assert tool.attributes["rl.phase"] == "toolcall"  # queries by rltrace's attributes keep working
 
@@ -203,3 +208,47 @@ def test_a_scored_session_encodes_on_the_direct_path_exactly_as_the_sdk_does(
     sessions = [s for s in mine.values() if s.name in ("rl.session", "invoke_agent rollout")]
     assert [len(s.events) for s in sessions] == [1, 1]
     assert all(s.name == ("invoke_agent rollout" if latest else "rl.session") for s in sessions)
+
+
+#: one rank of a two-rank run: a task of one session (its id is 0 on every rank) sent by OTLP
+RANK = """
+import sys, rltrace
+fileroot, rank, endpoint = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+rltrace.configure(fileroot=fileroot, experiment_name="conv", trial_name="t", rank=rank,
+                  world_size=2, session_tracer={"enabled": True}, flush_at_exit=False,
+                  otlp={"endpoint": endpoint, "protocol": "grpc", "timeout_s": 5.0, "metrics": False})
+sid = rltrace.register_session(rltrace.register_task())
+with rltrace.trace_session_phase("generate", session_id=sid, start_payload={"model": "m"}):
+    pass
+with rltrace.trace_session_phase("toolcall", session_id=sid, start_payload={"tool_name": "sh"}):
+    pass
+rltrace.trace_session_event("mark_finalized", session_id=sid, status="accepted")
+rltrace.shutdown()
+"""
+
+
+def test_two_ranks_session_0_are_two_conversations_each_leading_to_its_session_record(
+        tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("OTEL_") and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    with OTLPReceiver() as rx:
+        for rank in (0, 1):
+            proc = subprocess.run([sys.executable, "-c", RANK, str(tmp_path), str(rank),
+                                   rx.grpc_endpoint], cwd=tmp_path, env=env, capture_output=True,
+                                  text=True, timeout=120)
+            assert proc.returncode == 0, proc.stderr[-2000:]
+        wire = rx.wait_for_spans(lambda s: s.name == "rl.session", min_count=2)
+        phases = rx.wait_for_spans(lambda s: s.attributes.get("rl.phase") is not None, min_count=4)
+    records = [r for f in sorted(tmp_path.glob("logs/*/conv/t/session_tracer/**/*.jsonl"))
+               for r in read_jsonl(f)]
+    assert sorted(r["rank"] for r in records) == [0, 1]
+    assert {r["session_id"] for r in records} == {s.attributes["rl.session.id"] for s in wire} == {0}
+    # the session record's own fields name its conversation
+    from_records = {f"{r['trace_id']}-{r['session_id']}" for r in records}
+    conversations = {s.attributes["gen_ai.conversation.id"] for s in wire}
+    assert conversations == from_records and len(conversations) == 2
+    for s in wire:  # each session's generate and tool call are in its conversation, not the other's
+        mine = [p for p in phases if p.trace_id == s.trace_id]
+        assert sorted(p.attributes["rl.phase"] for p in mine) == ["generate", "toolcall"]
+        assert {p.attributes["gen_ai.conversation.id"] for p in mine} == {
+            s.attributes["gen_ai.conversation.id"]}

@@ -347,7 +347,7 @@ def test_http_protobuf_sessions_and_train_step_arrive_in_phoenix(tmp_path: Path,
         assert a["gen_ai.usage.input_tokens"] == 5
         assert a["gen_ai.usage.output_tokens"] == 3
         assert a["rl.start.model"] == "m"
-        assert a["gen_ai.conversation.id"] == str(a["rl.session.id"])
+        assert a["gen_ai.conversation.id"] == f"{gen['context']['trace_id']}-{a['rl.session.id']}"
 
     train = phoenix.wait_spans(2, trace_id=step_trace)
     [step] = by_name(train, "train.step")
@@ -497,12 +497,15 @@ def test_sessions_are_agent_runs_in_phoenix_with_llm_tool_spans_conversations_an
     assert attrs(task)["gen_ai.operation.name"] == "invoke_workflow"
     assert attrs(task)["gen_ai.workflow.name"] == "task"
     scores = {}
+    conversations: list[str] = []
     for sess in by_name(spans, "rl.session"):
         a = attrs(sess)
         sid_ = a["rl.session.id"]
+        conversation = f"{sess['context']['trace_id']}-{sid_}"  # unique across ranks and runs
         assert (a["gen_ai.operation.name"], a["gen_ai.agent.name"], a["gen_ai.conversation.id"]) == (
-            "invoke_agent", "rollout", str(sid_))
-        assert a["session.id"] == str(sid_)  # Phoenix's own conversation key, from the GenAI one
+            "invoke_agent", "rollout", conversation)
+        assert a["session.id"] == conversation  # Phoenix's own conversation key, from the GenAI one
+        conversations.append(conversation)
         assert a["rl.session.status"] == "accepted" and a["rl.task.id"] == task_id  # rl.* kept
         [ev] = [e for e in sess["events"] if e["name"] == "gen_ai.evaluation.result"]
         ea = ev["attributes"]
@@ -512,27 +515,26 @@ def test_sessions_are_agent_runs_in_phoenix_with_llm_tool_spans_conversations_an
         for gen in by_name(children, "generate"):
             g = attrs(gen)
             assert (g["llm.token_count.prompt"], g["llm.token_count.completion"]) == (11, 7)
-            assert g["llm.model_name"] == "m" and g["session.id"] == str(sid_)
+            assert g["llm.model_name"] == "m" and g["session.id"] == conversation
         [tool] = by_name(children, "toolcall")
         assert attrs(tool)["tool.name"] == "python"
     assert scores == {sessions[0]: (1.0, "correct"), sessions[1]: (0.25, "wrong")}
 
     # conversations: Phoenix files each trace under one session (the first conversation id it
     # meets in it), and a task's trace holds all its sessions, so the task's trace is listed
-    # once, under one of its sessions' ids, with the tokens of all of them; session ids are per
-    # process, so another test's trace may share that session (hence "at least")
+    # once, under one of its sessions' conversations, with the tokens of all of them
     trace_id = task["context"]["trace_id"]
     found = []
-    for s in sessions:
+    for conversation in conversations:
         try:
-            conv = _get_json(f"{phoenix.url}/v1/sessions/{s}")["data"]
+            conv = _get_json(f"{phoenix.url}/v1/sessions/{conversation}")["data"]
         except urllib.error.HTTPError as exc:
             assert exc.code == 404, exc
             continue
-        if trace_id in {t["trace_id"] for t in conv["traces"]}:
-            found.append(conv)
+        found.append(conv)
     assert len(found) == 1, found
-    assert found[0]["token_count_prompt"] >= 4 * 11 and found[0]["token_count_completion"] >= 4 * 7
+    assert [t["trace_id"] for t in found[0]["traces"]] == [trace_id]  # no other test's trace
+    assert (found[0]["token_count_prompt"], found[0]["token_count_completion"]) == (4 * 11, 4 * 7)
 
 
 def test_semconv_opt_in_names_spans_by_the_latest_genai_conventions_keeping_rl_attributes(
