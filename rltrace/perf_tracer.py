@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 from rltrace import runtime as _runtime
 from rltrace.config import SessionTracerConfig
 from rltrace.config import TracerConfig as PerfTracerConfig
+from rltrace.logdir.files import write_atomically
 from rltrace.profiling import maybe_profiled, profile_path
 from rltrace.readers.session_schema import SESSION_RECORD, Kind, RecordSchema, areal
 from rltrace.recording.recorder import STATE, RecordBase
@@ -626,8 +627,9 @@ class PerfTracer:
         doc["baseTimeNanoseconds"] = epoch_start - int(min(ts) * 1000)
         step = (args or {}).get("global_step", "x")
         path = profile_path("merged", step)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(doc, default=str))
+        # never through a link or another user's folder (the log dir's guard)
+        write_atomically(path, json.dumps(doc, default=str).encode(),
+                         guard=RUNTIME.guarded)
         return path
 
 

@@ -32,8 +32,9 @@ ARGS_PREFIX = "args."
 # A session is an agent run (``invoke_agent``), a task the workflow that runs its group of
 # sessions (``invoke_workflow``), a generate phase an inference (``text_completion``), a
 # tool-call phase ``execute_tool``, and each scored reward an evaluation result event on its
-# session.  These attributes are added to the OTel spans only (OTLP, span processors); the
-# Chrome trace and session records keep rltrace's own names.  See docs/guide/otel-mapping.md.
+# session.  The session's and task's GenAI attributes and the conversation id are added to the
+# OTel spans only (OTLP, span processors); a phase's operation, model, tokens and tool name are
+# in its Chrome event too.  See docs/guide/otel-mapping.md.
 
 GEN_AI_OPERATION = "gen_ai.operation.name"
 GEN_AI_AGENT_NAME = "gen_ai.agent.name"

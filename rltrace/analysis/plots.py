@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
 
 from rltrace.analysis.report_shape import Report
 from rltrace.analysis.units import SCALE, unit_of, with_unit
+from rltrace.logdir.files import write_atomically
 
 DPI = 100
 MAX_CDF_STEPS = 12
@@ -614,5 +616,7 @@ def write_plots(rep: Report, directory: Path, stem: str) -> list[Plot]:
 
 def _save(fig: Figure, directory: Path, stem: str, key: str, title: str, caption: str) -> Plot:
     path = directory / f"{stem}-{key}.png"
-    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=DPI, bbox_inches="tight")
+    write_atomically(path, png.getvalue())  # never through a link planted at its name
     return Plot(key, path, title, caption)

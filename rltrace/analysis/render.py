@@ -34,6 +34,7 @@ from rltrace.analysis.report import (
 from rltrace.analysis.report_shape import Report
 from rltrace.analysis.template import HTML
 from rltrace.analysis.units import unit_of
+from rltrace.logdir.files import write_atomically
 
 FORMATS = ("html", "md", "json")
 MAX_ROWS = 200
@@ -505,12 +506,14 @@ def write(rep: Report, path: Path, fmt: str) -> list[Path]:
             plots = write_plots(rep, path.parent, path.stem)
             written += [p.path for p in plots]
             rep["plots"] = {p.key: p.path.name for p in plots}
+        # to a fresh name renamed over the target: a link planted at its name is replaced,
+        # never written through
         if fmt == "html":
-            path.write_text(render_html(rep, plots), encoding="utf-8")
+            write_atomically(path, render_html(rep, plots).encode())
         elif fmt == "md":
-            path.write_text(render_md(rep, plots), encoding="utf-8")
+            write_atomically(path, render_md(rep, plots).encode())
         else:
-            path.write_bytes(render_json(rep))
+            write_atomically(path, render_json(rep))
     except OSError as exc:
         raise ReportError(f"rltrace report: cannot write {path}: {exc}") from None
     return [path, *written]

@@ -12,6 +12,7 @@ and skips.  Valid lines are copied byte for byte (only the pid is rewritten).
 from __future__ import annotations
 
 import glob
+import io
 import logging
 import re
 from collections.abc import Iterable, Iterator
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 import orjson
 
+from rltrace.logdir.files import open_fresh
 from rltrace.readers import Oversize, check_trace_event, iter_lines
 from rltrace.readers import lines as line_reader
 from rltrace.readers.fields import MAX_SECONDS, is_number
@@ -492,7 +494,9 @@ def convert(
             path = out if len(windows) == 1 else _part_path(out, k, window)
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                fh = open(path, "wb")  # noqa: SIM115 - closed in finally
+                # never through a link planted at its name; locked, so a second writer of
+                # the same file (a rank's native trace being written) is refused, not mixed in
+                fh = io.BufferedWriter(open_fresh(path), 1 << 20)
             except OSError as exc:
                 raise ConvertError(f"rltrace convert: cannot write {path}: {exc}") from None
             merge = _Merge(fh, result, bar, window)

@@ -80,11 +80,13 @@ def _cmd_diff(args: argparse.Namespace) -> int:
 
         import orjson
 
+        from rltrace.logdir.files import write_atomically
+
         out = Path(args.output)
         data = (diff.render_html(result).encode() if out.suffix == ".html"
                 else orjson.dumps(result, option=orjson.OPT_INDENT_2))
         try:
-            out.write_bytes(data)
+            write_atomically(out, data)  # never through a link planted at its name
         except OSError as exc:
             print(f"rltrace diff: cannot write {out}: {exc.strerror or exc}", file=sys.stderr)
             return 2

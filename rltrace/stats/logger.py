@@ -207,7 +207,8 @@ class StatsLogger:
         if cfg.console:
             self._open("console", lambda: ConsoleSink(stream))
         if cfg.jsonl:
-            self._open("jsonl", lambda: JsonlSink(self.log_dir / METRICS_FILE))
+            self._open("jsonl", lambda: JsonlSink(self.log_dir / METRICS_FILE,
+                                                  guard=runtime.RUNTIME.guarded))
         if cfg.wandb.mode and cfg.wandb.mode != "disabled":
             self._open("wandb", lambda: self._wandb(exp_config))
         if cfg.tensorboard.path:
@@ -235,12 +236,14 @@ class StatsLogger:
         tracer = runtime.get_config()
         return WandBSink(self.config.wandb, experiment_name=self.experiment_name,
                          trial_name=self.trial_name, log_dir=self.log_dir, exp_config=exp_config,
-                         tracer_config=redacted(tracer) if tracer is not None else None)
+                         tracer_config=redacted(tracer) if tracer is not None else None,
+                         guard=runtime.RUNTIME.guarded)
 
     def _tensorboard(self) -> Sink:
         from rltrace.stats.tensorboard_sink import TensorBoardSink
 
-        return TensorBoardSink(self.config.tensorboard.path)  # type: ignore[arg-type]
+        return TensorBoardSink(self.config.tensorboard.path,  # type: ignore[arg-type]
+                               guard=runtime.RUNTIME.guarded)
 
     def _open(self, name: str, factory: Any) -> None:
         try:

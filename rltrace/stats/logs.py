@@ -10,6 +10,7 @@ looked up in Jaeger/Tempo, and a span's logs found by grepping its trace id.
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import sys
@@ -20,6 +21,7 @@ from opentelemetry import trace
 
 from rltrace import runtime
 from rltrace.config import TracerConfig, log_dir
+from rltrace.logdir.files import GuardedDirs, open_for_append
 from rltrace.process.ranks import detect_rank
 
 __all__ = ["DEFAULT_FORMAT", "TraceContextFilter", "reset_logging", "setup_logging"]
@@ -101,14 +103,13 @@ def setup_logging(
     """
     rk = rank if rank is not None else _rank()
     directory = Path(log_dir) if log_dir is not None else _default_log_dir()
-    directory.mkdir(parents=True, exist_ok=True)
     path = directory / (filename or ("main.log" if rk == 0 else f"main-r{rk}.log"))
     target = logger if isinstance(logger, logging.Logger) else logging.getLogger(logger)
     reset_logging()
     installed = runtime.RUNTIME.part(_Installed).handlers
     formatter = logging.Formatter(fmt, datefmt)
     ctx_filter = TraceContextFilter(rk)
-    handlers: list[logging.Handler] = [logging.FileHandler(path, encoding="utf-8")]
+    handlers: list[logging.Handler] = [LogFileHandler(path, guard=runtime.RUNTIME.guarded)]
     if stream is not False:
         out: Any = stream if stream not in (None, True) else sys.stderr
         handlers.append(logging.StreamHandler(out))
@@ -119,6 +120,23 @@ def setup_logging(
         installed.append(h)
     target.setLevel(level)
     return path
+
+
+class LogFileHandler(logging.FileHandler):
+    """A :class:`logging.FileHandler` (UTF-8, appending) whose file is opened like every log
+    file (:func:`rltrace.logdir.files.open_for_append`): made with its folder, never through a
+    link, nor below a base of ``guard`` through another user's folder or file; refused with
+    :class:`rltrace.logdir.files.UnsafeFileError`."""
+
+    def __init__(self, path: str | os.PathLike[str], *, guard: GuardedDirs | None = None) -> None:
+        self._guard = guard  # (read by ``_open``, which the base class calls)
+        super().__init__(path, encoding="utf-8")
+
+    def _open(self) -> io.TextIOWrapper:
+        raw = open_for_append(Path(self.baseFilename), guard=self._guard)
+        # (buffered: a raw file may take part of a write; each record is flushed by emit)
+        return io.TextIOWrapper(io.BufferedWriter(raw), encoding="utf-8",
+                                errors=self.errors)
 
 
 def reset_logging() -> None:

@@ -17,6 +17,8 @@ from typing import IO, Any, Protocol
 
 import orjson
 
+from rltrace.logdir.files import GuardedDirs, open_for_append
+
 __all__ = ["CommitInfo", "ConsoleSink", "JsonlSink", "Sink"]
 
 
@@ -105,15 +107,16 @@ class JsonlSink:
     """Appends one JSON line per row to ``path`` (``{log_dir}/metrics.jsonl``).
 
     Line: ``{"step", "epoch", "epoch_step", "global_step", "time", "metrics": {key: value}}``;
-    flushed per commit, so a crash loses no committed row.  NaN/inf are written as null.
+    flushed per commit, so a crash loses no committed row.  NaN/inf are written as null.  The
+    file is opened like every log file (:func:`rltrace.logdir.files.open_for_append`): never
+    through a link, nor below a base of ``guard`` through another user's folder.
     """
 
     name = "jsonl"
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, guard: GuardedDirs | None = None) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh: Any = open(self.path, "ab")  # noqa: SIM115 - kept open for the run
+        self._fh: Any = open_for_append(self.path, guard=guard)
 
     def write(self, row: Mapping[str, float], info: CommitInfo) -> None:
         line = {

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from rltrace.logdir.files import GuardedDirs, make_folders
 from rltrace.stats.sinks import CommitInfo
 
 __all__ = ["TensorBoardSink", "open_writer"]
@@ -42,9 +43,9 @@ class TensorBoardSink:
 
     name = "tensorboard"
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, guard: GuardedDirs | None = None) -> None:
         self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
+        make_folders(self.path, guard=guard)  # never another user's folder or link
         self.writer = open_writer(self.path)
 
     def write(self, row: Mapping[str, float], info: CommitInfo) -> None:

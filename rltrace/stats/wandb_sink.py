@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rltrace.logdir.files import GuardedDirs, make_folders
 from rltrace.stats.sinks import CommitInfo
 from rltrace.version import __version__
 
@@ -110,7 +111,8 @@ class WandBSink:
 
     def __init__(self, cfg: WandBConfig, *, experiment_name: str, trial_name: str,
                  log_dir: str | Path, exp_config: Any = None,
-                 tracer_config: Mapping[str, Any] | None = None) -> None:
+                 tracer_config: Mapping[str, Any] | None = None,
+                 guard: GuardedDirs | None = None) -> None:
         import wandb
 
         if cfg.wandb_base_url:
@@ -122,7 +124,7 @@ class WandBSink:
         suffix = f"_{cfg.id_suffix}" if cfg.id_suffix else ""
         run_id = _BAD_ID.sub("-", f"{experiment_name}_{trial_name}{suffix}")
         directory = cfg.dir or os.environ.get("WANDB_DIR") or str(log_dir)
-        Path(directory).mkdir(parents=True, exist_ok=True)
+        make_folders(directory, guard=guard)  # never another user's folder or link
         config = dict(_plain_config(exp_config))
         config.update(cfg.config or {})
         config = redact_secrets(config)

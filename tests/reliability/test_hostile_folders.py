@@ -237,3 +237,60 @@ def test_a_forked_child_keeps_its_runtimes_guard_and_refuses_a_folder_planted_af
     assert os.waitstatus_to_exitcode(status) == 0, said
     assert "session_tracer/child is a folder owned by another user" in said
     assert _everything_in(hers) == []
+
+
+def test_the_stats_writers_refuse_what_another_user_planted_after_configure(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    pytest.importorskip("tensorboard")
+    from rltrace.stats import StatsLogger, setup_logging
+    from rltrace.stats.logs import reset_logging
+
+    clean_env(monkeypatch)
+    root = tmp_path / "root"
+    hers = _hers(tmp_path)
+    logdir = _shared_logdir(root)
+    _configure(root)
+    _plant(logdir, "tensorboard", hers, "folder")
+    theirs = hers / "metrics.jsonl"
+    theirs.write_bytes(b"")
+    (logdir / "metrics.jsonl").symlink_to(theirs)
+    with caplog.at_level(logging.WARNING, logger="rltrace"):
+        lg = StatsLogger(console=False, otel=False, tensorboard=True)
+        lg.commit(0, 0, 0, {"loss": 1.0})  # the loop goes on without them
+        lg.close()
+    assert lg.sinks == []
+    warned = [r.getMessage() for r in caplog.records]
+    assert any("the jsonl sink could not start" in m and "symbolic link" in m for m in warned)
+    assert any("the tensorboard sink could not start" in m and "owned by another user" in m
+               for m in warned), warned
+    # the log file: a link at main.log is refused, never written through
+    (logdir / "main.log").symlink_to(theirs)
+    with pytest.raises(UnsafeFileError, match="symbolic link"):
+        setup_logging(stream=False)
+    reset_logging()
+    assert theirs.read_bytes() == b"" and _everything_in(hers) == ["metrics.jsonl"]
+
+
+def test_outputs_written_by_name_replace_a_planted_link_instead_of_writing_through_it(
+        tmp_path: Path) -> None:
+    from rltrace.cli.convert import ConvertError, convert
+
+    logdir = _shared_logdir(tmp_path)
+    hers = _hers(tmp_path)
+    theirs = hers / "target"
+    theirs.write_bytes(b"hers\n")
+    # rltrace convert: the output's name is a link: refused, her file untouched
+    traces = logdir / "perf_tracer" / "traces-r0.jsonl"
+    traces.parent.mkdir(parents=True)
+    traces.write_bytes(b'{"name":"a","ph":"X","ts":1,"dur":2,"pid":1,"tid":1}\n')
+    (logdir / "trace.json").symlink_to(theirs)
+    with pytest.raises(ConvertError, match="symbolic link"):
+        convert([str(logdir)], str(logdir / "trace.json"), progress=False)
+    # rltrace report's files: written to a fresh name and renamed over the link
+    from rltrace.analysis.render import write
+
+    (logdir / "report").mkdir()
+    (logdir / "report" / "report.json").symlink_to(theirs)
+    write({"sessions": {}}, logdir / "report" / "report.json", "json")  # type: ignore[typeddict-item]
+    assert not (logdir / "report" / "report.json").is_symlink()
+    assert theirs.read_bytes() == b"hers\n"
