@@ -92,10 +92,7 @@ def span_attributes(rec: Scope) -> dict[str, Any]:
     if name in (SESSION_SPAN, TASK_SPAN):
         _genai_attrs(rec, name, attrs)
     elif own and GEN_AI_OPERATION in own:  # a generate or tool-call phase: its session's
-        sid = own.get(ATTR_SESSION)
-        if sid is not None:
-            attrs.setdefault(GEN_AI_CONVERSATION,
-                             conversation_id(rec.get_span_context().trace_id, sid))
+        _conversation(rec, attrs)
     return attrs
 
 
@@ -118,13 +115,19 @@ def _genai_attrs(rec: Scope, name: str, attrs: dict[str, Any]) -> None:
     if name == SESSION_SPAN:
         attrs.setdefault(GEN_AI_OPERATION, OP_INVOKE_AGENT)
         attrs.setdefault(GEN_AI_AGENT_NAME, DEFAULT_AGENT_NAME)
-        sid = attrs.get(ATTR_SESSION)
-        if sid is not None:
-            attrs.setdefault(GEN_AI_CONVERSATION,
-                             conversation_id(rec.get_span_context().trace_id, sid))
+        _conversation(rec, attrs)
     else:
         attrs.setdefault(GEN_AI_OPERATION, OP_INVOKE_WORKFLOW)
         attrs.setdefault(GEN_AI_WORKFLOW_NAME, DEFAULT_WORKFLOW_NAME)
+
+
+def _conversation(rec: Scope, attrs: dict[str, Any]) -> None:
+    """``gen_ai.conversation.id`` of a session, or of one of its generate and tool-call phases
+    (:func:`~rltrace.semconv.conversation_id`: its trace and session ids), unless the span set
+    its own."""
+    sid = attrs.get(ATTR_SESSION)
+    if sid is not None:
+        attrs.setdefault(GEN_AI_CONVERSATION, conversation_id(rec.get_span_context().trace_id, sid))
 
 
 #: GenAI operation -> the attribute that completes its span name (``{operation} {target}``)
