@@ -139,15 +139,15 @@ def _child_folder(dfd: int, name: str, shown: str, create: bool) -> int:
     return fd
 
 
-def _folder_fd(folder: Path, create: bool, guard: GuardedDirs | None) -> int:
+def _folder_fd(folder: Path, create: bool, guard: GuardedDirs | None) -> tuple[int, bool]:
     """A descriptor of ``folder`` (made when ``create``), every folder below a base of ``guard``
-    checked on the way down (see module doc)."""
+    checked on the way down (see module doc), and whether it is below one."""
     absolute = os.path.abspath(folder)
     base = guard.base_of(absolute) if guard is not None else None
     if base is None:
         if create:
             folder.mkdir(parents=True, exist_ok=True)
-        return os.open(folder, _DIR_FLAGS)
+        return os.open(folder, _DIR_FLAGS), False
     if create:
         os.makedirs(base, exist_ok=True)
     fd = os.open(base, _DIR_FLAGS)
@@ -161,14 +161,14 @@ def _folder_fd(folder: Path, create: bool, guard: GuardedDirs | None) -> int:
     except BaseException:
         os.close(fd)
         raise
-    return fd
+    return fd, True
 
 
 def make_folders(folder: str | os.PathLike[str], *, guard: GuardedDirs | None = None) -> None:
     """``folder.mkdir(parents=True, exist_ok=True)``, refusing (:class:`UnsafeFileError`) a link
     or a folder of another user below a base of ``guard``: for outputs written by a library by
     name (the torch profiler), checked right before use."""
-    os.close(_folder_fd(Path(folder), True, guard))
+    os.close(_folder_fd(Path(folder), True, guard)[0])
 
 
 def open_no_follow(path: Path, flags: int, mode: int = 0o666, *,
@@ -178,8 +178,7 @@ def open_no_follow(path: Path, flags: int, mode: int = 0o666, *,
     the folders on the way are checked (and made, with ``O_CREAT``) and the file must be this
     user's."""
     path = Path(path)
-    dfd = _folder_fd(path.parent, bool(flags & os.O_CREAT), guard)
-    guarded = guard is not None and guard.base_of(os.path.abspath(path.parent)) is not None
+    dfd, guarded = _folder_fd(path.parent, bool(flags & os.O_CREAT), guard)
     try:
         fd = os.open(path.name, flags | _NOFOLLOW | _CLOEXEC | _NONBLOCK, mode, dir_fd=dfd)
     except OSError as exc:
@@ -254,7 +253,7 @@ def write_atomically(path: Path, data: bytes, *, guard: GuardedDirs | None = Non
     made when missing and checked like :func:`open_no_follow`'s."""
     path = Path(path)
     tmp = f".{path.name}.{secrets.token_hex(8)}.tmp"
-    dfd = _folder_fd(path.parent, True, guard)
+    dfd, _ = _folder_fd(path.parent, True, guard)
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o666,
                      dir_fd=dfd)
